@@ -1,0 +1,1 @@
+"""dynamoctl: the operator CLI for dynamod."""

@@ -1,0 +1,192 @@
+"""The one error family of dynamod, dynamo-worker and dynamoctl.
+
+Every error the product raises on purpose is a ``DynamoError``. Each also subclasses the
+builtin a caller would naturally catch, so ``except ValueError`` still works::
+
+    DynamoError
+    ├── InvalidInputError (ValueError)          the caller sent something we refuse
+    │   ├── TaintError                          a taint breaks the grammar or is reserved
+    │   ├── TopologyError                       topology / kv-transfer metadata is invalid
+    │   ├── ConstraintError                     routing constraints are malformed
+    │   ├── ImmutableFieldError                 a same-id write changes more than taints
+    │   ├── SelectorError                       a worker selector does not parse
+    │   ├── InvalidKeyError                     a store key a backend cannot hold
+    │   └── ConfigError                         settings, flags or config file are invalid
+    ├── NotFoundError (LookupError)
+    │   ├── KeyNotFoundError                    store: the key does not exist
+    │   └── WorkerNotFoundError                 no worker has that id / prefix
+    │       └── AmbiguousWorkerError            the prefix names several workers
+    ├── RevisionMismatchError                   store CAS lost, or the caller's
+    │                                           expected revision is stale (has .actual)
+    ├── ConflictError                           lost every compare-and-swap attempt;
+    │                                           retryable
+    ├── StoreError
+    │   ├── StoreUnavailableError (ConnectionError)   timeout / server down; retryable
+    │   ├── StoreClosedError                    used after aclose(): a bug, not a fault
+    │   └── LeaseExpiredError                   the lease is gone; re-register
+    ├── RoutingError
+    │   ├── NoEligibleWorkerError               no worker satisfies the constraints
+    │   ├── QueueTimeoutError (TimeoutError)    waited too long for a worker
+    │   ├── QueueFullError                      the pending queue is at capacity
+    │   └── ShuttingDownError                   the router is draining
+    └── AccessError (PermissionError)
+        ├── UnauthenticatedError                no or unknown credentials
+        └── PermissionDeniedError               credentials lack the right
+
+"You closed it" (``StoreClosedError``) and "it broke under you"
+(``StoreUnavailableError``) are different classes on purpose: only the second is worth a
+retry. Messages are whole sentences that show the offending value and, when known, the fix.
+"""
+
+from __future__ import annotations
+
+
+class DynamoError(Exception):
+    """Base of every error raised on purpose by this project."""
+
+    retryable: bool = False
+
+
+class InvalidInputError(DynamoError, ValueError):
+    """The input is refused; nothing was changed."""
+
+
+class TaintError(InvalidInputError):
+    """A taint breaks the grammar ``[prefix/]name[=value]`` or uses the reserved prefix."""
+
+    def __init__(self, taint: str, rule: str) -> None:
+        super().__init__(f"taint {taint!r} {rule}")
+        self.taint = taint
+        self.rule = rule
+
+
+class TopologyError(InvalidInputError):
+    """Topology domains or kv-transfer settings are invalid."""
+
+
+class ConstraintError(InvalidInputError):
+    """Routing constraints (required / preferred taints) are malformed."""
+
+
+class ImmutableFieldError(InvalidInputError):
+    """A write to an existing worker record changes a field other than its taints."""
+
+    def __init__(self, field: str, detail: str = "") -> None:
+        message = f"worker record field {field!r} is immutable after registration"
+        super().__init__(f"{message}; {detail}" if detail else message)
+        self.field = field
+
+
+class SelectorError(InvalidInputError):
+    """A worker selector such as ``capacity/fast,!pool=batch`` does not parse."""
+
+
+class InvalidKeyError(InvalidInputError):
+    """A store key holds characters the key grammar does not allow."""
+
+
+class ConfigError(InvalidInputError):
+    """Settings from a file, the environment or flags are invalid."""
+
+
+class NotFoundError(DynamoError, LookupError):
+    """Something named by the caller does not exist."""
+
+
+class KeyNotFoundError(NotFoundError):
+    """The store has no such key."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} does not exist")
+        self.key = key
+
+
+class WorkerNotFoundError(NotFoundError):
+    """No worker matches the id or id prefix."""
+
+    def __init__(self, worker: str, message: str | None = None) -> None:
+        super().__init__(message or f"no worker with id {worker!r}")
+        self.worker = worker
+
+
+class AmbiguousWorkerError(WorkerNotFoundError):
+    """An id prefix matches more than one worker."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        super().__init__(
+            prefix,
+            f"worker id prefix {prefix!r} is ambiguous: it matches {len(matches)} workers "
+            f"({shown}); give more characters",
+        )
+        self.matches = matches
+
+
+class RevisionMismatchError(DynamoError):
+    """A compare-and-swap found the key at another revision than expected."""
+
+    def __init__(self, key: str, expected: int, actual: int) -> None:
+        super().__init__(f"{key!r} is at revision {actual}, not the expected revision {expected}")
+        self.key = key
+        self.expected = expected
+        self.actual = actual
+
+
+class ConflictError(DynamoError):
+    """Every compare-and-swap attempt lost a race with another writer. Retry the call."""
+
+    retryable = True
+
+
+class StoreError(DynamoError):
+    """The discovery store failed."""
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store did not answer in time or is down. Retryable."""
+
+    retryable = True
+
+
+class StoreClosedError(StoreError):
+    """The store was closed by its owner; this is a bug in the caller, not a fault."""
+
+
+class LeaseExpiredError(StoreError):
+    """The lease no longer exists (expired or revoked); its keys are gone."""
+
+
+class RoutingError(DynamoError):
+    """A request could not be routed."""
+
+
+class NoEligibleWorkerError(RoutingError):
+    """No worker of the model satisfies the request's constraints."""
+
+
+class QueueTimeoutError(RoutingError, TimeoutError):
+    """The request waited for an eligible worker until its deadline."""
+
+
+class QueueFullError(RoutingError):
+    """The pending queue is full; retry later."""
+
+    retryable = True
+
+
+class ShuttingDownError(RoutingError):
+    """The process is draining and takes no new work."""
+
+    retryable = True
+
+
+class AccessError(DynamoError, PermissionError):
+    """The caller may not do this."""
+
+
+class UnauthenticatedError(AccessError):
+    """No credentials, or credentials nobody issued."""
+
+
+class PermissionDeniedError(AccessError):
+    """Valid credentials without the needed right."""

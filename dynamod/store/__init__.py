@@ -1,0 +1,65 @@
+"""Discovery stores behind one contract (see ``base``), chosen by URL.
+
+``open_store(url)`` imports the backend only when its scheme is used, so the etcd and NATS
+clients are never loaded by a process that does not need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from urllib.parse import urlsplit
+
+from dynamod.errors import ConfigError
+from dynamod.store.base import (
+    Delete,
+    Entry,
+    Lease,
+    Put,
+    Resync,
+    Store,
+    Watch,
+    WatchEvent,
+    keep_alive,
+)
+
+BACKENDS = {
+    "memory": "dynamod.store.memory:MemoryStore",
+    "file": "dynamod.store.file:FileStore",
+    "etcd": "dynamod.store.etcd:EtcdStore",
+    "nats": "dynamod.store.nats:NatsStore",
+}
+
+__all__ = [
+    "BACKENDS",
+    "Delete",
+    "Entry",
+    "Lease",
+    "Put",
+    "Resync",
+    "Store",
+    "Watch",
+    "WatchEvent",
+    "keep_alive",
+    "open_store",
+    "store_class",
+]
+
+
+def store_class(url: str) -> type[Store]:
+    scheme = urlsplit(url).scheme
+    target = BACKENDS.get(scheme)
+    if target is None:
+        valid = ", ".join(f"{s}://" for s in BACKENDS)
+        raise ConfigError(f"store URL {url!r} has unknown scheme {scheme!r}; use one of {valid}")
+    module, _, name = target.partition(":")
+    cls: type[Store] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+async def open_store(url: str) -> Store:
+    """Open (and connect) the store named by ``url``.
+
+    ``memory://``, ``file:///path/to/dir``, ``etcd://host:2379[,host:2379]/prefix``,
+    ``nats://host:4222/bucket``.
+    """
+    return await store_class(url).open(url)

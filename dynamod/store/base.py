@@ -1,0 +1,341 @@
+"""The discovery store contract, and the pieces every backend shares.
+
+A ``Store`` is a small key-value store with revisions, leases and prefix watches. Four
+backends implement it (memory, file, etcd, NATS JetStream KV) and one conformance suite
+(``tests/conformance``) holds each of them to this contract:
+
+Keys
+    ``/``-separated segments of ``A-Z a-z 0-9 . _ -`` (no empty, ``.`` or ``..`` segment),
+    at most 1024 characters. Anything else raises ``InvalidKeyError`` before any I/O; a
+    backend that cannot hold a legal key as-is must encode it, never alter it. A *prefix*
+    is a key path (or ``""`` for everything) and matches on segment boundaries: ``a/b``
+    matches ``a/b`` and ``a/b/c`` but never ``a/bc``.
+
+Revisions
+    Every change gets a store revision, strictly increasing across the whole store (etcd's
+    revision, the NATS stream sequence, a counter for file and memory). An entry's revision
+    is the revision of the change that last wrote it. Revisions are comparable only within
+    one store.
+
+``get(key) -> Entry | None``
+``put(key, value, *, expect=None, lease=None) -> revision``
+    ``expect=None`` writes unconditionally; ``expect=0`` creates only (an existing key raises
+    ``RevisionMismatchError``); ``expect=N`` writes only if the key is at revision ``N``
+    (another revision raises ``RevisionMismatchError`` carrying ``.actual``; a missing key
+    raises ``KeyNotFoundError`` and nothing is created). With ``lease`` the key is bound to
+    it and vanishes when the lease ends; a put without ``lease`` unbinds it.
+``delete(key, *, expect=None)``
+    Removes the key. Without ``expect`` a missing key is not an error (and not an event);
+    ``expect=N`` follows the same rules as ``put``.
+``list(prefix) -> (entries, revision)``
+    Every entry under ``prefix``, sorted by key, as of store revision ``revision``.
+``watch(prefix, *, since=None)``
+    An async context manager giving a ``Watch``; iterate it for ``Put`` / ``Delete`` /
+    ``Resync`` events. Once the ``async with`` is entered the watch is established: any
+    change made afterwards is delivered. With ``since=None`` the first event is exactly one
+    ``Resync`` (the whole state under the prefix, possibly empty). With ``since=R`` the
+    changes after revision ``R`` are replayed, or, when the backend no longer has that
+    history, a ``Resync`` comes first. Then ``Put`` / ``Delete`` follow in store order,
+    with no gap. Another ``Resync`` arrives whenever the consumer fell too far behind or the
+    backend lost its stream (reconnect, compaction): events are never silently dropped.
+    Closing the store ends every watch's iteration cleanly.
+Leases
+    ``grant(ttl) -> Lease``; ``refresh(lease)`` keeps it alive for another ``ttl`` (raises
+    ``LeaseExpiredError`` once it is gone); ``revoke(lease)`` ends it at once. When a lease
+    ends, its keys are deleted and watchers see a ``Delete`` for each, within ``ttl`` plus
+    about a second. ``keep_alive(store, lease)`` runs the refresh loop for an owner.
+``aclose()``
+    Ends watches, cancels the store's own tasks, closes connections. Idempotent. Any call
+    afterwards raises ``StoreClosedError``.
+
+Errors are ours, translated inside each backend module: ``KeyNotFoundError``,
+``RevisionMismatchError``, ``StoreUnavailableError`` (retryable: every call has a deadline,
+nothing hangs), ``StoreClosedError``, ``LeaseExpiredError``, ``InvalidKeyError``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import ClassVar, Self
+
+from dynamod.errors import (
+    InvalidKeyError,
+    StoreClosedError,
+    StoreUnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_KEY = 1024
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+DEFAULT_TIMEOUT = 5.0
+WATCH_QUEUE = 4096
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    value: bytes
+    revision: int
+
+
+@dataclass(frozen=True)
+class Put:
+    entry: Entry
+
+    @property
+    def key(self) -> str:
+        return self.entry.key
+
+    @property
+    def revision(self) -> int:
+        return self.entry.revision
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: str
+    revision: int
+
+
+@dataclass(frozen=True)
+class Resync:
+    entries: tuple[Entry, ...]
+    revision: int
+
+
+WatchEvent = Put | Delete | Resync
+
+
+@dataclass(frozen=True)
+class Lease:
+    id: int
+    ttl: float
+
+
+def validate_key(key: str, *, prefix: bool = False) -> str:
+    """Return ``key`` if it follows the key grammar; raise ``InvalidKeyError`` otherwise."""
+    if prefix and key == "":
+        return key
+    what = "prefix" if prefix else "key"
+    if len(key) > MAX_KEY:
+        raise InvalidKeyError(f"store {what} of {len(key)} characters; the limit is {MAX_KEY}")
+    for segment in key.split("/"):
+        if not _SEGMENT.fullmatch(segment) or segment in (".", ".."):
+            raise InvalidKeyError(
+                f"store {what} {key!r} has segment {segment!r}; segments are non-empty runs "
+                "of A-Z, a-z, 0-9, '.', '_' and '-' separated by '/' (not '.' or '..')"
+            )
+    return key
+
+
+def in_prefix(key: str, prefix: str) -> bool:
+    """Whether ``key`` is ``prefix`` or below it, on segment boundaries."""
+    return not prefix or key == prefix or key.startswith(prefix + "/")
+
+
+@contextlib.contextmanager
+def translate_timeout(url: str, what: str) -> Iterator[None]:
+    """Turn a deadline that ran out into ``StoreUnavailableError``."""
+    try:
+        yield
+    except TimeoutError:
+        raise StoreUnavailableError(f"store {url} did not answer {what} in time") from None
+
+
+class Watch:
+    """One watch's events, as an async iterator.
+
+    A backend's feed pushes ``Put`` / ``Delete`` into a bounded queue (``push``), or calls
+    ``lost()`` when its stream broke and was re-established. The consumer side turns a lost
+    stream, an overflowing queue and the initial state into one ``Resync`` built from
+    ``list()``, and then drops queued events the snapshot already covers. So one mechanism
+    gives the first snapshot, gap-free recovery and bounded memory for slow consumers.
+    """
+
+    def __init__(self, store: Store, prefix: str, *, maxsize: int | None = None) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._maxsize = WATCH_QUEUE if maxsize is None else maxsize
+        self._queue: deque[Put | Delete] = deque()
+        self._wakeup = asyncio.Event()
+        self._needs_resync = False
+        self._floor = -1
+        self._closed = False
+        self.overflows = 0
+
+    def push(self, event: Put | Delete) -> None:
+        """Queue one change (called by the backend feed, in store order)."""
+        if self._closed or event.revision <= self._floor or not in_prefix(event.key, self._prefix):
+            return
+        if len(self._queue) >= self._maxsize:
+            self.overflows += 1
+            log.warning("watch on %r fell %d events behind; resyncing", self._prefix, self._maxsize)
+            self.lost()
+            return
+        self._queue.append(event)
+        self._wakeup.set()
+
+    def lost(self) -> None:
+        """The feed may have missed changes: the consumer gets a ``Resync`` next."""
+        self._queue.clear()
+        self._needs_resync = True
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._closed:
+            if self._needs_resync:
+                return await self._resync()
+            if self._queue:
+                return self._queue.popleft()
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        raise StopAsyncIteration
+
+    async def _resync(self) -> WatchEvent:
+        delay = 0.05
+        while True:
+            self._needs_resync = False
+            try:
+                entries, revision = await self._store.list(self._prefix)
+            except StoreUnavailableError as exc:
+                log.warning("watch on %r cannot resync yet: %s", self._prefix, exc)
+                self._needs_resync = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            except StoreClosedError:
+                raise StopAsyncIteration from None
+            self._floor = max(self._floor, revision)
+            self._queue = deque(e for e in self._queue if e.revision > revision)
+            return Resync(tuple(entries), revision)
+
+
+class Store(abc.ABC):
+    """The contract in this module's docstring. Subclasses implement the abstract methods
+    and ``_feed``; ``watch`` and the bookkeeping around closing are shared."""
+
+    scheme: ClassVar[str]
+
+    def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.url = url
+        self.timeout = timeout
+        self._closed = False
+        self._watches: set[Watch] = set()
+
+    @classmethod
+    @abc.abstractmethod
+    async def open(cls, url: str) -> Self:
+        """Parse ``url``, connect, and return a ready store (``StoreUnavailableError`` if the
+        server cannot be reached in time; ``ConfigError`` for a malformed URL)."""
+
+    @abc.abstractmethod
+    async def get(self, key: str) -> Entry | None: ...
+
+    @abc.abstractmethod
+    async def put(
+        self, key: str, value: bytes, *, expect: int | None = None, lease: Lease | None = None
+    ) -> int: ...
+
+    @abc.abstractmethod
+    async def delete(self, key: str, *, expect: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    async def list(self, prefix: str) -> tuple[list[Entry], int]: ...
+
+    @abc.abstractmethod
+    async def grant(self, ttl: float) -> Lease: ...
+
+    @abc.abstractmethod
+    async def refresh(self, lease: Lease) -> None: ...
+
+    @abc.abstractmethod
+    async def revoke(self, lease: Lease) -> None: ...
+
+    @abc.abstractmethod
+    def _feed(
+        self, watch: Watch, prefix: str, since: int | None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        """Establish the backend stream for ``watch`` and feed it until the context exits.
+
+        On entry the stream must be established (later changes will be pushed). With
+        ``since`` set, push the changes after that revision first, or call
+        ``watch.lost()`` when that history is gone; with ``since=None`` call
+        ``watch.lost()`` so the consumer starts from a ``Resync``. When the stream breaks,
+        re-establish it (with capped back-off) and call ``watch.lost()``. Never raise out of
+        the feeding task; the context's exit cancels it.
+        """
+
+    @abc.abstractmethod
+    async def _close(self) -> None:
+        """Release backend resources (connections, tasks). Called once by ``aclose``."""
+
+    @contextlib.asynccontextmanager
+    async def watch(self, prefix: str, *, since: int | None = None) -> AsyncIterator[Watch]:
+        self._check_open()
+        validate_key(prefix, prefix=True)
+        watch = Watch(self, prefix)
+        self._watches.add(watch)
+        try:
+            async with self._feed(watch, prefix, since):
+                yield watch
+        finally:
+            watch.close()
+            self._watches.discard(watch)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for watch in list(self._watches):
+            watch.close()
+        await self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.url} is closed")
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def keep_alive(store: Store, lease: Lease) -> None:
+    """Refresh ``lease`` every third of its TTL until cancelled.
+
+    A store outage is ridden out with shorter retries; once the lease is really gone
+    ``LeaseExpiredError`` propagates so the owner can register again.
+    """
+    interval = lease.ttl / 3
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await store.refresh(lease)
+            interval = lease.ttl / 3
+        except StoreUnavailableError as exc:
+            log.warning("lease %x not refreshed, retrying: %s", lease.id, exc)
+            interval = max(lease.ttl / 10, 0.1)

@@ -1,0 +1,87 @@
+"""Shared fixtures: real servers, and a store of every backend.
+
+etcd runs once per session (each test gets its own key prefix); nats-server starts in
+tens of milliseconds, so each test that needs it gets its own. Fault tests ask for
+``private_etcd`` / ``nats_server`` and may stop and start them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from dynamod.store import Store, open_store
+from tests.servers import EtcdServer, NatsServer, ServerMissing, ServerProcess, require_servers
+
+BACKENDS = ["memory", "file", "etcd", "nats"]
+
+
+def _start(server_factory: type[ServerProcess], workdir: Path) -> ServerProcess:
+    try:
+        server = server_factory(workdir)
+        server.start()
+    except ServerMissing as exc:
+        if require_servers():
+            pytest.fail(f"CI needs real servers: {exc}")
+        pytest.skip(str(exc))
+    return server
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = _start(EtcdServer, tmp_path_factory.mktemp("etcd"))
+    assert isinstance(server, EtcdServer)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def private_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of this test's own, for tests that stop or restart it."""
+    server = _start(EtcdServer, tmp_path / "etcd")
+    assert isinstance(server, EtcdServer)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    server = _start(NatsServer, tmp_path / "nats")
+    assert isinstance(server, NatsServer)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_server: EtcdServer) -> str:
+    return etcd_server.url(f"t-{uuid.uuid4().hex[:12]}")
+
+
+def backend_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store URL of ``backend`` for this test."""
+    if backend == "memory":
+        return "memory://"
+    if backend == "file":
+        return (tmp_path / "store").as_uri()
+    if backend == "etcd":
+        url: str = request.getfixturevalue("etcd_url")
+        return url
+    nats: NatsServer = request.getfixturevalue("nats_server")
+    return nats.url()
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(store_url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
