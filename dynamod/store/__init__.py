@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from dynamod.errors import ConfigError
 from dynamod.store.base import (
+    KEEP,
     Delete,
     Entry,
     Lease,
@@ -31,6 +32,7 @@ BACKENDS = {
 
 __all__ = [
     "BACKENDS",
+    "KEEP",
     "Delete",
     "Entry",
     "Lease",

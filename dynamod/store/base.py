@@ -23,7 +23,9 @@ Revisions
     ``RevisionMismatchError``); ``expect=N`` writes only if the key is at revision ``N``
     (another revision raises ``RevisionMismatchError`` carrying ``.actual``; a missing key
     raises ``KeyNotFoundError`` and nothing is created). With ``lease`` the key is bound to
-    it and vanishes when the lease ends; a put without ``lease`` unbinds it.
+    it and vanishes when the lease ends; with ``lease=KEEP`` the key stays bound to the
+    lease it already has (if any; this is how another process rewrites a worker's record
+    without ending its liveness); a put with ``lease=None`` unbinds it.
 ``delete(key, *, expect=None)``
     Removes the key. Without ``expect`` a missing key is not an error (and not an event);
     ``expect=N`` follows the same rules as ``put``.
@@ -63,7 +65,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import ClassVar, Final, Literal, Self
 
 from dynamod.errors import (
     InvalidKeyError,
@@ -118,6 +120,12 @@ WatchEvent = Put | Delete | Resync
 class Lease:
     id: int
     ttl: float
+
+
+KEEP: Final = "keep"
+"""``put(..., lease=KEEP)``: keep whatever lease the key is bound to."""
+
+LeaseArg = Lease | Literal["keep"] | None
 
 
 def validate_key(key: str, *, prefix: bool = False) -> str:
@@ -252,7 +260,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def put(
-        self, key: str, value: bytes, *, expect: int | None = None, lease: Lease | None = None
+        self, key: str, value: bytes, *, expect: int | None = None, lease: LeaseArg = None
     ) -> int: ...
 
     @abc.abstractmethod

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 from dynamod.errors import KeyNotFoundError, LeaseExpiredError, RevisionMismatchError
 from dynamod.store.base import (
+    KEEP,
     Delete,
     Entry,
     Lease,
+    LeaseArg,
     Put,
     Store,
     Watch,
@@ -60,16 +62,17 @@ class MemoryStore(Store):
         return self._data.get(validate_key(key))
 
     async def put(
-        self, key: str, value: bytes, *, expect: int | None = None, lease: Lease | None = None
+        self, key: str, value: bytes, *, expect: int | None = None, lease: LeaseArg = None
     ) -> int:
         self._check_open()
         self._check_expect(validate_key(key), expect)
-        if lease is not None and lease.id not in self._leases:
+        if isinstance(lease, Lease) and lease.id not in self._leases:
             raise LeaseExpiredError(f"lease {lease.id:x} has expired or was revoked")
         self._revision += 1
         entry = Entry(key, bytes(value), self._revision)
         self._data[key] = entry
-        self._bind(key, lease)
+        if lease != KEEP:
+            self._bind(key, lease)
         self._publish(Put(entry))
         return self._revision
 

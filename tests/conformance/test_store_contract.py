@@ -18,7 +18,7 @@ from dynamod.errors import (
     RevisionMismatchError,
     StoreClosedError,
 )
-from dynamod.store import Delete, Put, Resync, Store, Watch, WatchEvent, keep_alive
+from dynamod.store import KEEP, Delete, Put, Resync, Store, Watch, WatchEvent, keep_alive
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -283,6 +283,31 @@ async def test_put_without_lease_unbinds_the_key(store: Store) -> None:
     await store.revoke(lease)
     entry = await store.get("l/key")
     assert entry is not None and entry.value == b"y"
+
+
+async def test_put_with_keep_stays_bound_to_the_lease(store: Store) -> None:
+    lease = await store.grant(30)
+    revision = await store.put("l/key", b"x", lease=lease)
+    await store.put("l/key", b"y", expect=revision, lease=KEEP)
+    await store.put("l/free", b"z")
+    await store.put("l/free", b"w", lease=KEEP)
+    await store.revoke(lease)
+    assert await store.get("l/key") is None
+    entry = await store.get("l/free")
+    assert entry is not None and entry.value == b"w"
+
+
+async def test_kept_lease_still_expires(store: Store) -> None:
+    lease = await store.grant(1)
+    revision = await store.put("l/key", b"x", lease=lease)
+    await store.put("l/key", b"y", expect=revision, lease=KEEP)
+    async with store.watch("l") as watch:
+        event = await next_event(watch)
+        assert isinstance(event, Resync)
+        assert [e.value for e in event.entries] == [b"y"]
+        gone = await next_event(watch, within=lease.ttl + 5)
+        assert isinstance(gone, Delete)
+        assert gone.key == "l/key"
 
 
 async def test_slow_consumer_still_ends_at_the_final_state(
