@@ -17,6 +17,7 @@ from dynamod.store import Store, open_store
 from tests.servers import EtcdServer, NatsServer, ServerMissing, ServerProcess, require_servers
 
 BACKENDS = ["memory", "file", "etcd", "nats"]
+SHARED_BACKENDS = ["file", "etcd", "nats"]  # the ones several OS processes can share
 
 
 def _start(server_factory: type[ServerProcess], workdir: Path) -> ServerProcess:
@@ -81,6 +82,21 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
     opened = await open_store(store_url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@pytest.fixture(params=SHARED_BACKENDS)
+def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL that other OS processes can open too."""
+    return backend_url(request.param, request, tmp_path)
+
+
+@pytest.fixture
+async def shared_store(shared_store_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(shared_store_url)
     try:
         yield opened
     finally:

@@ -1,0 +1,255 @@
+"""Writing worker records: registration with a lease, and atomic taint updates.
+
+Every write to a worker record goes through this module. A record is created once, bound to
+the worker's lease; afterwards only its caller-managed taints change, by compare-and-swap at
+the revision that was read, so concurrent updates from many processes never lose one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from dynamod.aio import raise_if_cancelling
+from dynamod.errors import (
+    ConflictError,
+    InvalidInputError,
+    KeyNotFoundError,
+    LeaseExpiredError,
+    RevisionMismatchError,
+    StoreClosedError,
+    StoreUnavailableError,
+    WorkerNotFoundError,
+)
+from dynamod.model import WorkerRecord, immutable_diff
+from dynamod.store import KEEP, Delete, Lease, Put, Resync, Store, keep_alive
+from dynamod.taints import apply_caller_taints, caller_taints, normalize, validate
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 8
+
+OpKind = Literal["replace", "add", "remove", "clear"]
+
+
+def new_instance_id() -> str:
+    """A fresh id for one process incarnation: 16 hex digits."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class TaintOp:
+    """One change to a worker's caller-managed taints.
+
+    ``replace`` sets them (empty clears), ``add`` / ``remove`` name exact taints, ``clear``
+    removes all. Taints are validated when the op is built, before any read: a reserved or
+    malformed taint raises ``TaintError``; ``add`` / ``remove`` need at least one taint.
+    Duplicates collapse.
+    """
+
+    kind: OpKind
+    taints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("replace", "add", "remove", "clear"):
+            raise InvalidInputError(
+                f"taint operation {self.kind!r} is unknown; use replace, add, remove or clear"
+            )
+        if self.kind == "clear" and self.taints:
+            raise InvalidInputError("clear takes no taints; use remove to drop some of them")
+        if self.kind in ("add", "remove") and not self.taints:
+            raise InvalidInputError(f"{self.kind} needs at least one taint")
+        object.__setattr__(self, "taints", normalize(validate(t) for t in self.taints))
+
+    @classmethod
+    def replace(cls, taints: Iterable[str]) -> TaintOp:
+        return cls("replace", tuple(taints))
+
+    @classmethod
+    def add(cls, taints: Iterable[str]) -> TaintOp:
+        return cls("add", tuple(taints))
+
+    @classmethod
+    def remove(cls, taints: Iterable[str]) -> TaintOp:
+        return cls("remove", tuple(taints))
+
+    @classmethod
+    def clear(cls) -> TaintOp:
+        return cls("clear")
+
+    def apply(self, current: Iterable[str]) -> tuple[str, ...]:
+        """The caller taints after this op, given the caller taints read just now."""
+        held = set(current)
+        if self.kind == "add":
+            held |= set(self.taints)
+        elif self.kind == "remove":
+            held -= set(self.taints)
+        else:
+            held = set(self.taints)
+        return normalize(held)
+
+
+@dataclass(frozen=True)
+class TaintResult:
+    """What an update did: the record as stored now, its revision, and whether it changed."""
+
+    before: WorkerRecord
+    after: WorkerRecord
+    revision: int
+
+    @property
+    def changed(self) -> bool:
+        return self.before.taints != self.after.taints
+
+
+async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[WorkerRecord, int]:
+    """Create ``record`` bound to ``lease``; return the stored record and its revision.
+
+    If the key already exists, this is the same incarnation replaying its registration: the
+    immutable boundary is checked (a different record under this id raises
+    ``ImmutableFieldError`` naming the field) and the stored record wins, taints included.
+    It is rebound to ``lease`` with the same bytes, so watchers see no change.
+    """
+    try:
+        return record, await store.put(record.key, record.to_bytes(), expect=0, lease=lease)
+    except RevisionMismatchError:
+        pass
+    entry = await store.get(record.key)
+    if entry is None:  # it expired between the two calls: create it after all
+        return await register(store, record, lease)
+    stored = WorkerRecord.from_bytes(entry.value)
+    immutable_diff(stored, apply_caller_taints(record, caller_taints(stored.taints)))
+    revision = await store.put(record.key, entry.value, expect=entry.revision, lease=lease)
+    log.info("worker %s re-registered; keeping its stored taints", record.instance_id)
+    return stored, revision
+
+
+async def update_taints(
+    store: Store, key: str, op: TaintOp, *, expect_revision: int | None = None
+) -> TaintResult:
+    """Apply ``op`` to the worker record at ``key`` atomically.
+
+    Read → compute on the freshly read taints → unchanged: return without writing →
+    compare-and-swap at the read revision, keeping the worker's lease. A lost race re-reads
+    and retries, at most ``MAX_ATTEMPTS`` times, then raises the retryable
+    ``ConflictError``. With ``expect_revision`` a record at another revision fails at once
+    with ``RevisionMismatchError`` (the caller's optimistic lock). A missing worker raises
+    ``WorkerNotFoundError``.
+    """
+    for _ in range(MAX_ATTEMPTS):
+        before, revision = await _read(store, key)
+        if expect_revision is not None and revision != expect_revision:
+            raise RevisionMismatchError(key, expect_revision, revision)
+        after = apply_caller_taints(before, op.apply(caller_taints(before.taints)))
+        if after.taints == before.taints:
+            return TaintResult(before, before, revision)
+        try:
+            new_revision = await store.put(key, after.to_bytes(), expect=revision, lease=KEEP)
+        except KeyNotFoundError:
+            raise WorkerNotFoundError(key, f"worker {key!r} went away during the update") from None
+        except RevisionMismatchError:
+            if expect_revision is not None:
+                raise
+            continue
+        return TaintResult(before, after, new_revision)
+    raise ConflictError(
+        f"taint update of {key!r} lost the compare-and-swap race {MAX_ATTEMPTS} times in a "
+        f"row ({MAX_ATTEMPTS} attempts) to concurrent writers; retry the call"
+    )
+
+
+async def _read(store: Store, key: str) -> tuple[WorkerRecord, int]:
+    entry = await store.get(key)
+    if entry is None:
+        raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
+    return WorkerRecord.from_bytes(entry.value), entry.revision
+
+
+class Registration:
+    """A worker's registration for its whole life: lease, keep-alive, current record.
+
+    ``async with Registration(store, record, ttl=10) as reg`` registers, then keeps the lease
+    alive and follows the stored record (another process may change its taints) in a task
+    this object owns. If the lease is lost anyway (a store outage longer than the TTL, or
+    the key deleted by hand), a new lease is granted and the latest record registered again.
+    ``deregister()`` (also run on exit) revokes the lease: the record vanishes at once.
+    """
+
+    def __init__(self, store: Store, record: WorkerRecord, *, ttl: float = 10.0) -> None:
+        self.store = store
+        self.record = record
+        self.ttl = ttl
+        self.revision = 0
+        self._lease: Lease | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Registration:
+        await self._register()
+        self._task = asyncio.create_task(self._maintain(), name=f"registration {self.record.key}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.deregister()
+
+    @property
+    def registered(self) -> bool:
+        return self._lease is not None
+
+    async def deregister(self) -> None:
+        """Stop keeping the record alive and delete it now. Idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                await self.store.revoke(lease)
+            except (StoreUnavailableError, StoreClosedError) as exc:
+                log.warning(
+                    "could not revoke lease of %s (it expires by itself): %s", self.record.key, exc
+                )
+
+    async def _register(self) -> None:
+        self._lease = await self.store.grant(self.ttl)
+        self.record, self.revision = await register(self.store, self.record, self._lease)
+
+    async def _maintain(self) -> None:
+        while True:
+            lease = self._lease
+            assert lease is not None
+            try:
+                async with asyncio.TaskGroup() as group:
+                    group.create_task(keep_alive(self.store, lease))
+                    group.create_task(self._follow())
+            except* LeaseExpiredError:
+                log.warning("worker %s lost its lease; registering again", self.record.key)
+            raise_if_cancelling()
+            await self._register_again()
+
+    async def _follow(self) -> None:
+        async with self.store.watch(self.record.key) as events:
+            async for event in events:
+                if isinstance(event, Resync) and not event.entries:
+                    raise LeaseExpiredError(f"record {self.record.key} is gone")
+                if isinstance(event, Delete):
+                    raise LeaseExpiredError(f"record {self.record.key} was deleted")
+                entry = event.entry if isinstance(event, Put) else event.entries[0]
+                self.record, self.revision = WorkerRecord.from_bytes(entry.value), entry.revision
+
+    async def _register_again(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self._register()
+                return
+            except StoreUnavailableError as exc:
+                log.warning("cannot register %s yet: %s", self.record.key, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)

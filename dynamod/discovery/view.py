@@ -1,0 +1,187 @@
+"""The worker view: the always-current map of workers, and who hears about changes.
+
+``WorkerView.run()`` watches the store and applies every discovery event to the map. Two
+kinds of consumers hear about each change:
+
+* *listeners* (``listen(callback)``): synchronous callbacks run in the watcher's task right
+  after the map changed, in order. The router uses one: applying an event to its table
+  and re-checking its queue is quick and must not lag the view.
+* *subscriptions* (``subscribe(since=...)``): async iterators for slow consumers such as
+  an operator's ``events tail``. Each has a bounded queue; one that falls behind gets a
+  ``ViewResync`` of the current view instead of the events it missed, so it never blocks
+  the watcher and never silently misses a change. A subscription can start from a
+  revision: events after it are replayed from a ring buffer, or, when the buffer no longer
+  reaches back that far, a ``ViewResync`` comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from dynamod.discovery.watcher import Classifier
+from dynamod.errors import AmbiguousWorkerError, WorkerNotFoundError
+from dynamod.model import WORKERS_PREFIX, DiscoveryEvent, ViewResync, WorkerRecord
+from dynamod.store import Store
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[DiscoveryEvent], None]
+HISTORY = 10_000
+SUBSCRIPTION_QUEUE = 1024
+
+
+class Subscription:
+    """One consumer's events, as an async iterator (see the module docstring)."""
+
+    def __init__(self, view: WorkerView, maxsize: int) -> None:
+        self._view = view
+        self._maxsize = maxsize
+        self._queue: deque[DiscoveryEvent] = deque()
+        self._wakeup = asyncio.Event()
+        self._behind = False
+        self._closed = False
+        self.resyncs = 0
+
+    def push(self, event: DiscoveryEvent) -> None:
+        if len(self._queue) >= self._maxsize:
+            self._queue.clear()
+            self._behind = True
+            self.resyncs += 1
+        else:
+            self._queue.append(event)
+        self._wakeup.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> DiscoveryEvent:
+        while not self._closed:
+            if self._behind:
+                self._behind = False
+                return self._view.snapshot()
+            if self._queue:
+                return self._queue.popleft()
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        raise StopAsyncIteration
+
+
+class WorkerView:
+    """Workers by store key, kept current by ``run()``; see the module docstring."""
+
+    def __init__(self, store: Store, *, prefix: str = WORKERS_PREFIX, history: int = HISTORY):
+        self.store = store
+        self.prefix = prefix
+        self.ready = asyncio.Event()
+        self._classifier = Classifier()
+        self._listeners: list[Listener] = []
+        self._subscriptions: set[Subscription] = set()
+        self._history: deque[DiscoveryEvent] = deque(maxlen=history)
+        self._stopped = False
+
+    @property
+    def revision(self) -> int:
+        return self._classifier.revision
+
+    @property
+    def refused(self) -> int:
+        """How many store changes were refused (unreadable or immutable-field changes)."""
+        return self._classifier.refused
+
+    def records(self) -> list[WorkerRecord]:
+        known = self._classifier.known
+        return [known[k] for k in sorted(known)]
+
+    def get(self, key: str) -> WorkerRecord | None:
+        return self._classifier.known.get(key)
+
+    def __len__(self) -> int:
+        return len(self._classifier.known)
+
+    def find(self, ref: str) -> WorkerRecord:
+        """A worker by store key, instance id, or a unique prefix of its instance id."""
+        known = self._classifier.known
+        if ref in known:
+            return known[ref]
+        matches = [r for r in known.values() if r.instance_id.startswith(ref)] if ref else []
+        exact = [r for r in matches if r.instance_id == ref]
+        if exact or len(matches) == 1:
+            return (exact or matches)[0]
+        if matches:
+            raise AmbiguousWorkerError(ref, sorted(r.instance_id for r in matches))
+        raise WorkerNotFoundError(ref)
+
+    def snapshot(self) -> ViewResync:
+        return ViewResync(tuple(self.records()), self.revision)
+
+    def listen(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener`` with every event from now on; returns the way to stop."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    @contextlib.contextmanager
+    def subscribe(
+        self, *, since: int | None = None, maxsize: int = SUBSCRIPTION_QUEUE
+    ) -> Iterator[Subscription]:
+        """Events from now (``since=None``: a ``ViewResync`` of the current view first), or
+        after revision ``since`` (replayed, or a ``ViewResync`` when too old)."""
+        subscription = Subscription(self, maxsize)
+        for event in self._backlog(since):
+            subscription.push(event)
+        if self._stopped:
+            subscription.close()
+        self._subscriptions.add(subscription)
+        try:
+            yield subscription
+        finally:
+            subscription.close()
+            self._subscriptions.discard(subscription)
+
+    def _backlog(self, since: int | None) -> list[DiscoveryEvent]:
+        if since is not None and self._history and self._history[0].revision <= since + 1:
+            return [e for e in self._history if e.revision > since]
+        if since is not None and since >= self.revision and self.ready.is_set():
+            return []
+        return [self.snapshot()] if self.ready.is_set() else []
+
+    async def run(self) -> None:
+        """Watch the store until cancelled (or the store closes), keeping the view current."""
+        try:
+            async with self.store.watch(self.prefix) as watch:
+                async for store_event in watch:
+                    for event in self._classifier.feed(store_event):
+                        self._publish(event)
+        finally:
+            self._stopped = True
+            for subscription in list(self._subscriptions):
+                subscription.close()
+
+    def _publish(self, event: DiscoveryEvent) -> None:
+        self._history.append(event)
+        for listener in list(self._listeners):
+            listener(event)
+        for subscription in self._subscriptions:
+            subscription.push(event)
+        if isinstance(event, ViewResync) and not self.ready.is_set():
+            self.ready.set()
+            log.info("worker view ready: %d workers at revision %d", len(self), event.revision)
+
+    async def wait_for(
+        self, predicate: Callable[[WorkerView], bool], *, within: float = 10.0
+    ) -> None:
+        """Wait until ``predicate(view)`` holds, re-checking at every change."""
+        async with asyncio.timeout(within):
+            with self.subscribe() as events:
+                if predicate(self):
+                    return
+                async for _ in events:
+                    if predicate(self):
+                        return
