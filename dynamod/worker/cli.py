@@ -1,16 +1,172 @@
-"""The ``dynamo-worker`` entry point."""
+"""The ``dynamo-worker`` entry point: flags → ``WorkerSettings`` → the runtime.
+
+Invalid flags, taints or topology exit 2 with the exact reason before anything is
+registered.
+"""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
 
 from dynamod import __version__
+from dynamod.errors import InvalidInputError
+from dynamod.lifecycle import guarded, run
+from dynamod.worker.engines.mocker import MockerConfig
+
+EX_USAGE = 2
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--version"]:
+def _version(value: bool) -> None:
+    if value:
         print(f"dynamo-worker {__version__}")
-        return 0
-    print("dynamo-worker: the worker runtime is not built yet; try --version", file=sys.stderr)
-    return 2
+        raise typer.Exit
+
+
+def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
+    """``["zone=a", "rack=r1"]`` → ``{"zone": "a", "rack": "r1"}``."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidInputError(f"{flag} {pair!r} must look like DOMAIN=VALUE")
+        if key in out:
+            raise InvalidInputError(f"{flag} names domain {key!r} twice")
+        out[key] = value
+    return out
+
+
+def read_token(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidInputError(
+            f"--token-file {str(path)!r} cannot be read: {exc.strerror}"
+        ) from None
+    if not token:
+        raise InvalidInputError(f"--token-file {str(path)!r} is empty")
+    return token
+
+
+@app.command()
+def worker(
+    model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
+    store: Annotated[
+        str,
+        typer.Option(
+            envvar="DYNAMO_STORE",
+            help="Discovery store URL: file:///dir, etcd://host:2379/prefix, "
+            "nats://host:4222/bucket or memory://.",
+        ),
+    ],
+    engine: Annotated[str, typer.Option(help="Inference engine: mocker.")] = "mocker",
+    namespace: Annotated[str, typer.Option(help="Discovery namespace.")] = "dynamo",
+    component: Annotated[str, typer.Option(help="Discovery component.")] = "backend",
+    endpoint: Annotated[str, typer.Option(help="Discovery endpoint.")] = "generate",
+    taint: Annotated[
+        list[str] | None, typer.Option(help="Initial taint (repeatable), e.g. capacity/fast.")
+    ] = None,
+    topology: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Topology domain DOMAIN=VALUE (repeatable); generates a "
+            "dynamo.topology/DOMAIN=VALUE taint."
+        ),
+    ] = None,
+    kv_transfer_domain: Annotated[
+        str | None, typer.Option(help="Topology domain that constrains KV transfer.")
+    ] = None,
+    kv_transfer_enforcement: Annotated[
+        str | None, typer.Option(help="required or preferred.")
+    ] = None,
+    kv_transfer_preferred_weight: Annotated[
+        float | None, typer.Option(help="Weight 0..1 when enforcement is preferred.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Inference HTTP bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Inference HTTP port (0 picks a free one).")] = 0,
+    advertise_host: Annotated[
+        str | None, typer.Option(help="Host name routers use to reach this worker.")
+    ] = None,
+    system_host: Annotated[str, typer.Option(help="System HTTP bind address.")] = "127.0.0.1",
+    system_port: Annotated[
+        int, typer.Option(envvar="DYN_SYSTEM_PORT", help="System HTTP port (0 picks one).")
+    ] = 0,
+    token_file: Annotated[
+        Path | None, typer.Option(help="File holding the bearer token the taint route requires.")
+    ] = None,
+    lease_ttl: Annotated[float, typer.Option(help="Seconds the record outlives a crash.")] = 10.0,
+    grace: Annotated[
+        float, typer.Option(help="Seconds in-flight requests get to finish on SIGTERM.")
+    ] = 10.0,
+    num_kv_blocks: Annotated[int, typer.Option(help="Mocker: KV cache blocks.")] = 16384,
+    block_size: Annotated[int, typer.Option(help="Mocker: tokens per KV block.")] = 64,
+    max_num_seqs: Annotated[int, typer.Option(help="Mocker: requests at once.")] = 256,
+    max_num_batched_tokens: Annotated[
+        int, typer.Option(help="Mocker: tokens per scheduler step.")
+    ] = 8192,
+    context_length: Annotated[int, typer.Option(help="Mocker: context length.")] = 8192,
+    speedup_ratio: Annotated[
+        float, typer.Option(help="Mocker: divides every simulated duration.")
+    ] = 1.0,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Run one inference worker: register it in discovery, serve OpenAI-compatible routes,
+    and accept taint updates on its system server."""
+    from dynamod.worker.runtime import WorkerSettings, configure_logging, run_worker
+
+    try:
+        settings = WorkerSettings(
+            store=store,
+            model=model,
+            engine=engine,
+            namespace=namespace,
+            component=component,
+            endpoint=endpoint,
+            taints=tuple(taint or ()),
+            topology=parse_pairs(topology or [], "--topology"),
+            kv_transfer_domain=kv_transfer_domain,
+            kv_transfer_enforcement=kv_transfer_enforcement,
+            kv_transfer_preferred_weight=kv_transfer_preferred_weight,
+            host=host,
+            port=port,
+            advertise_host=advertise_host,
+            system_host=system_host,
+            system_port=system_port,
+            token=read_token(token_file),
+            lease_ttl=lease_ttl,
+            grace=grace,
+            mocker=MockerConfig(
+                model_name=model,
+                num_kv_blocks=num_kv_blocks,
+                block_size=block_size,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                context_length=context_length,
+                speedup_ratio=speedup_ratio,
+            ),
+        )
+    except InvalidInputError as exc:
+        print(f"dynamo-worker: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EX_USAGE) from None
+    configure_logging(log_level.upper())
+    raise typer.Exit(run(lambda: guarded(run_worker(settings), "dynamo-worker")))
+
+
+def main() -> None:
+    app(prog_name="dynamo-worker")

@@ -1,0 +1,239 @@
+"""The worker runtime every engine shares: bind, register, serve, and shut down in order.
+
+Start: open the store → start the engine → bind the inference and system servers (port 0
+picks a free port) → register the record (address, model card, runtime config with the
+validated taints and generated topology taints) and keep its lease alive → announce the
+bound addresses on stdout.
+
+SIGTERM / SIGINT: deregister first (routers stop choosing this worker), refuse new
+requests, let in-flight ones finish within the grace period, then close servers, engine and
+store. Exit 0 when everything finished; 70 when in-flight requests had to be cut short
+(the grace period ran out, or a second signal skipped it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from dynamod import __version__
+from dynamod.discovery.registry import Registration, new_instance_id
+from dynamod.errors import ConfigError, InvalidKeyError
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.model import RuntimeConfig, WorkerRecord
+from dynamod.store import open_store
+from dynamod.store.base import validate_key
+from dynamod.taints import validate_caller_taints, validate_topology, with_topology
+from dynamod.worker.engines.base import Engine
+from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
+from dynamod.worker.openai import InferenceRoutes
+from dynamod.worker.system import SystemServer
+
+log = logging.getLogger(__name__)
+
+ENGINES = ("mocker",)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Everything ``dynamo-worker`` is told; ``__post_init__`` refuses what is invalid."""
+
+    store: str
+    model: str
+    engine: str = "mocker"
+    namespace: str = "dynamo"
+    component: str = "backend"
+    endpoint: str = "generate"
+    taints: tuple[str, ...] = ()
+    topology: Mapping[str, str] = field(default_factory=dict)
+    kv_transfer_domain: str | None = None
+    kv_transfer_enforcement: str | None = None
+    kv_transfer_preferred_weight: float | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    advertise_host: str | None = None
+    system_host: str = "127.0.0.1"
+    system_port: int = 0
+    token: str | None = None
+    lease_ttl: float = 10.0
+    grace: float = 10.0
+    mocker: MockerConfig = field(default_factory=MockerConfig)
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ConfigError(
+                f"engine {self.engine!r} is not available; choose from {', '.join(ENGINES)}"
+            )
+        for name in ("namespace", "component", "endpoint"):
+            value = getattr(self, name)
+            if "/" in value:
+                raise ConfigError(f"--{name} {value!r} must not contain '/'")
+            try:
+                validate_key(value)
+            except InvalidKeyError as exc:
+                raise ConfigError(f"--{name} {value!r} is invalid: {exc}") from None
+        if self.lease_ttl < 1:
+            raise ConfigError(f"--lease-ttl must be at least 1 second, got {self.lease_ttl:g}")
+        if self.grace < 0:
+            raise ConfigError(f"--grace must not be negative, got {self.grace:g}")
+        self.runtime_config()
+
+    def runtime_config(self) -> RuntimeConfig:
+        """The validated runtime config: caller taints plus generated topology taints."""
+        config = RuntimeConfig(
+            topology_domains=dict(self.topology),
+            kv_transfer_domain=self.kv_transfer_domain,
+            kv_transfer_enforcement=self.kv_transfer_enforcement,
+            kv_transfer_preferred_weight=self.kv_transfer_preferred_weight,
+        )
+        validate_topology(config)
+        caller = validate_caller_taints(self.taints)
+        return RuntimeConfig(
+            taints=with_topology(caller, config.topology_domains),
+            topology_domains=config.topology_domains,
+            kv_transfer_domain=config.kv_transfer_domain,
+            kv_transfer_enforcement=config.kv_transfer_enforcement,
+            kv_transfer_preferred_weight=config.kv_transfer_preferred_weight,
+        )
+
+
+class EngineCollector(Collector):
+    """Engine load as Prometheus gauges, read at scrape time."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = self.engine.stats()
+        for name, doc, value in [
+            ("active_requests", "Requests the engine is running.", stats.active_requests),
+            ("waiting_requests", "Requests waiting for an engine slot.", stats.waiting_requests),
+            ("kv_blocks_used", "KV cache blocks in use.", stats.kv_blocks_used),
+            ("kv_blocks_total", "KV cache blocks in all.", stats.kv_blocks_total),
+            ("prefix_cache_hits", "KV blocks found in the prefix cache.", stats.prefix_cache_hits),
+        ]:
+            yield GaugeMetricFamily(f"dynamo_worker_{name}", doc, value=value)
+
+
+async def serve_app(
+    stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int
+) -> tuple[str, int]:
+    """Bind ``app`` on ``host:port`` (0 picks one); cleaned up when ``stack`` closes."""
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handle_signals=False)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    server = site._server
+    assert isinstance(server, asyncio.base_events.Server)
+    bound: int = server.sockets[0].getsockname()[1]
+    return host, bound
+
+
+def url(host: str, port: int) -> str:
+    return f"http://{host}:{port}"
+
+
+def make_engine(settings: WorkerSettings) -> Engine:
+    config = MockerConfig(**{**settings.mocker.__dict__, "model_name": settings.model})
+    return MockerEngine(config)
+
+
+async def run_worker(settings: WorkerSettings) -> int:
+    """The whole life of one worker process; returns its exit code."""
+    signals = Signals().install()
+    registry = CollectorRegistry()
+    instance_id = new_instance_id()
+    async with contextlib.AsyncExitStack() as stack:
+        store = await open_store(settings.store)
+        stack.push_async_callback(store.aclose)
+        engine = await stack.enter_async_context(make_engine(settings))
+        registry.register(EngineCollector(engine))
+        routes = InferenceRoutes(engine, instance_id, registry=registry)
+        system = SystemServer(token=settings.token, registry=registry)
+        inference = web.Application()
+        routes.add_to(inference)
+        host, port = await serve_app(stack, inference, settings.host, settings.port)
+        sys_host, sys_port = await serve_app(
+            stack, system.app(), settings.system_host, settings.system_port
+        )
+        advertised = settings.advertise_host or (
+            socket.gethostname() if host in ("0.0.0.0", "::") else host
+        )
+        record = WorkerRecord(
+            instance_id=instance_id,
+            namespace=settings.namespace,
+            component=settings.component,
+            endpoint=settings.endpoint,
+            address=url(advertised, port),
+            system_address=url(
+                sys_host if sys_host not in ("0.0.0.0", "::") else advertised, sys_port
+            ),
+            model_card=engine.model_card(),
+            runtime_config=settings.runtime_config(),
+            started_at=time.time(),
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+        )
+        registration = await stack.enter_async_context(
+            Registration(store, record, ttl=settings.lease_ttl)
+        )
+        system.running(registration)
+        print(
+            f"dynamo-worker ready: id={instance_id} model={record.model} "
+            f"http={record.address} system={record.system_address} key={record.key}",
+            flush=True,
+        )
+        await signals.stopping.wait()
+        code = await _shutdown(system, registration, routes, signals, settings.grace)
+    return code
+
+
+async def _shutdown(
+    system: SystemServer,
+    registration: Registration,
+    routes: InferenceRoutes,
+    signals: Signals,
+    grace: float,
+) -> int:
+    system.shutting_down()
+    await registration.deregister()
+    routes.begin_drain()
+    log.info("deregistered; waiting up to %gs for %d in-flight requests", grace, routes.in_flight)
+    idle = asyncio.Event()
+    async with asyncio.TaskGroup() as group:
+        waiter = group.create_task(_set_when_idle(routes, idle))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                await wait_any(idle, signals.forced)
+        waiter.cancel()
+    if routes.in_flight:
+        log.warning("shutting down with %d requests still in flight", routes.in_flight)
+        return EX_SOFTWARE
+    return EX_OK
+
+
+async def _set_when_idle(routes: InferenceRoutes, idle: asyncio.Event) -> None:
+    await routes.wait_idle()
+    idle.set()
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
