@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 
-def raise_if_cancelling() -> None:
-    """Re-raise a cancellation that an ``except*`` clause may have absorbed.
+async def race(*coros: Coroutine[Any, Any, object]) -> None:
+    """Run ``coros`` as tasks until the first one ends; cancel and await the others.
 
-    When a task is cancelled while a child of its ``TaskGroup`` fails, the group raises an
-    ``ExceptionGroup`` of the child's error and the ``CancelledError`` is not re-raised; the
-    task's ``cancelling()`` count still says it was asked to stop. Call this after handling
-    such a group so the cancellation is never swallowed.
+    The first one's exception, if it raised, propagates. Cancelling the caller cancels them
+    all. This is the "whichever ends first" shape that a ``TaskGroup`` with an empty body
+    gets wrong on Python 3.11: a child failing while the group waits in ``__aexit__``
+    cancels the parent task and never uncancels it, so a later ``cancelling()`` check lies.
     """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]

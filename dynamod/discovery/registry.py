@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from dynamod.aio import raise_if_cancelling
+from dynamod.aio import race
 from dynamod.errors import (
     ConflictError,
     InvalidInputError,
@@ -225,12 +225,11 @@ class Registration:
             lease = self._lease
             assert lease is not None
             try:
-                async with asyncio.TaskGroup() as group:
-                    group.create_task(keep_alive(self.store, lease))
-                    group.create_task(self._follow())
-            except* LeaseExpiredError:
-                log.warning("worker %s lost its lease; registering again", self.record.key)
-            raise_if_cancelling()
+                await race(keep_alive(self.store, lease), self._follow())
+            except LeaseExpiredError as exc:
+                log.warning(
+                    "worker %s lost its lease (%s); registering again", self.record.key, exc
+                )
             await self._register_again()
 
     async def _follow(self) -> None:

@@ -1,0 +1,162 @@
+"""Real subprocesses of the product (dynamo-worker, dynamod, dynamoctl) for tests.
+
+A process is started with its stdout piped; ``started()`` waits for its readiness line
+(with a deadline, and the stderr tail in the failure message). ``stop(sig)`` signals it
+and returns the exit code; ``stderr`` holds everything it wrote there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+BAD_STDERR = ("Traceback", "Task was destroyed", "Exception ignored", "Error in atexit")
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment for product processes: ours, plus the repo on the path."""
+    base = dict(os.environ)
+    base["PYTHONPATH"] = str(ROOT)
+    base.pop("NOTIFY_SOCKET", None)
+    base.update(extra)
+    return base
+
+
+class Proc:
+    """One running product process; see the module docstring."""
+
+    def __init__(self, argv: list[str], ready: str, extra_env: dict[str, str] | None = None):
+        self.argv = argv
+        self.ready_pattern = re.compile(ready)
+        self.extra_env = extra_env or {}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready_line = ""
+        self.stdout_lines: list[str] = []
+        self.stderr = ""
+        self._stderr_task: asyncio.Task[None] | None = None
+        self._stdout_task: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, within: float = 30.0) -> Proc:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=env(**self.extra_env),
+        )
+        self._stderr_task = asyncio.create_task(self._read_stderr())
+        try:
+            async with asyncio.timeout(within):
+                await self._wait_ready()
+        except TimeoutError:
+            await self.kill()
+            raise AssertionError(
+                f"{self.argv[0]} not ready in {within} s:\n{self.stderr}"
+            ) from None
+        self._stdout_task = asyncio.create_task(self._read_stdout())
+        return self
+
+    async def _wait_ready(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        while True:
+            raw = await self.proc.stdout.readline()
+            if not raw:
+                await self.proc.wait()
+                if self._stderr_task is not None:
+                    await self._stderr_task
+                raise AssertionError(
+                    f"{self.argv[0]} exited {self.proc.returncode} before ready:\n{self.stderr}"
+                )
+            line = raw.decode().rstrip("\n")
+            self.stdout_lines.append(line)
+            if self.ready_pattern.search(line):
+                self.ready_line = line
+                return
+
+    async def _read_stdout(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            self.stdout_lines.append(raw.decode().rstrip("\n"))
+
+    async def _read_stderr(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            self.stderr += raw.decode(errors="replace")
+
+    def field(self, name: str) -> str:
+        match = re.search(rf"\b{name}=(\S+)", self.ready_line)
+        assert match, f"no {name}= in {self.ready_line!r}"
+        return match.group(1)
+
+    def send(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait(self, within: float = 30.0) -> int:
+        assert self.proc is not None
+        async with asyncio.timeout(within):
+            code = await self.proc.wait()
+            for task in (self._stderr_task, self._stdout_task):
+                if task is not None:
+                    await task
+        return code
+
+    async def stop(self, sig: signal.Signals = signal.SIGTERM, within: float = 30.0) -> int:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        return await self.wait(within)
+
+    async def kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            self.proc.kill()
+        with contextlib.suppress(TimeoutError):
+            await self.wait(10)
+        for task in (self._stderr_task, self._stdout_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def assert_clean_stderr(self) -> None:
+        for bad in BAD_STDERR:
+            assert bad not in self.stderr, f"{bad!r} on stderr of {self.argv[0]}:\n{self.stderr}"
+
+
+def worker_argv(store_url: str, model: str = "llama", *args: str) -> list[str]:
+    return [
+        str(BIN / "dynamo-worker"),
+        "--model", model,
+        "--store", store_url,
+        "--lease-ttl", "2",
+        "--speedup-ratio", "50",
+        *args,
+    ]  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def running(proc: Proc) -> AsyncIterator[Proc]:
+    """Start ``proc``; on exit SIGKILL it if it is still running."""
+    await proc.start()
+    try:
+        yield proc
+    finally:
+        await proc.kill()
+
+
+def worker(store_url: str, *args: str, model: str = "llama", **env: str) -> Proc:
+    return Proc(worker_argv(store_url, model, *args), r"^dynamo-worker ready:", env)
