@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -131,14 +132,14 @@ async def serve_app(
     stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int
 ) -> tuple[str, int]:
     """Bind ``app`` on ``host:port`` (0 picks one); cleaned up when ``stack`` closes."""
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=1.0, handle_signals=False, handler_cancellation=True
+    )
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
-    server = site._server
-    assert isinstance(server, asyncio.base_events.Server)
-    bound: int = server.sockets[0].getsockname()[1]
+    bound: int = runner.addresses[0][1]
     return host, bound
 
 
@@ -147,8 +148,7 @@ def url(host: str, port: int) -> str:
 
 
 def make_engine(settings: WorkerSettings) -> Engine:
-    config = MockerConfig(**{**settings.mocker.__dict__, "model_name": settings.model})
-    return MockerEngine(config)
+    return MockerEngine(dataclasses.replace(settings.mocker, model_name=settings.model))
 
 
 async def run_worker(settings: WorkerSettings) -> int:

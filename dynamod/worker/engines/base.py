@@ -1,0 +1,134 @@
+"""The engine contract: what the worker runtime and the inference routes need from an engine.
+
+An engine (the mocker now, a vLLM adapter later) turns prompt token ids into generated
+tokens. Its contract:
+
+* **Lifetime.** An engine is an async context manager. ``__aenter__`` starts whatever
+  background tasks it owns (a scheduler loop); ``__aexit__`` cancels and awaits every one
+  of them, and every ``generate`` stream still open then fails with ``ShuttingDownError``
+  at its next chunk. Nothing the engine started outlives ``__aexit__``.
+* **generate(request)** validates at once, *when called*: a request the engine can never
+  serve (prompt longer than the context, more KV blocks than the cache holds, bad
+  ``max_tokens``) raises ``InvalidInputError`` before any iteration, so an HTTP front can
+  answer 400 before it starts a stream. The returned async generator submits the request
+  on its first ``__anext__`` and yields at least one ``Chunk``; the last one has
+  ``finish_reason`` set and the final ``usage``; nothing follows it.
+* **Cancellation.** A consumer that stops early must either close the generator
+  (``contextlib.aclosing``) or be cancelled while awaiting it. Either way the engine frees
+  that request's resources (scheduler slot, KV blocks) before the close / cancellation
+  completes. Dropping an open generator without closing it leaves cleanup to the garbage
+  collector: a bug in the consumer.
+* ``stats()`` and ``model_card()`` are cheap, synchronous and never fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Protocol, Self
+
+from dynamod.model import ModelCard
+from dynamod.worker.tokenizer import ChatMessage
+
+FinishReason = Literal["stop", "length"]
+
+
+class Tokenizer(Protocol):
+    """Text to token ids and back, plus the model's chat template."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def render_chat(self, messages: Sequence[ChatMessage]) -> str: ...
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation.
+
+    ``max_tokens`` None lets the engine stop on its own (end of sequence, finish reason
+    ``"stop"``); a number caps the output (finish reason ``"length"`` when reached).
+    ``seed`` makes sampling reproducible; ``request_id`` names the request in logs.
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting. ``cached_tokens``: prompt tokens served from the prefix cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Engine time spent on one request so far: seconds of steps that prefilled it, and of
+    steps that decoded it. The mocker reports the simulated seconds it charged."""
+
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """New output of one request: the text and the ids of the tokens since the last chunk.
+
+    ``finish_reason`` is set on the last chunk only. ``usage`` and ``timing`` are running
+    totals, final on the last chunk.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    usage: Usage
+    timing: Timing = Timing()
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A load snapshot. ``prefix_cache_hits`` / ``prefix_cache_queries`` count KV blocks
+    looked up in and found in the prefix cache since the engine started."""
+
+    active_requests: int
+    waiting_requests: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+class Engine(Protocol):
+    """An inference engine; see the module docstring for the whole contract."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    def model_card(self) -> ModelCard: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

@@ -1,0 +1,508 @@
+"""The worker's OpenAI-compatible inference routes, on an aiohttp application.
+
+``InferenceRoutes(engine, worker_id).add_to(app)`` serves:
+
+* ``POST /v1/completions`` and ``POST /v1/chat/completions``: streamed as server-sent
+  events ending with ``data: [DONE]`` when ``stream`` is true, one JSON body otherwise.
+  ``usage`` carries ``prompt_tokens_details.cached_tokens`` (prompt tokens served from the
+  engine's prefix cache); a stream ends with a usage chunk when
+  ``stream_options.include_usage`` is true.
+* ``GET /v1/models``: the one model this worker serves.
+
+Every response of the application, errors included, carries ``x-dynamo-worker-id``.
+Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``):
+400 for a malformed body or a request the engine refuses, 404 for another model's name,
+503 while draining. Unknown body keys (``nvext``, ``user``, ...) are ignored. An error
+after a stream has started becomes one ``data: {"error": ...}`` event before ``[DONE]``.
+
+Shutdown: ``begin_drain()`` refuses new inference requests with 503 while in-flight ones
+continue; ``wait_idle()`` returns once none is in flight. A client that disconnects
+mid-stream is noticed at the next write; closing the engine stream then frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from dynamod.errors import InvalidInputError, ShuttingDownError
+from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Tokenizer, Usage
+from dynamod.worker.tokenizer import ChatMessage
+
+WORKER_ID_HEADER = "x-dynamo-worker-id"
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+
+
+class _BadField(InvalidInputError):
+    """A request body field is missing or malformed; ``param`` names it."""
+
+    def __init__(self, param: str | None, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class _ModelNotFound(Exception):
+    """The request names a model this worker does not serve (answered with 404)."""
+
+
+@dataclass(frozen=True)
+class _Params:
+    """What a request asks for, once validated."""
+
+    model: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int | None
+    seed: int | None
+    stream: bool
+    include_usage: bool
+
+
+class _Metrics:
+    """Per-request counters on the registry the worker exposes at ``/metrics``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dynamo_worker_requests",
+            "Inference requests answered, by route and HTTP status.",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "dynamo_worker_prompt_tokens", "Prompt tokens of served requests.", registry=registry
+        )
+        self.cached_tokens = Counter(
+            "dynamo_worker_cached_tokens",
+            "Prompt tokens served from the prefix cache.",
+            registry=registry,
+        )
+        self.completion_tokens = Counter(
+            "dynamo_worker_completion_tokens", "Tokens generated.", registry=registry
+        )
+        self.in_flight = Gauge(
+            "dynamo_worker_inflight_requests", "Inference requests in flight.", registry=registry
+        )
+
+    def served(self, usage: Usage) -> None:
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
+        self.completion_tokens.inc(usage.completion_tokens)
+
+
+class InferenceRoutes:
+    """The inference routes of one worker, with drain support and metrics."""
+
+    def __init__(
+        self, engine: Engine, worker_id: str, *, registry: CollectorRegistry | None = None
+    ) -> None:
+        self._engine = engine
+        self._worker_id = worker_id
+        self._metrics = _Metrics(registry if registry is not None else CollectorRegistry())
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def add_to(self, app: web.Application) -> None:
+        """Mount the routes, and tag every response of ``app`` with the worker id."""
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.on_response_prepare.append(self._tag)
+
+    def begin_drain(self) -> None:
+        """Refuse new inference requests (503); those in flight run to their end."""
+        self._draining = True
+
+    async def wait_idle(self) -> None:
+        """Return once no inference request is in flight (at once if none is).
+
+        Call ``begin_drain`` first, or new requests may start right after; bound the wait
+        with ``asyncio.timeout`` for a grace period.
+        """
+        await self._idle.wait()
+
+    async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[WORKER_ID_HEADER] = self._worker_id
+
+    async def _models(self, request: web.Request) -> web.Response:
+        card = self._engine.model_card()
+        entry = {
+            "id": card.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "dynamo",
+            "max_model_len": card.context_length,
+        }
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, _CHAT)
+
+    async def _serve(self, request: web.Request, api: _Api) -> web.StreamResponse:
+        response: web.StreamResponse
+        if self._draining:
+            response = _error(503, "the worker is draining and takes no new requests", "draining")
+        else:
+            self._enter()
+            try:
+                response = await self._answer(request, api)
+            finally:
+                self._leave()
+        self._metrics.requests.labels(api.route, str(response.status)).inc()
+        return response
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+        self._metrics.in_flight.inc()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        self._metrics.in_flight.dec()
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def _answer(self, request: web.Request, api: _Api) -> web.StreamResponse:
+        reply_id = api.new_id()
+        try:
+            params = api.parse(await _json_body(request), self._engine.tokenizer)
+            self._check_model(params.model)
+            chunks = self._engine.generate(_generate_request(request, reply_id, params))
+        except _BadField as exc:
+            return _error(400, str(exc), "invalid_value", param=exc.param)
+        except InvalidInputError as exc:
+            return _error(400, str(exc), "invalid_value")
+        except _ModelNotFound as exc:
+            return _error(404, str(exc), "model_not_found")
+        reply = _Reply(api, params.model, reply_id)
+        if params.stream:
+            return await self._stream(request, reply, params, chunks)
+        return await self._whole(reply, chunks)
+
+    def _check_model(self, model: str) -> None:
+        served = self._engine.model_card().name
+        if model != served:
+            raise _ModelNotFound(
+                f"model {_brief(model)} is not served here; this worker serves {served!r}"
+            )
+
+    async def _whole(self, reply: _Reply, chunks: AsyncGenerator[Chunk, None]) -> web.Response:
+        texts: list[str] = []
+        try:
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    texts.append(chunk.text)
+        except ShuttingDownError as exc:
+            return _error(503, str(exc), "engine_stopped")
+        last = _final(chunk)
+        self._metrics.served(last.usage)
+        return web.json_response(reply.whole("".join(texts), last))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        reply: _Reply,
+        params: _Params,
+        chunks: AsyncGenerator[Chunk, None],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        try:
+            async with aclosing(chunks):
+                await self._pump(response, reply, params, chunks)
+            await _send(response, "[DONE]")
+            await response.write_eof()
+        except ConnectionResetError:
+            # The client went away; leaving aclosing() above freed the engine's slot.
+            log.debug("client disconnected from stream %s", reply.id)
+        return response
+
+    async def _pump(
+        self,
+        response: web.StreamResponse,
+        reply: _Reply,
+        params: _Params,
+        chunks: AsyncGenerator[Chunk, None],
+    ) -> None:
+        for opening in reply.opening():
+            await _send(response, opening)
+        try:
+            async for chunk in chunks:
+                await _send(response, reply.delta(chunk, params.include_usage))
+        except ShuttingDownError as exc:
+            await _send(response, _error_body(str(exc), "engine_stopped", "server_error"))
+            return
+        last = _final(chunk)
+        self._metrics.served(last.usage)
+        if params.include_usage:
+            await _send(response, reply.usage_chunk(last.usage))
+
+
+@dataclass(frozen=True)
+class _Api:
+    """What differs between the completions and the chat completions API."""
+
+    route: str
+    object_whole: str
+    object_chunk: str
+    id_prefix: str
+    parse: Callable[[Json, Tokenizer], _Params]
+    kind: Literal["text", "chat"]
+
+    def new_id(self) -> str:
+        return f"{self.id_prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """Builds the JSON bodies of one response."""
+
+    api: _Api
+    model: str
+    id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _envelope(self, obj: str, choices: list[Json]) -> Json:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def whole(self, text: str, last: Chunk) -> Json:
+        if self.api.kind == "chat":
+            choice: Json = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text}
+        choice |= {"logprobs": None, "finish_reason": last.finish_reason}
+        return self._envelope(self.api.object_whole, [choice]) | {"usage": _usage(last.usage)}
+
+    def opening(self) -> list[Json]:
+        """Chunks sent before any token: the chat API announces the assistant's role."""
+        if self.api.kind != "chat":
+            return []
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return [self._envelope(self.api.object_chunk, [choice])]
+
+    def delta(self, chunk: Chunk, include_usage: bool) -> Json:
+        if self.api.kind == "chat":
+            choice: Json = {"index": 0, "delta": {"content": chunk.text}}
+        else:
+            choice = {"index": 0, "text": chunk.text}
+        choice |= {"logprobs": None, "finish_reason": chunk.finish_reason}
+        body = self._envelope(self.api.object_chunk, [choice])
+        return body | {"usage": None} if include_usage else body
+
+    def usage_chunk(self, usage: Usage) -> Json:
+        return self._envelope(self.api.object_chunk, []) | {"usage": _usage(usage)}
+
+
+def _final(chunk: Chunk) -> Chunk:
+    """The chunk a stream ended on, which the engine contract says carries the finish."""
+    if chunk.finish_reason is None:
+        raise RuntimeError("the engine ended a stream without a finish_reason")
+    return chunk
+
+
+def _usage(usage: Usage) -> Json:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+async def _send(response: web.StreamResponse, data: Json | str) -> None:
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    await response.write(f"data: {text}\n\n".encode())
+
+
+def _error_body(message: str, code: str, kind: str, param: str | None = None) -> Json:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _error(status: int, message: str, code: str, *, param: str | None = None) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return web.json_response(_error_body(message, code, kind, param), status=status)
+
+
+async def _json_body(request: web.Request) -> Json:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _BadField(None, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadField(None, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _generate_request(request: web.Request, reply_id: str, params: _Params) -> GenerateRequest:
+    """The engine's request, named by the caller's ``x-request-id`` or else the reply's id."""
+    return GenerateRequest(
+        request_id=request.headers.get("x-request-id") or reply_id,
+        prompt_ids=params.prompt_ids,
+        max_tokens=params.max_tokens,
+        seed=params.seed,
+    )
+
+
+# Body validation. JSON booleans are refused where numbers are expected, although Python's
+# bool subclasses int.
+
+
+def _brief(value: object, limit: int = 80) -> str:
+    """The repr of a refused value, cut short: a bad prompt may be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _optional(body: Json, name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        raise _BadField(name, f"{name} must be {what}, got {_brief(value)}")
+    return value
+
+
+def _flag(body: Json, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise _BadField(name, f"{name} must be true or false, got {_brief(value)}")
+    return bool(value)
+
+
+def _number_in(body: Json, name: str, low: float, high: float) -> None:
+    value = _optional(body, name, (int, float), "a number")
+    if value is not None and not low <= value <= high:
+        raise _BadField(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
+
+
+def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _Params:
+    """The fields both APIs share; ``prompt_ids`` comes from the API-specific part."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _BadField("model", f"model must be a non-empty string, got {_brief(model)}")
+    max_tokens = _optional(body, max_tokens_name, int, "a positive integer")
+    if max_tokens is not None and max_tokens < 1:
+        raise _BadField(max_tokens_name, f"{max_tokens_name} must be at least 1, got {max_tokens}")
+    n = _optional(body, "n", int, "an integer")
+    if n not in (None, 1):
+        raise _BadField("n", f"n must be 1: this worker generates one choice, got {n}")
+    _number_in(body, "temperature", 0, 2)
+    _number_in(body, "top_p", 0, 1)
+    stream = _flag(body, "stream")
+    return _Params(
+        model=model,
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        seed=_optional(body, "seed", int, "an integer"),
+        stream=stream,
+        include_usage=_include_usage(body, stream),
+    )
+
+
+def _include_usage(body: Json, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise _BadField("stream_options", "stream_options is only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise _BadField(
+            "stream_options", f"stream_options must be an object, got {_brief(options)}"
+        )
+    return _flag(options, "include_usage")
+
+
+def _parse_completion(body: Json, tokenizer: Tokenizer) -> _Params:
+    return _common(body, _prompt_ids(body.get("prompt"), tokenizer), "max_tokens")
+
+
+def _prompt_ids(prompt: object, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """A prompt is a string or a list of token ids; a list holding one of those also works."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tuple(tokenizer.encode(prompt))
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        return tuple(prompt)
+    raise _BadField(
+        "prompt",
+        f"prompt must be a string or a list of token ids (one prompt), got {_brief(prompt)}",
+    )
+
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+def _parse_chat(body: Json, tokenizer: Tokenizer) -> _Params:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _BadField("messages", f"messages must be a non-empty list, got {_brief(messages)}")
+    turns = [_message(i, m) for i, m in enumerate(messages)]
+    prompt_ids = tuple(tokenizer.encode(tokenizer.render_chat(turns)))
+    # The chat API renamed max_tokens; the new name wins when both are sent.
+    newer = body.get("max_completion_tokens") is not None
+    return _common(body, prompt_ids, "max_completion_tokens" if newer else "max_tokens")
+
+
+def _message(index: int, message: object) -> ChatMessage:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _BadField(where, f"{where} must be an object, got {_brief(message)}")
+    role = message.get("role")
+    if role not in _ROLES:
+        roles = ", ".join(sorted(_ROLES))
+        raise _BadField(f"{where}.role", f"{where}.role must be one of {roles}; got {_brief(role)}")
+    return ChatMessage(role=role, content=_content(where, message.get("content")))
+
+
+def _content(where: str, content: object) -> str:
+    """Message content: a string, null, or a list of ``{"type": "text", "text": ...}`` parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
+            return "".join(str(p) for p in parts)
+    raise _BadField(
+        f"{where}.content",
+        f"{where}.content must be a string or a list of text parts; got {_brief(content)}",
+    )
+
+
+_COMPLETIONS = _Api(
+    "completions", "text_completion", "text_completion", "cmpl", _parse_completion, "text"
+)
+_CHAT = _Api(
+    "chat_completions", "chat.completion", "chat.completion.chunk", "chatcmpl", _parse_chat, "chat"
+)
