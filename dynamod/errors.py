@@ -29,9 +29,10 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   ├── QueueTimeoutError (TimeoutError)    waited too long for a worker
     │   ├── QueueFullError                      the pending queue is at capacity
     │   └── ShuttingDownError                   the router is draining
-    └── AccessError (PermissionError)
-        ├── UnauthenticatedError                no or unknown credentials
-        └── PermissionDeniedError               credentials lack the right
+    ├── AccessError (PermissionError)
+    │   ├── UnauthenticatedError                no or unknown credentials
+    │   └── PermissionDeniedError               credentials lack the right
+    └── UnreachableError (ConnectionError)      the daemon cannot be reached at all
 
 "You closed it" (``StoreClosedError``) and "it broke under you"
 (``StoreUnavailableError``) are different classes on purpose: only the second is worth a
@@ -190,3 +191,7 @@ class UnauthenticatedError(AccessError):
 
 class PermissionDeniedError(AccessError):
     """Valid credentials without the needed right."""
+
+
+class UnreachableError(DynamoError, ConnectionError):
+    """The daemon did not answer at the endpoint (not running, wrong socket, firewall)."""

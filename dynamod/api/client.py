@@ -1,0 +1,212 @@
+"""The dynamod API client: the only thing dynamoctl imports to talk to the daemon.
+
+Endpoints: ``unix:///run/dynamod/dynamod.sock`` (or a bare path) for the local socket,
+``host:port`` for TCP (with ``tls=True`` for TLS, ``ca`` / ``cert`` / ``key`` for mTLS).
+Every call has a deadline. gRPC errors come back as our own classes (``api/errors.py``);
+an endpoint that does not answer raises ``UnreachableError`` naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from grpc import aio
+
+from dynamod.api import convert
+from dynamod.api.errors import ERROR_KEY, from_status
+from dynamod.api.types import EventInfo, ExplainInfo, StatusInfo, TaintChange, WorkerInfo
+from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.api.v1 import dynamo_pb2_grpc as rpc
+from dynamod.errors import DynamoError, UnreachableError
+
+T = TypeVar("T")
+
+OPERATIONS = {
+    "replace": pb.TAINT_OPERATION_REPLACE,
+    "add": pb.TAINT_OPERATION_ADD,
+    "remove": pb.TAINT_OPERATION_REMOVE,
+    "clear": pb.TAINT_OPERATION_CLEAR,
+}
+
+
+def default_socket() -> str:
+    """Where dynamod listens by default: $RUNTIME_DIRECTORY, /run/dynamod, $XDG_RUNTIME_DIR."""
+    runtime = os.environ.get("RUNTIME_DIRECTORY")
+    if runtime:
+        return str(Path(runtime.split(":")[0]) / "dynamod.sock")
+    if os.access("/run/dynamod", os.W_OK | os.X_OK):
+        return "/run/dynamod/dynamod.sock"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(xdg) / "dynamod" if xdg else Path(f"/tmp/dynamod-{os.getuid()}")
+    return str(base / "dynamod.sock")
+
+
+def default_endpoint() -> str:
+    return "unix://" + default_socket()
+
+
+def target_of(endpoint: str) -> str:
+    """``/path`` → ``unix:///path``; ``unix://...`` and ``host:port`` stay as they are."""
+    if endpoint.startswith("/"):
+        return "unix://" + endpoint
+    return endpoint
+
+
+@dataclass(frozen=True)
+class Credentials:
+    token: str | None = None
+    tls: bool = False
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+
+class Client:
+    """Async client; use ``async with Client(endpoint) as client``."""
+
+    def __init__(
+        self, endpoint: str, *, credentials: Credentials | None = None, timeout: float = 10.0
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._credentials = credentials or Credentials()
+        self._channel = self._open(target_of(endpoint))
+        self._workers = rpc.WorkerServiceStub(self._channel)
+        self._taints = rpc.TaintServiceStub(self._channel)
+        self._events = rpc.EventServiceStub(self._channel)
+        self._router = rpc.RouterServiceStub(self._channel)
+        self._status = rpc.StatusServiceStub(self._channel)
+
+    def _open(self, target: str) -> aio.Channel:
+        creds = self._credentials
+        if creds.tls or creds.ca or creds.cert:
+            tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
+            return aio.secure_channel(target, tls)
+        return aio.insecure_channel(target)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        token = self._credentials.token
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, timeout=self.timeout, metadata=self._metadata())
+        except aio.AioRpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: aio.AioRpcError) -> DynamoError:
+        trailing = dict(exc.trailing_metadata() or ())
+        name = trailing.get(ERROR_KEY)
+        error = from_status(
+            exc.code(), exc.details() or "", name if isinstance(name, str) else None
+        )
+        if isinstance(error, UnreachableError):
+            return UnreachableError(
+                f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
+                "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
+            )
+        return error
+
+    async def list_workers(
+        self,
+        *,
+        model: str = "",
+        selector: str = "",
+        namespace: str = "",
+        component: str = "",
+        endpoint: str = "",
+    ) -> tuple[list[WorkerInfo], int]:
+        request = pb.ListWorkersRequest(
+            model=model,
+            selector=selector,
+            namespace=namespace,
+            component=component,
+            endpoint=endpoint,
+        )
+        reply = await self._call(self._workers.ListWorkers, request)
+        return convert.workers_from_pb(reply.workers), reply.revision
+
+    async def get_worker(self, ref: str) -> WorkerInfo:
+        reply = await self._call(self._workers.GetWorker, pb.GetWorkerRequest(id=ref))
+        return convert.worker_from_pb(reply.worker)
+
+    async def update_taints(
+        self,
+        operation: str,
+        taints: Iterable[str] = (),
+        *,
+        worker: str | None = None,
+        selector: str | None = None,
+        all_workers: bool = False,
+        expect_revision: int | None = None,
+        dry_run: bool = False,
+        keys: Iterable[str] = (),
+    ) -> list[TaintChange]:
+        """Apply one operation (replace / add / remove / clear) to a worker, the workers a
+        selector matches, or all of them. Per-worker failures are in each change's ``error``."""
+        request = pb.UpdateTaintsRequest(
+            operation=OPERATIONS[operation],
+            taints=list(taints),
+            dry_run=dry_run,
+            keys=list(keys),
+        )
+        if worker is not None:
+            request.worker = worker
+        elif selector is not None:
+            request.selector = selector
+        elif all_workers:
+            request.all = True
+        if expect_revision is not None:
+            request.expect_revision = expect_revision
+        reply = await self._call(self._taints.UpdateTaints, request)
+        return [convert.change_from_pb(c) for c in reply.results]
+
+    async def tail_events(
+        self, *, since: int | None = None, selector: str = "", follow: bool = True
+    ) -> AsyncIterator[EventInfo]:
+        """Discovery events; ends when the daemon ends the stream (or at once with
+        ``follow=False`` after what is known)."""
+        request = pb.TailEventsRequest(selector=selector, no_follow=not follow)
+        if since is not None:
+            request.since = since
+        call = self._events.TailEvents(request, metadata=self._metadata())
+        try:
+            async for message in call:
+                yield convert.event_from_pb(message)
+        except aio.AioRpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            call.cancel()
+
+    async def explain(
+        self,
+        model: str,
+        *,
+        required: Iterable[str] = (),
+        preferred: Mapping[str, float] | None = None,
+        prompt: str = "",
+    ) -> ExplainInfo:
+        request = pb.ExplainRequest(
+            model=model,
+            required_taints=list(required),
+            preferred_taints=dict(preferred or {}),
+            prompt=prompt,
+        )
+        return convert.explain_from_pb(await self._call(self._router.Explain, request))
+
+    async def status(self) -> StatusInfo:
+        return convert.status_from_pb(await self._call(self._status.GetStatus, pb.StatusRequest()))
