@@ -62,7 +62,11 @@ def main() -> int:
         if args.check:
             stale.append(rel)
             diff = difflib.unified_diff(
-                (current or "").splitlines(), content.splitlines(), rel, rel + " (fresh)", lineterm=""
+                (current or "").splitlines(),
+                content.splitlines(),
+                rel,
+                rel + " (fresh)",
+                lineterm="",
             )
             print("\n".join(list(diff)[:20]), file=sys.stderr)
         else:
@@ -70,7 +74,10 @@ def main() -> int:
             path.write_text(content)
             print(f"wrote {rel}")
     if stale:
-        print(f"stale generated files: {', '.join(stale)}; run python -m scripts.generate", file=sys.stderr)
+        print(
+            f"stale generated files: {', '.join(stale)}; run python -m scripts.generate",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

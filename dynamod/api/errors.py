@@ -1,19 +1,5 @@
-"""The one table between our errors and gRPC status codes, used by server and client.
-
-| error                                   | status              |
-|-----------------------------------------|---------------------|
-| InvalidInputError (TaintError, ...)     | INVALID_ARGUMENT    |
-| NotFoundError (WorkerNotFoundError ...) | NOT_FOUND           |
-| RevisionMismatchError                   | FAILED_PRECONDITION |
-| NoEligibleWorkerError                   | FAILED_PRECONDITION |
-| ConflictError (lost every CAS race)     | ABORTED             |
-| StoreUnavailableError                   | UNAVAILABLE         |
-| ShuttingDownError                       | UNAVAILABLE         |
-| QueueFullError                          | RESOURCE_EXHAUSTED  |
-| QueueTimeoutError                       | DEADLINE_EXCEEDED   |
-| PermissionDeniedError                   | PERMISSION_DENIED   |
-| UnauthenticatedError                    | UNAUTHENTICATED     |
-| anything else                           | INTERNAL            |
+"""Our errors ↔ gRPC status codes, for the server and the client. The table itself is
+``dynamod/status.py`` (by code name, so the daemon's core needs no gRPC import).
 
 The details are the domain message. The server also sends the error's class name as
 trailing metadata (``dynamo-error``), so the client re-raises the very same class; an
@@ -25,22 +11,10 @@ from __future__ import annotations
 import grpc
 
 from dynamod import errors as e
+from dynamod.status import code_name
 
 ERROR_KEY = "dynamo-error"
 
-TABLE: list[tuple[type[e.DynamoError], grpc.StatusCode]] = [
-    (e.InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
-    (e.NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (e.RevisionMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
-    (e.NoEligibleWorkerError, grpc.StatusCode.FAILED_PRECONDITION),
-    (e.ConflictError, grpc.StatusCode.ABORTED),
-    (e.StoreUnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (e.ShuttingDownError, grpc.StatusCode.UNAVAILABLE),
-    (e.QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (e.QueueTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (e.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
-    (e.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-]
 
 # Classes the client may rebuild from a name; each takes a single message argument there.
 _BY_NAME: dict[str, type[e.DynamoError]] = {
@@ -51,15 +25,7 @@ _BY_NAME: dict[str, type[e.DynamoError]] = {
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
-    for cls, code in TABLE:
-        if isinstance(error, cls):
-            return code
-    return grpc.StatusCode.INTERNAL
-
-
-def code_name(error: BaseException) -> str:
-    name: str = status_of(error).name
-    return name
+    return grpc.StatusCode[code_name(error)]
 
 
 class Remote(e.DynamoError):

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,7 +28,7 @@ from dynamod.errors import (
 )
 from dynamod.model import WorkerRecord, immutable_diff
 from dynamod.store import KEEP, Delete, Lease, Put, Resync, Store, keep_alive
-from dynamod.taints import apply_caller_taints, caller_taints, normalize, validate
+from dynamod.taints import apply_caller_taints, caller_taints, key_of, normalize, validate
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class TaintOp:
 
     kind: OpKind
     taints: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ("replace", "add", "remove", "clear"):
@@ -62,9 +63,12 @@ class TaintOp:
             )
         if self.kind == "clear" and self.taints:
             raise InvalidInputError("clear takes no taints; use remove to drop some of them")
-        if self.kind in ("add", "remove") and not self.taints:
+        if self.keys and self.kind != "remove":
+            raise InvalidInputError("taint keys can only be given to remove")
+        if self.kind in ("add", "remove") and not (self.taints or self.keys):
             raise InvalidInputError(f"{self.kind} needs at least one taint")
         object.__setattr__(self, "taints", normalize(validate(t) for t in self.taints))
+        object.__setattr__(self, "keys", normalize(_valid_key(k) for k in self.keys))
 
     @classmethod
     def replace(cls, taints: Iterable[str]) -> TaintOp:
@@ -75,8 +79,10 @@ class TaintOp:
         return cls("add", tuple(taints))
 
     @classmethod
-    def remove(cls, taints: Iterable[str]) -> TaintOp:
-        return cls("remove", tuple(taints))
+    def remove(cls, taints: Iterable[str], keys: Iterable[str] = ()) -> TaintOp:
+        """Remove exact ``taints``, and every taint whose key (``[prefix/]name``) is in
+        ``keys``."""
+        return cls("remove", tuple(taints), tuple(keys))
 
     @classmethod
     def clear(cls) -> TaintOp:
@@ -89,9 +95,17 @@ class TaintOp:
             held |= set(self.taints)
         elif self.kind == "remove":
             held -= set(self.taints)
+            held = {t for t in held if key_of(t) not in self.keys}
         else:
             held = set(self.taints)
         return normalize(held)
+
+
+def _valid_key(key: str) -> str:
+    validate(key)
+    if "=" in key:
+        raise InvalidInputError(f"taint key {key!r} must not contain '='; give the key alone")
+    return key
 
 
 @dataclass(frozen=True)
@@ -130,7 +144,12 @@ async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[Wo
 
 
 async def update_taints(
-    store: Store, key: str, op: TaintOp, *, expect_revision: int | None = None
+    store: Store,
+    key: str,
+    op: TaintOp,
+    *,
+    expect_revision: int | None = None,
+    check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
 ) -> TaintResult:
     """Apply ``op`` to the worker record at ``key`` atomically.
 
@@ -139,7 +158,8 @@ async def update_taints(
     and retries, at most ``MAX_ATTEMPTS`` times, then raises the retryable
     ``ConflictError``. With ``expect_revision`` a record at another revision fails at once
     with ``RevisionMismatchError`` (the caller's optimistic lock). A missing worker raises
-    ``WorkerNotFoundError``.
+    ``WorkerNotFoundError``. ``check(before, after)`` runs before each write and may raise
+    to refuse it (access control on the taints actually changed).
     """
     for _ in range(MAX_ATTEMPTS):
         before, revision = await _read(store, key)
@@ -148,6 +168,8 @@ async def update_taints(
         after = apply_caller_taints(before, op.apply(caller_taints(before.taints)))
         if after.taints == before.taints:
             return TaintResult(before, before, revision)
+        if check is not None:
+            check(before, after)
         try:
             new_revision = await store.put(key, after.to_bytes(), expect=revision, lease=KEEP)
         except KeyNotFoundError:

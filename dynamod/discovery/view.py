@@ -103,6 +103,10 @@ class WorkerView:
     def get(self, key: str) -> WorkerRecord | None:
         return self._classifier.known.get(key)
 
+    def revision_of(self, key: str) -> int:
+        """The store revision of the worker's record as the view last saw it (0 if unknown)."""
+        return self._classifier.revisions.get(key, 0)
+
     def __len__(self) -> int:
         return len(self._classifier.known)
 

@@ -32,6 +32,7 @@ class Classifier:
 
     def __init__(self) -> None:
         self.known: dict[str, WorkerRecord] = {}
+        self.revisions: dict[str, int] = {}
         self.revision = 0
         self.refused = 0
 
@@ -40,6 +41,7 @@ class Classifier:
         if isinstance(event, Resync):
             return list(self._resync(event))
         if isinstance(event, Delete):
+            self.revisions.pop(event.key, None)
             gone = self.known.pop(event.key, None)
             return [] if gone is None else [WorkerRemoved(gone, event.revision)]
         found = self._put(event.entry)
@@ -52,8 +54,10 @@ class Classifier:
         old = self.known.get(entry.key)
         if old is None:
             self.known[entry.key] = record
+            self.revisions[entry.key] = entry.revision
             return WorkerAdded(record, entry.revision)
         if old == record:
+            self.revisions[entry.key] = entry.revision
             return None
         try:
             immutable_diff(old, record)
@@ -64,6 +68,7 @@ class Classifier:
             )
             return None
         self.known[entry.key] = record
+        self.revisions[entry.key] = entry.revision
         added = tuple(sorted(set(record.taints) - set(old.taints)))
         removed = tuple(sorted(set(old.taints) - set(record.taints)))
         return TaintsUpdated(record, added, removed, entry.revision)
@@ -71,9 +76,10 @@ class Classifier:
     def _resync(self, event: Resync) -> Iterator[DiscoveryEvent]:
         present = {e.key for e in event.entries}
         for key in sorted(set(self.known) - present):
+            self.revisions.pop(key, None)
             yield WorkerRemoved(self.known.pop(key), event.revision)
         for entry in event.entries:
-            found = self._put(Entry(entry.key, entry.value, event.revision))
+            found = self._put(entry)
             if found is not None:
                 yield found
         yield ViewResync(tuple(self.known[k] for k in sorted(self.known)), event.revision)

@@ -1,0 +1,46 @@
+"""The audit log: one JSON line per mutation, appended and flushed at once.
+
+Each line: ``time`` (RFC 3339, UTC), ``caller``, ``operation``, ``taints``, ``worker``,
+``before``, ``after``, ``revision``, ``outcome`` (``ok``, ``unchanged``, or the error
+code) and, on failure, ``error``. A dry run is not a mutation and is not logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+from pathlib import Path
+from typing import IO, Any
+
+log = logging.getLogger(__name__)
+
+
+class AuditLog:
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+
+    def open(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        self._file = os.fdopen(fd, "a", encoding="utf-8")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def record(self, **fields: Any) -> None:
+        line = json.dumps(
+            {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), **fields},
+            sort_keys=False,
+        )
+        if self._file is None:
+            log.info("audit %s", line)
+            return
+        self._file.write(line + "\n")
+        self._file.flush()
