@@ -21,6 +21,7 @@ from dynamod.auth import Principal
 from dynamod.discovery.registry import TaintOp, update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import DynamoError, InvalidInputError, StoreUnavailableError
+from dynamod.metrics import DaemonMetrics
 from dynamod.model import WorkerRecord
 from dynamod.router import Router
 from dynamod.selectors import Selector, parse
@@ -54,6 +55,7 @@ class Control:
     router: Router
     audit: AuditLog
     replica_id: str
+    metrics: DaemonMetrics | None = None
     started: float = field(default_factory=time.monotonic)
     state: str = "starting"
 
@@ -180,6 +182,10 @@ class Control:
         outcome = "ok" if error is None else type(error).__name__
         if error is None and after is not None and tuple(before) == tuple(after):
             outcome = "unchanged"
+        if self.metrics is not None:
+            self.metrics.taint_updates.labels(outcome).inc()
+            if outcome == "ok" and revision is not None:
+                self.metrics.wrote(record.key, revision)
         self.audit.record(
             caller=caller.name,
             operation=op.kind,

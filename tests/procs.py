@@ -160,3 +160,24 @@ async def running(proc: Proc) -> AsyncIterator[Proc]:
 
 def worker(store_url: str, *args: str, model: str = "llama", **env: str) -> Proc:
     return Proc(worker_argv(store_url, model, *args), r"^dynamo-worker ready:", env)
+
+
+def daemon_argv(store_url: str, socket: Path, *args: str) -> list[str]:
+    return [
+        str(BIN / "dynamod"),
+        "--store", store_url,
+        "--listen", f"unix://{socket}",
+        "--http", "127.0.0.1:0",
+        "--audit-log", str(socket.parent / "audit.log"),
+        "--grace", "5",
+        *args,
+    ]  # fmt: skip
+
+
+def daemon(store_url: str, socket: Path, *args: str, **env: str) -> Proc:
+    """A real ``dynamod`` process; ready once it prints its readiness line."""
+    return Proc(daemon_argv(store_url, socket, *args), r"^dynamod ready:", env)
+
+
+def dynamoctl(*args: str) -> list[str]:
+    return [str(BIN / "dynamoctl"), *args]

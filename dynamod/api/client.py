@@ -8,10 +8,8 @@ an endpoint that does not answer raises ``UnreachableError`` naming it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -23,6 +21,7 @@ from dynamod.api.types import EventInfo, ExplainInfo, StatusInfo, TaintChange, W
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.errors import DynamoError, UnreachableError
+from dynamod.paths import default_socket
 
 T = TypeVar("T")
 
@@ -34,20 +33,9 @@ OPERATIONS = {
 }
 
 
-def default_socket() -> str:
-    """Where dynamod listens by default: $RUNTIME_DIRECTORY, /run/dynamod, $XDG_RUNTIME_DIR."""
-    runtime = os.environ.get("RUNTIME_DIRECTORY")
-    if runtime:
-        return str(Path(runtime.split(":")[0]) / "dynamod.sock")
-    if os.access("/run/dynamod", os.W_OK | os.X_OK):
-        return "/run/dynamod/dynamod.sock"
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    base = Path(xdg) / "dynamod" if xdg else Path(f"/tmp/dynamod-{os.getuid()}")
-    return str(base / "dynamod.sock")
-
-
 def default_endpoint() -> str:
-    return "unix://" + default_socket()
+    """The daemon's default unix socket (see ``dynamod.paths``)."""
+    return "unix://" + str(default_socket())
 
 
 def target_of(endpoint: str) -> str:

@@ -138,7 +138,7 @@ class WorkerView:
         """Events from now (``since=None``: a ``ViewResync`` of the current view first), or
         after revision ``since`` (replayed, or a ``ViewResync`` when too old)."""
         subscription = Subscription(self, maxsize)
-        for event in self._backlog(since):
+        for event in self.backlog(since):
             subscription.push(event)
         if self._stopped:
             subscription.close()
@@ -149,7 +149,9 @@ class WorkerView:
             subscription.close()
             self._subscriptions.discard(subscription)
 
-    def _backlog(self, since: int | None) -> list[DiscoveryEvent]:
+    def backlog(self, since: int | None) -> list[DiscoveryEvent]:
+        """What a subscription from ``since`` starts with: the events after it, or a
+        ``ViewResync`` of the current view (when ``since`` is None or too old)."""
         if since is not None and self._history and self._history[0].revision <= since + 1:
             return [e for e in self._history if e.revision > since]
         if since is not None and since >= self.revision and self.ready.is_set():

@@ -1,0 +1,10 @@
+"""The OpenAI-compatible HTTP front: requests in, routed to workers, answers relayed back.
+
+``front.py`` holds the ``Frontend`` (routes, drain, retry); ``body.py`` reads a request,
+``relay.py`` talks to one worker, ``replies.py`` shapes the front's own answers.
+"""
+
+from dynamod.frontend.front import ATTEMPTS, Frontend
+from dynamod.frontend.metrics import FrontendMetrics
+
+__all__ = ["ATTEMPTS", "Frontend", "FrontendMetrics"]

@@ -303,6 +303,12 @@ class Router:
         self._unload(held.key, Load(0, held.prefill_tokens, 0))
         self._offer_worker(held.key)
 
+    def reconfigure(self, config: RouterConfig) -> None:
+        """Take new knobs (a SIGHUP reload). Waiting requests keep their deadlines; the
+        prefix index keeps the TTL and capacity it was built with until a restart."""
+        self.config = config
+        self._queue.capacity = config.max_queue
+
     def close(self) -> None:
         """Refuse new requests and fail every waiting one with ``ShuttingDownError``."""
         self._closed = True

@@ -1,0 +1,266 @@
+"""The gRPC servicers: identify the caller, convert, call ``Control``, convert back.
+
+Every call is authenticated (``auth.Tokens.identify``), counted in the API metrics by
+method and status code, and every ``DynamoError`` leaves as its status code (see
+``dynamod/status.py``) with the domain message and the error class in trailing metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from grpc import aio
+from prometheus_client import CollectorRegistry, Counter
+
+from dynamod.api import convert
+from dynamod.api.errors import ERROR_KEY, status_of
+from dynamod.api.types import EventInfo, ExplainInfo
+from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.api.v1 import dynamo_pb2_grpc as rpc
+from dynamod.auth import Principal, Tokens
+from dynamod.control import Control, Target
+from dynamod.discovery.registry import TaintOp
+from dynamod.discovery.view import Subscription
+from dynamod.errors import DynamoError, InvalidInputError, ShuttingDownError
+from dynamod.explain import explain
+from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
+from dynamod.selectors import Selector, parse
+from dynamod.taints import RoutingConstraints
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Context = aio.ServicerContext[Any, Any]
+
+OPERATIONS = {
+    pb.TAINT_OPERATION_REPLACE: "replace",
+    pb.TAINT_OPERATION_ADD: "add",
+    pb.TAINT_OPERATION_REMOVE: "remove",
+    pb.TAINT_OPERATION_CLEAR: "clear",
+}
+
+
+class Api:
+    """Shared by the servicers: the control plane, the caller's identity, the metrics."""
+
+    def __init__(self, control: Control, tokens: Tokens, registry: CollectorRegistry) -> None:
+        self.control = control
+        self.tokens = tokens
+        self.calls = Counter(
+            "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
+            registry=registry,
+        )  # fmt: skip
+        self.tails: set[Subscription] = set()
+        self.draining = False
+
+    def identify(self, context: Context) -> Principal:
+        metadata = dict(context.invocation_metadata() or ())
+        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+        names = list(context.auth_context().get("x509_common_name") or [])
+        cert = names[0].decode() if names else None
+        return self.tokens.identify(
+            peer=context.peer(), token=token.strip() if scheme.lower() == "bearer" else None,
+            cert_name=cert,
+        )  # fmt: skip
+
+    async def unary(
+        self, method: str, context: Context, body: Callable[[Principal], Awaitable[R]]
+    ) -> R:
+        try:
+            result = await body(self.identify(context))
+        except DynamoError as exc:
+            await self.fail(method, context, exc)
+        self.calls.labels(method, "OK").inc()
+        return result
+
+    async def fail(self, method: str, context: Context, exc: DynamoError) -> Any:
+        code = status_of(exc)
+        self.calls.labels(method, code.name).inc()
+        context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
+        await context.abort(code, str(exc))
+
+    def end_tails(self) -> None:
+        """Draining: end every open event stream so the server can stop."""
+        self.draining = True
+        for subscription in list(self.tails):
+            subscription.close()
+
+
+class WorkerService(rpc.WorkerServiceServicer):
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def ListWorkers(self, request: pb.ListWorkersRequest, context: Context) -> Any:
+        async def body(_: Principal) -> pb.ListWorkersResponse:
+            workers, revision = self.api.control.list_workers(
+                model=request.model, selector=request.selector, namespace=request.namespace,
+                component=request.component, endpoint=request.endpoint,
+            )  # fmt: skip
+            return pb.ListWorkersResponse(
+                workers=[convert.worker_to_pb(w) for w in workers], revision=revision
+            )
+
+        return await self.api.unary("ListWorkers", context, body)
+
+    async def GetWorker(self, request: pb.GetWorkerRequest, context: Context) -> Any:
+        async def body(_: Principal) -> pb.GetWorkerResponse:
+            worker = self.api.control.get_worker(request.id)
+            return pb.GetWorkerResponse(worker=convert.worker_to_pb(worker))
+
+        return await self.api.unary("GetWorker", context, body)
+
+
+class TaintService(rpc.TaintServiceServicer):
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def UpdateTaints(self, request: pb.UpdateTaintsRequest, context: Context) -> Any:
+        async def body(caller: Principal) -> pb.UpdateTaintsResponse:
+            if self.api.draining:
+                raise ShuttingDownError("dynamod is shutting down; retry on another replica")
+            changes = await self.api.control.update_taints(
+                _target(request), _op(request), caller=caller, dry_run=request.dry_run,
+                expect_revision=(
+                    request.expect_revision if request.HasField("expect_revision") else None
+                ),
+            )  # fmt: skip
+            return pb.UpdateTaintsResponse(results=[convert.change_to_pb(c) for c in changes])
+
+        return await self.api.unary("UpdateTaints", context, body)
+
+
+def _target(request: pb.UpdateTaintsRequest) -> Target:
+    which = request.WhichOneof("target")
+    if which == "worker":
+        return Target(worker=request.worker)
+    if which == "selector":
+        return Target(selector=request.selector)
+    if which == "all" and request.all:
+        return Target(all=True)
+    raise InvalidInputError("name a target: a worker id, a selector, or all")
+
+
+def _op(request: pb.UpdateTaintsRequest) -> TaintOp:
+    kind = OPERATIONS.get(request.operation)
+    if kind is None:
+        raise InvalidInputError("name an operation: replace, add, remove or clear")
+    return TaintOp(kind, tuple(request.taints), tuple(request.keys))  # type: ignore[arg-type]
+
+
+class EventService(rpc.EventServiceServicer):
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def TailEvents(self, request: pb.TailEventsRequest, context: Context) -> Any:
+        try:
+            self.api.identify(context)
+            selector = parse(request.selector)
+        except DynamoError as exc:
+            await self.api.fail("TailEvents", context, exc)
+        since = request.since if request.HasField("since") else None
+        view = self.api.control.view
+        if request.no_follow:
+            for event in view.backlog(since):
+                for info in _infos(self.api.control, event, selector):
+                    yield convert.event_to_pb(info)
+        else:
+            async for message in self._follow(since, selector):
+                yield message
+        self.api.calls.labels("TailEvents", "OK").inc()
+
+    async def _follow(self, since: int | None, selector: Selector) -> AsyncIterator[pb.Event]:
+        with (
+            self.api.control.view.subscribe(since=since) as subscription,
+            self._tracked(subscription),
+        ):
+            async for event in subscription:
+                for info in _infos(self.api.control, event, selector):
+                    yield convert.event_to_pb(info)
+
+    @contextlib.contextmanager
+    def _tracked(self, subscription: Subscription) -> Iterator[None]:
+        if self.api.draining:
+            subscription.close()
+        self.api.tails.add(subscription)
+        try:
+            yield
+        finally:
+            self.api.tails.discard(subscription)
+
+
+def _infos(control: Control, event: DiscoveryEvent, selector: Selector) -> list[EventInfo]:
+    now = time.time()
+    if isinstance(event, ViewResync):
+        workers = tuple(control.info(r) for r in event.records if selector.matches(r))
+        return [EventInfo("RESYNC", event.revision, now, workers=workers)]
+    record = event.record
+    matches = selector.matches(record)
+    if isinstance(event, TaintsUpdated) and not matches and selector:
+        before = tuple(sorted(set(record.taints) - set(event.added) | set(event.removed)))
+        old = replace(record, runtime_config=replace(record.runtime_config, taints=before))
+        matches = selector.matches(old)
+    if not matches:
+        return []
+    info = control.info(record)
+    if isinstance(event, WorkerAdded):
+        return [EventInfo("ADDED", event.revision, now, worker=info)]
+    if isinstance(event, WorkerRemoved):
+        return [EventInfo("REMOVED", event.revision, now, worker=info)]
+    return [
+        EventInfo(
+            "TAINTS", event.revision, now, worker=info, added=event.added, removed=event.removed
+        )
+    ]
+
+
+class RouterService(rpc.RouterServiceServicer):
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def Explain(self, request: pb.ExplainRequest, context: Context) -> Any:
+        async def body(_: Principal) -> pb.ExplainResponse:
+            constraints = RoutingConstraints(
+                required_taints=frozenset(request.required_taints),
+                preferred_taints=dict(request.preferred_taints),
+            )
+            info: ExplainInfo = explain(
+                self.api.control, request.model, constraints, request.prompt
+            )
+            return convert.explain_to_pb(info)
+
+        return await self.api.unary("Explain", context, body)
+
+
+class StatusService(rpc.StatusServiceServicer):
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    async def GetStatus(self, request: pb.StatusRequest, context: Context) -> Any:
+        async def body(_: Principal) -> pb.StatusResponse:
+            return convert.status_to_pb(await self.api.control.status())
+
+        return await self.api.unary("GetStatus", context, body)
+
+
+def add_services(server: aio.Server, api: Api) -> list[str]:
+    """Register every servicer on ``server``; return their full service names."""
+    rpc.add_WorkerServiceServicer_to_server(WorkerService(api), server)
+    rpc.add_TaintServiceServicer_to_server(TaintService(api), server)
+    rpc.add_EventServiceServicer_to_server(EventService(api), server)
+    rpc.add_RouterServiceServicer_to_server(RouterService(api), server)
+    rpc.add_StatusServiceServicer_to_server(StatusService(api), server)
+    return [
+        pb.DESCRIPTOR.services_by_name[name].full_name
+        for name in (
+            "WorkerService",
+            "TaintService",
+            "EventService",
+            "RouterService",
+            "StatusService",
+        )
+    ]

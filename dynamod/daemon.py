@@ -1,0 +1,234 @@
+"""dynamod's whole life, in one readable place.
+
+Start: open the store → watch it → apply the first snapshot → bind gRPC (unix socket by
+default) and the HTTP front → health SERVING, ``READY=1`` to systemd → serve.
+
+SIGHUP: ``RELOADING=1``, re-read the settings, apply the log level, the tokens and the
+router's queue settings, ``READY=1``. Other settings need a restart (and say so).
+
+SIGTERM / SIGINT: ``STOPPING=1``, health NOT_SERVING, refuse new work, end event streams,
+fail waiting requests with a clear error, let in-flight requests finish within the grace
+period, stop the servers and the watcher, close the store. Exit 0, or 70 when the grace
+period ran out (or a second signal skipped it) with requests still in flight. The bounded
+drain of whatever is left happens in ``lifecycle.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from dynamod import __version__, logs, systemd
+from dynamod.api import server as grpc_server
+from dynamod.api.service import Api
+from dynamod.audit import AuditLog
+from dynamod.auth import Tokens
+from dynamod.config import Settings, parse_hostport
+from dynamod.control import Control
+from dynamod.discovery.view import WorkerView
+from dynamod.errors import ConfigError
+from dynamod.frontend import Frontend
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.metrics import DaemonMetrics
+from dynamod.router import Router
+from dynamod.store import Store, open_store
+from dynamod.worker.runtime import serve_app
+
+log = logging.getLogger(__name__)
+
+
+class Daemon:
+    """One running dynamod; ``run()`` returns the exit code."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        reload: Callable[[], Settings] | None = None,
+        *,
+        store: Store | None = None,
+    ) -> None:
+        """``store``: an already open store to use instead of opening ``settings.store``
+        (the caller keeps owning it; tests share a memory store this way)."""
+        self.settings = settings
+        self._store = store
+        self._signals: Signals | None = None
+        self._reload_settings = reload
+        self.registry = CollectorRegistry()
+        self.metrics = DaemonMetrics(self.registry)
+        self.audit = AuditLog(settings.audit_log)
+        self.ready = asyncio.Event()
+        self.http_url = ""
+
+    def stop(self) -> None:
+        """What SIGTERM does: start the graceful shutdown."""
+        if self._signals is not None:
+            self._signals.stopping.set()
+
+    async def run(self) -> int:
+        signals = self._signals = Signals(reload=self._on_sighup).install()
+        self.audit.open()
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                return await self._serve(stack, signals)
+        finally:
+            self.audit.close()
+
+    async def _serve(self, stack: contextlib.AsyncExitStack, signals: Signals) -> int:
+        settings = self.settings
+        store = self._store
+        if store is None:
+            store = await open_store(settings.store)
+            stack.push_async_callback(store.aclose)
+        view = WorkerView(store, history=settings.event_history)
+        router = Router(settings.router, registry=self.registry)
+        view.listen(router.apply)
+        view.listen(self.metrics.on_event)
+        control = Control(
+            store, view, router, self.audit, settings.replica_id, metrics=self.metrics
+        )
+        self.api = Api(control, Tokens.load(settings.tokens_file), self.registry)
+        self.router = router
+        async with asyncio.TaskGroup() as group:
+            watcher = group.create_task(view.run(), name="worker view")
+            await self._first_snapshot(view, watcher, signals)
+            if signals.stopping.is_set():
+                watcher.cancel()
+                return EX_OK
+            grpc = await grpc_server.start(self.api, settings)
+            front = await stack.enter_async_context(Frontend(router, view, registry=self.registry))
+            http = await self._start_http(stack, front)
+            await grpc.serving(True)
+            control.state = "serving"
+            self.http_url = http
+            self._announce(grpc.addresses, http, store.url, len(view))
+            self.ready.set()
+            dog = self._start_watchdog(group)
+            await signals.stopping.wait()
+            code = await self._drain(control, grpc, front, signals)
+            for task in (watcher, dog):
+                if task is not None:
+                    task.cancel()
+        return code
+
+    async def _first_snapshot(
+        self, view: WorkerView, watcher: asyncio.Task[None], signals: Signals
+    ) -> None:
+        systemd.notify("STATUS=waiting for the first snapshot of the store")
+        await wait_any(view.ready, signals.stopping)
+        if view.ready.is_set():
+            log.info("first snapshot applied: %d workers at revision %d", len(view), view.revision)
+
+    async def _start_http(self, stack: contextlib.AsyncExitStack, front: Frontend) -> str:
+        if not self.settings.http:
+            return ""
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        front.add_to(app)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        host, port = parse_hostport(self.settings.http, "http")
+        try:
+            bound_host, bound_port = await serve_app(stack, app, host, port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on http {self.settings.http}: {exc.strerror}"
+            ) from None
+        return f"http://{bound_host}:{bound_port}"
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _health(self, request: web.Request) -> web.Response:
+        state = self.api.control.state
+        return web.json_response({"status": state}, status=200 if state == "serving" else 503)
+
+    def _announce(self, grpc: list[str], http: str, store: str, workers: int) -> None:
+        systemd.notify("READY=1", f"STATUS=serving {workers} workers")
+        print(
+            f"dynamod ready: grpc={','.join(grpc)} http={http or '-'} store={store} "
+            f"workers={workers} replica={self.settings.replica_id}",
+            flush=True,
+        )
+
+    def _start_watchdog(self, group: asyncio.TaskGroup) -> asyncio.Task[None] | None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return None
+        log.info("systemd watchdog: pinging every %.1fs", interval)
+        return group.create_task(systemd.watchdog(interval), name="systemd watchdog")
+
+    async def _drain(
+        self, control: Control, grpc: grpc_server.GrpcServer, front: Frontend, signals: Signals
+    ) -> int:
+        grace = self.settings.grace
+        systemd.notify("STOPPING=1", "STATUS=draining")
+        control.state = "draining"
+        await grpc.serving(False)
+        self.api.end_tails()
+        front.begin_drain()
+        self.router.close()
+        started = time.monotonic()
+        code = await self._wait_idle(front, signals, grace)
+        left = max(0.0, grace - (time.monotonic() - started))
+        await grpc.stop(0 if signals.forced.is_set() else min(left, 5.0))
+        log.info("stopped")
+        return code
+
+    async def _wait_idle(self, front: Frontend, signals: Signals, grace: float) -> int:
+        idle = asyncio.Event()
+
+        async def watch_idle() -> None:
+            await front.wait_idle()
+            idle.set()
+
+        waiter = asyncio.create_task(watch_idle(), name="front idle")
+        try:
+            async with asyncio.timeout(grace):
+                await wait_any(idle, signals.forced)
+        except TimeoutError:
+            pass
+        finally:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+        if not idle.is_set():
+            log.warning("grace period over with %d requests in flight", front.in_flight)
+            return EX_SOFTWARE
+        return EX_OK
+
+    def _on_sighup(self) -> None:
+        systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            self._reload()
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running settings: %s", exc)
+        systemd.notify("READY=1", "STATUS=reloaded")
+
+    def _reload(self) -> None:
+        if self._reload_settings is None:
+            return
+        new = self._reload_settings()
+        logs.configure(new.log_level, new.log_format)
+        self.api.tokens = Tokens.load(new.tokens_file)
+        self.router.reconfigure(new.router)
+        restart_only = [
+            name
+            for name in ("store", "listen", "http", "tls_cert", "tls_key", "tls_client_ca")
+            if getattr(new, name) != getattr(self.settings, name)
+        ]
+        if restart_only:
+            log.warning("changed settings that need a restart: %s", ", ".join(restart_only))
+        log.info("reloaded: log level %s, tokens, router settings", new.log_level)
+
+
+async def run_daemon(settings: Settings, reload: Callable[[], Settings] | None = None) -> int:
+    log.info("dynamod %s starting on %s", __version__, settings.store)
+    return await Daemon(settings, reload).run()

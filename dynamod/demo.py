@@ -1,0 +1,175 @@
+"""``dynamod demo``: the whole product on one machine, for the README's run command.
+
+A fresh directory holds a file store and the gRPC socket; dynamod runs in this process;
+a few ``dynamo-worker --engine mocker`` processes run as supervised children (restarted
+with back-off if they die), each with different taints. Ctrl-C (or SIGTERM) stops the
+daemon first, then the workers, then removes a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from dynamod import logs
+from dynamod.config import Settings
+from dynamod.daemon import Daemon
+from dynamod.lifecycle import guarded, run
+
+log = logging.getLogger(__name__)
+
+MODEL = "demo-llama"
+TAINTS = [
+    ["capacity/fast", "pool=interactive"],
+    ["capacity/slow", "pool=batch"],
+    ["capacity/fast", "pool=batch"],
+]
+ZONES = ["a", "b"]
+BIN = Path(sys.executable).parent
+
+
+class Child:
+    """One supervised worker process: restarted with back-off until ``stop()``."""
+
+    def __init__(self, index: int, store: str) -> None:
+        self.index = index
+        self.argv = [
+            str(BIN / "dynamo-worker"),
+            "--model", MODEL,
+            "--store", store,
+            "--speedup-ratio", "10",
+            "--lease-ttl", "5",
+            "--topology", f"zone={ZONES[index % len(ZONES)]}",
+            *[arg for taint in TAINTS[index % len(TAINTS)] for arg in ("--taint", taint)],
+        ]  # fmt: skip
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stopping = False
+        self.ready = asyncio.Event()
+        self.line = ""
+
+    async def supervise(self) -> None:
+        delay = 0.5
+        while True:
+            await self._start()
+            code = await self._wait_ready_then_exit()
+            if self.stopping:
+                return
+            log.warning(
+                "demo worker %d exited with %s; restarting in %.1fs", self.index, code, delay
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def _start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches only dynamod, which stops us in order
+        )
+
+    async def _wait_ready_then_exit(self) -> int:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            line = raw.decode().strip()
+            if line.startswith("dynamo-worker ready:"):
+                self.line = line
+                self.ready.set()
+        return await self.proc.wait()
+
+    async def stop(self, grace: float = 10.0) -> None:
+        self.stopping = True
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        proc.terminate()
+        try:
+            async with asyncio.timeout(grace):
+                await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def _describe(children: list[Child]) -> str:
+    lines = []
+    for child in children:
+        fields = dict(p.split("=", 1) for p in child.line.split()[2:] if "=" in p)
+        taints = ", ".join(TAINTS[child.index % len(TAINTS)])
+        lines.append(f"    {fields.get('id', '?')[:8]}  {fields.get('http', '')}  ({taints})")
+    return "\n".join(lines)
+
+
+def _banner(settings: Settings, http: str, children: list[Child]) -> str:
+    socket = settings.listen[0]
+    ctl = BIN / "dynamoctl"
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "prompt": "hello there",
+            "max_tokens": 8,
+            "nvext": {"routing_constraints": {"required_taints": ["capacity/fast"]}},
+        }
+    )
+    return f"""
+dynamod demo is running. Ctrl-C stops everything.
+  store    {settings.store}
+  gRPC     {socket}
+  OpenAI   {http}/v1   (model {MODEL!r})
+  workers
+{_describe(children)}
+
+Try, in another shell:
+  export DYNAMO_ENDPOINT={socket}
+  {ctl} workers ls
+  {ctl} taints add <ID> pool=experiment
+  {ctl} events tail
+  {ctl} route explain --model {MODEL} --require capacity/fast
+  curl -s {http}/v1/completions -H 'content-type: application/json' \\
+       -d '{body}'
+"""
+
+
+async def _demo(count: int, root: Path, http: str) -> int:
+    settings = Settings(
+        store=(root / "store").as_uri(),
+        listen=(f"unix://{root / 'dynamod.sock'}",),
+        http=http,
+        audit_log=root / "audit.log",
+        grace=5.0,
+    )
+    daemon = Daemon(settings)
+    children = [Child(i, settings.store) for i in range(count)]
+    async with asyncio.TaskGroup() as group:
+        served = group.create_task(daemon.run(), name="dynamod")
+        await daemon.ready.wait()
+        supervisors = [group.create_task(c.supervise(), name=f"worker {c.index}") for c in children]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(30):
+                await asyncio.gather(*(c.ready.wait() for c in children))
+        print(_banner(settings, daemon.http_url, children), flush=True)
+        code = await served
+        await asyncio.gather(*(c.stop() for c in children))
+        for supervisor in supervisors:
+            supervisor.cancel()
+    return code
+
+
+def run_demo(
+    *, workers: int = 3, directory: Path | None = None, http: str = "127.0.0.1:8080"
+) -> int:
+    logs.configure("info", "auto")
+    temporary = directory is None
+    root = Path(tempfile.mkdtemp(prefix="dynamod-demo-")) if directory is None else directory
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(lambda: guarded(_demo(workers, root, http), "dynamod demo"))
+    finally:
+        if temporary:
+            shutil.rmtree(root, ignore_errors=True)

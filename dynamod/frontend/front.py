@@ -1,0 +1,302 @@
+"""The OpenAI-compatible front: each request is routed to a worker and forwarded there.
+
+Use::
+
+    async with Frontend(router, view, registry=registry) as front:
+        app = web.Application()
+        front.add_to(app)
+        runner = web.AppRunner(app, handler_cancellation=True)
+        ...                                   # serve; at shutdown:
+        front.begin_drain()                   # new requests get 503
+        async with asyncio.timeout(grace):
+            await front.wait_idle()           # in-flight requests finish
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
+(every model with at least one worker in the view).
+
+Per request: read the body (``body.py``: model, prompt tokens, ``nvext`` routing
+constraints and ``max_wait``), route it (prompt token count and KV block hashes, with the
+block size of the model's workers), forward the body unchanged to
+``<worker.address>/v1/...`` and pass the answer on (``relay.py``). The worker is held for
+the whole request and released on completion, error or client disconnect;
+``router.prefill_done`` is called at the first output event of a stream, or when a whole
+response arrives.
+
+Answers the front gives itself (OpenAI-shaped errors, ``replies.py``):
+
+=======================================================  ======
+malformed body, bad constraints or ``max_wait``          400
+body over the application's ``client_max_size``          413
+no worker serves the model                               404
+no worker satisfies the constraints (the router's        503
+message names what was required and what exists),
+queue wait over, router shutting down, front draining
+pending queue full                                       429
+worker unreachable / silent / 5xx before its first       one retry elsewhere, then
+byte                                                     502 / 504 / the worker's 5xx
+=======================================================  ======
+
+A client that disconnects cancels the upstream request: serve the application with
+``handler_cancellation=True`` so that the handler is cancelled at once (without it, a
+stream notices at its next write and a whole response runs to its end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Self
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from dynamod.discovery.view import WorkerView
+from dynamod.errors import RoutingError
+from dynamod.frontend.body import CHAT, COMPLETIONS, Api, BadRequest, Inbound, read_inbound
+from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
+from dynamod.frontend.relay import Failure, carries_output, relay_stream, relay_whole, send
+from dynamod.frontend.replies import (
+    FORWARDED_REQUEST_HEADERS,
+    error_response,
+    routing_error_response,
+)
+from dynamod.model import ModelCard
+from dynamod.router import Assignment, Router, RouteRequest
+from dynamod.worker.engines.base import Tokenizer
+from dynamod.worker.tokenizer import SimpleTokenizer
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 2
+"""A request is tried on at most this many workers (a first try and one retry)."""
+DEFAULT_CLIENT_TIMEOUT = 300.0
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+class Frontend:
+    """The OpenAI-compatible HTTP front; see the module docstring.
+
+    ``client_timeout``: the longest a worker may stay silent (to answer, and between the
+    events of a stream) before the front gives up on it. ``connect_timeout``: the longest
+    a connection to a worker may take. ``tokenizer`` must be the workers' own (the
+    mocker's ``SimpleTokenizer`` by default), or token counts and block hashes mean
+    nothing. The front owns one ``aiohttp.ClientSession``, opened by ``start()`` and
+    closed by ``aclose()`` (or ``async with``).
+    """
+
+    def __init__(
+        self,
+        router: Router,
+        view: WorkerView,
+        *,
+        registry: CollectorRegistry | None = None,
+        client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self._router = router
+        self._view = view
+        self._metrics = FrontendMetrics(registry if registry is not None else CollectorRegistry())
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=client_timeout
+        )
+        self._tokenizer = tokenizer if tokenizer is not None else SimpleTokenizer()
+        self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    async def start(self) -> None:
+        """Open the session to the workers. Call once, before serving."""
+        if self._session is not None:
+            raise RuntimeError("Frontend.start() was already called")
+        # No connection limit of its own: the router bounds what each worker gets.
+        connector = aiohttp.TCPConnector(limit=0)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+
+    async def aclose(self) -> None:
+        """Close the session. Drain first: requests still in flight fail."""
+        if self._session is not None:
+            await self._session.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def add_to(self, app: web.Application) -> None:
+        app.router.add_post(COMPLETIONS.path, self._completions)
+        app.router.add_post(CHAT.path, self._chat)
+        app.router.add_get("/v1/models", self._models)
+
+    def begin_drain(self) -> None:
+        """Refuse new inference requests (503); those in flight run to their end."""
+        self._draining = True
+
+    async def wait_idle(self) -> None:
+        """Return once no inference request is in flight (at once if none is).
+
+        Call ``begin_drain`` first, or new requests may start right after; bound the wait
+        with ``asyncio.timeout`` for a grace period.
+        """
+        await self._idle.wait()
+
+    # -- routes
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, COMPLETIONS)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, CHAT)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        cards: dict[str, ModelCard] = {}
+        for record in self._view.records():
+            cards.setdefault(record.model, record.model_card)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "dynamo",
+                "max_model_len": card.context_length,
+            }
+            for name, card in sorted(cards.items())
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
+        if self._draining:
+            message = "the front is draining and takes no new requests"
+            response: web.StreamResponse = error_response(503, message, "draining")
+        else:
+            self._enter()
+            try:
+                response = await self._answer(request, api)
+            except asyncio.CancelledError:
+                self._metrics.answered(api.route, CLIENT_CLOSED)
+                raise
+            finally:
+                self._leave()
+        self._metrics.answered(api.route, response.status)
+        return response
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self._idle.clear()
+        self._metrics.in_flight.inc()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        self._metrics.in_flight.dec()
+        if self._in_flight == 0:
+            self._idle.set()
+
+    # -- one request
+
+    async def _answer(self, request: web.Request, api: Api) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            inbound = await read_inbound(request, api, self._tokenizer)
+        except BadRequest as exc:
+            return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+        table = self._router.table
+        workers = table.workers(inbound.model)
+        if not workers:
+            message = table.unsatisfiable(inbound.model, inbound.constraints)
+            return error_response(404, message, "model_not_found", param="model")
+        route = inbound.route_request(workers[0].model_card.kv_block_size)
+        headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
+        return await self._dispatch(_Call(request, inbound, headers, started), route)
+
+    async def _dispatch(self, call: _Call, route: RouteRequest) -> web.StreamResponse:
+        """Route and forward; a failure before the worker's first byte is retried once on
+        another eligible worker (the failed one excluded)."""
+        failure: Failure | None = None
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                async with self._router.route(route) as assignment:
+                    outcome = await self._attempt(call, assignment)
+            except RoutingError as exc:
+                return failure.response(exc) if failure else routing_error_response(exc)
+            if not isinstance(outcome, Failure):
+                return outcome
+            failure = outcome
+            if attempt < ATTEMPTS:
+                log.warning("%s; trying another worker", failure.message)
+                self._metrics.retries.labels(reason=failure.reason).inc()
+                route = replace(route, exclude={*route.exclude, failure.worker.key})
+        assert failure is not None
+        return failure.response()
+
+    async def _attempt(self, call: _Call, assignment: Assignment) -> web.StreamResponse | Failure:
+        if self._session is None:
+            raise RuntimeError("Frontend.start() must be called before serving requests")
+        worker = assignment.worker
+        upstream = await send(self._session, worker, call.inbound, call.headers)
+        if isinstance(upstream, Failure):
+            return upstream
+        if upstream:
+            if upstream.content_type == "text/event-stream":
+                events = _FirstEvents(
+                    lambda: self._first_byte(call),
+                    lambda: self._router.prefill_done(assignment),
+                )
+                return await relay_stream(call.request, upstream, worker, events.saw)
+            self._first_byte(call)
+            self._router.prefill_done(assignment)
+            return await relay_whole(upstream, worker)
+
+    def _first_byte(self, call: _Call) -> None:
+        elapsed = time.perf_counter() - call.started
+        self._metrics.first_byte.labels(route=call.inbound.api.route).observe(elapsed)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One inbound request on its way: what every attempt needs."""
+
+    request: web.Request
+    inbound: Inbound
+    headers: dict[str, str]
+    started: float
+
+
+class _FirstEvents:
+    """Calls ``on_first`` at a stream's first event (its first byte) and ``on_output`` at
+    its first output event (the worker's prefill is over)."""
+
+    def __init__(self, on_first: Callable[[], None], on_output: Callable[[], None]) -> None:
+        self._on_first = on_first
+        self._on_output = on_output
+        self._started = False
+        self._prefilled = False
+
+    def saw(self, event: bytes) -> None:
+        if not self._started:
+            self._started = True
+            self._on_first()
+        if not self._prefilled and carries_output(event):
+            self._prefilled = True
+            self._on_output()

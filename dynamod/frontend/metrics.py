@@ -1,0 +1,48 @@
+"""The front's Prometheus series, on the registry it is given."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+CLIENT_CLOSED = 499
+"""The status counted for a request whose client went away before its answer (nginx's)."""
+
+_FIRST_BYTE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class FrontendMetrics:
+    """Requests by route and status, time to first byte, retries, requests in flight."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dynamod_front_requests",
+            "Inference requests answered by the front, by route and HTTP status "
+            f"({CLIENT_CLOSED}: the client went away first).",
+            ["route", "status"],
+            registry=registry,
+        )
+        self.first_byte = Histogram(
+            "dynamod_front_first_byte_seconds",
+            "Seconds from a request's arrival to the first byte of its answer from a worker: "
+            "the first event of a stream, or the whole response otherwise.",
+            ["route"],
+            buckets=_FIRST_BYTE_BUCKETS,
+            registry=registry,
+        )
+        self.retries = Counter(
+            "dynamod_front_retries",
+            "Requests tried again on another worker after the first failed before its "
+            "first byte, by reason: unreachable, timeout, status (a 5xx answer).",
+            ["reason"],
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "dynamod_front_inflight_requests",
+            "Inference requests the front is handling now.",
+            registry=registry,
+        )
+
+    def answered(self, route: str, status: int) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
