@@ -270,6 +270,7 @@ EXIT_CYCLES = {"file": 200, "etcd": 25, "nats": 25}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 async def test_exit_is_clean_over_many_cycles(shared_store_url: str, tmp_path: Path) -> None:
     """Start → an event stream open and a streaming request in flight → SIGTERM or SIGINT,
     many times: every exit is 0 and stderr has no traceback or asyncio complaint."""
