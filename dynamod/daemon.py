@@ -93,7 +93,7 @@ class Daemon:
         control = Control(
             store, view, router, self.audit, settings.replica_id, metrics=self.metrics
         )
-        self.api = Api(control, Tokens.load(settings.tokens_file), self.registry)
+        self.api = Api(control, Tokens.load(settings.tokens_file), self.registry, self.metrics)
         self.router = router
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")

@@ -2,9 +2,12 @@
 
 ``dynamod_taint_updates_total{outcome}`` counts taint changes through the API;
 ``dynamod_taint_propagation_seconds`` is the time from such a change being written to the
-store to this daemon's view applying it (the watch round trip); the view counters show
-events by kind and resyncs; ``dynamod_view_revision`` is the store revision the view has
-reached.
+store to this daemon's view applying it: the watch lag, measured on every write this
+daemon makes (a store event carries no commit time, so other writers' lag cannot be
+known without polling); ``dynamod_view_events_total{kind}`` counts events by kind,
+resyncs included; ``dynamod_view_revision`` is the store revision the view has reached;
+``dynamod_store_errors_total{operation}`` counts calls that failed on an unavailable
+store.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ class DaemonMetrics:
         self.revision = Gauge(
             "dynamod_view_revision",
             "Store revision the worker view has reached.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "dynamod_store_errors",
+            "API calls that failed because the store was unavailable, by method.",
+            ["operation"],
             registry=registry,
         )
         self._written: dict[str, tuple[int, float]] = {}

@@ -26,8 +26,14 @@ from dynamod.auth import Principal, Tokens
 from dynamod.control import Control, Target
 from dynamod.discovery.registry import TaintOp
 from dynamod.discovery.view import Subscription
-from dynamod.errors import DynamoError, InvalidInputError, ShuttingDownError
+from dynamod.errors import (
+    DynamoError,
+    InvalidInputError,
+    ShuttingDownError,
+    StoreUnavailableError,
+)
 from dynamod.explain import explain
+from dynamod.metrics import DaemonMetrics
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints
@@ -48,8 +54,15 @@ OPERATIONS = {
 class Api:
     """Shared by the servicers: the control plane, the caller's identity, the metrics."""
 
-    def __init__(self, control: Control, tokens: Tokens, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        control: Control,
+        tokens: Tokens,
+        registry: CollectorRegistry,
+        metrics: DaemonMetrics | None = None,
+    ) -> None:
         self.control = control
+        self.metrics = metrics
         self.tokens = tokens
         self.calls = Counter(
             "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
@@ -81,6 +94,8 @@ class Api:
     async def fail(self, method: str, context: Context, exc: DynamoError) -> Any:
         code = status_of(exc)
         self.calls.labels(method, code.name).inc()
+        if self.metrics is not None and isinstance(exc, StoreUnavailableError):
+            self.metrics.store_errors.labels(method).inc()
         context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
         await context.abort(code, str(exc))
 

@@ -128,7 +128,8 @@ def worker(
 ) -> None:
     """Run one inference worker: register it in discovery, serve OpenAI-compatible routes,
     and accept taint updates on its system server."""
-    from dynamod.worker.runtime import WorkerSettings, configure_logging, run_worker
+    from dynamod import logs
+    from dynamod.worker.runtime import WorkerSettings, run_worker
 
     try:
         settings = WorkerSettings(
@@ -164,7 +165,7 @@ def worker(
     except InvalidInputError as exc:
         print(f"dynamo-worker: error: {exc}", file=sys.stderr)
         raise typer.Exit(EX_USAGE) from None
-    configure_logging(log_level.upper())
+    logs.configure(log_level.lower())
     raise typer.Exit(run(lambda: guarded(run_worker(settings), "dynamo-worker")))
 
 

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -229,11 +228,3 @@ async def _shutdown(
 async def _set_when_idle(routes: InferenceRoutes, idle: asyncio.Event) -> None:
     await routes.wait_idle()
     idle.set()
-
-
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )

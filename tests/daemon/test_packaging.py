@@ -1,0 +1,50 @@
+"""The systemd unit and the example config are valid as shipped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dynamod import config
+from tests.procs import BIN, ROOT
+
+UNIT = ROOT / "packaging" / "systemd" / "dynamod.service"
+
+
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
+def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    unit = tmp_path / "dynamod.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/dynamod", str(BIN / "dynamod")))
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MANPATH": str(ROOT / "man")},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "", result.stderr
+
+
+def test_unit_keeps_stop_timeout_above_the_default_grace() -> None:
+    text = UNIT.read_text()
+    stop = int(
+        next(line for line in text.splitlines() if line.startswith("TimeoutStopSec=")).split("=")[1]
+    )
+    settings = config.load(path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={})
+    assert stop > settings.grace + settings.drain
+    assert "Type=notify" in text
+    assert "ExecReload=" in text
+    assert "WatchdogSec=" in text
+
+
+def test_example_config_loads() -> None:
+    settings = config.load(path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={})
+    assert settings.store == "etcd://127.0.0.1:2379/dynamo"
+    assert settings.router.max_queue == 1024
