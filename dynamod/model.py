@@ -14,6 +14,7 @@ JSON compatibility, decided once for every level (record, card, runtime config):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -183,8 +184,9 @@ class WorkerRecord:
     version: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        """The store key (computed once: the router reads it on every decision)."""
         return worker_key(self.namespace, self.component, self.endpoint, self.instance_id)
 
     @property

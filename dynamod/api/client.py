@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -22,8 +22,6 @@ from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.errors import DynamoError, UnreachableError
 from dynamod.paths import default_socket
-
-T = TypeVar("T")
 
 OPERATIONS = {
     "replace": pb.TAINT_OPERATION_REPLACE,
