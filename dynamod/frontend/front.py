@@ -257,7 +257,7 @@ class Frontend:
         upstream = await send(self._session, worker, call.inbound, call.headers)
         if isinstance(upstream, Failure):
             return upstream
-        if upstream:
+        async with upstream:
             if upstream.content_type == "text/event-stream":
                 events = _FirstEvents(
                     lambda: self._first_byte(call),

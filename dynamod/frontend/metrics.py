@@ -33,8 +33,9 @@ class FrontendMetrics:
         )
         self.retries = Counter(
             "dynamod_front_retries",
-            "Requests tried again on another worker after the first failed before its "
-            "first byte, by reason: unreachable, timeout, status (a 5xx answer).",
+            "Retries: requests routed again, the failed worker excluded, after a worker "
+            "failed before its first byte (counted even when no other worker can take the "
+            "request), by reason: unreachable, timeout, status (a 5xx answer).",
             ["reason"],
             registry=registry,
         )

@@ -80,8 +80,9 @@ async def send(
         upstream = await session.post(
             url, data=inbound.raw, headers={**headers, "Content-Type": "application/json"}
         )
-    except TimeoutError:  # aiohttp's connect and read timeouts are TimeoutErrors too
-        return Failure(worker, "timeout", 504, f"{name} did not answer in time")
+    except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
+        said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
+        return Failure(worker, "timeout", 504, said)
     except aiohttp.ClientError as exc:
         return Failure(worker, "unreachable", 502, f"{name} is unreachable: {_why(exc)}")
     if upstream.status < 500:
@@ -102,6 +103,12 @@ async def _error_text(upstream: aiohttp.ClientResponse) -> str:
     except (ValueError, KeyError, TypeError):
         return raw[:200].decode(errors="replace") or "(empty body)"
     return str(message)
+
+
+def _timeout(limits: aiohttp.ClientTimeout, exc: TimeoutError) -> str:
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return f"connecting took longer than {limits.sock_connect:g} s"
+    return f"it was silent for {limits.sock_read:g} s"
 
 
 def _why(exc: BaseException) -> str:
@@ -133,8 +140,8 @@ async def relay_stream(
     response = web.StreamResponse(
         status=upstream.status, headers=passed_headers(upstream.headers, worker.instance_id)
     )
-    await response.prepare(request)
     try:
+        await response.prepare(request)
         await _pump(response, upstream, worker, on_event)
         await response.write_eof()
     except ConnectionResetError:
