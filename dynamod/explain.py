@@ -9,34 +9,20 @@ from __future__ import annotations
 
 from dynamod.api.types import CandidateInfo, ExplainInfo
 from dynamod.control import Control
-from dynamod.router import RouteRequest, WorkerExplanation, hash_blocks
+from dynamod.router import RouteRequest, WorkerExplanation
 from dynamod.taints import RoutingConstraints
 from dynamod.worker.tokenizer import SimpleTokenizer
 
 DEFAULT_BLOCK_SIZE = 16
 
 
-def block_size_of(control: Control, model: str) -> int:
-    """The model's KV block size, as its workers report it."""
-    for record in control.view.records():
-        if record.model == model:
-            return record.model_card.kv_block_size
-    return DEFAULT_BLOCK_SIZE
-
-
-def prompt_request(
-    model: str, constraints: RoutingConstraints, tokens: list[int], block_size: int
-) -> RouteRequest:
-    return RouteRequest(
-        model, constraints, prompt_tokens=len(tokens), block_hashes=hash_blocks(tokens, block_size)
-    )
-
-
 def explain(
     control: Control, model: str, constraints: RoutingConstraints, prompt: str
 ) -> ExplainInfo:
     tokens = SimpleTokenizer().encode(prompt) if prompt else []
-    request = prompt_request(model, constraints, tokens, block_size_of(control, model))
+    workers = control.router.table.workers(model)
+    block_size = workers[0].model_card.kv_block_size if workers else DEFAULT_BLOCK_SIZE
+    request = RouteRequest.for_prompt(model, constraints, tokens, block_size)
     result = control.router.explain(request)
     candidates = tuple(_candidate(control, row) for row in result.workers)
     chosen = next((c.worker.id for c in candidates if c.rank == 1), "")

@@ -8,7 +8,7 @@ an endpoint that does not answer raises ``UnreachableError`` naming it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +163,7 @@ class Client:
 
     async def tail_events(
         self, *, since: int | None = None, selector: str = "", follow: bool = True
-    ) -> AsyncIterator[EventInfo]:
+    ) -> AsyncGenerator[EventInfo, None]:
         """Discovery events; ends when the daemon ends the stream (or at once with
         ``follow=False`` after what is known)."""
         request = pb.TailEventsRequest(selector=selector, no_follow=not follow)

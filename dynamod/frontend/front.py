@@ -57,7 +57,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import RoutingError
-from dynamod.frontend.body import CHAT, COMPLETIONS, Api, BadRequest, Inbound, read_inbound
+from dynamod.frontend.body import CHAT, COMPLETIONS, Api, Inbound, read_inbound
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import Failure, carries_output, relay_stream, relay_whole, send
 from dynamod.frontend.replies import (
@@ -68,6 +68,7 @@ from dynamod.frontend.replies import (
 from dynamod.model import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
 from dynamod.worker.engines.base import Tokenizer
+from dynamod.worker.request_body import FieldError
 from dynamod.worker.tokenizer import SimpleTokenizer
 
 log = logging.getLogger(__name__)
@@ -219,7 +220,7 @@ class Frontend:
         started = time.perf_counter()
         try:
             inbound = await read_inbound(request, api, self._tokenizer)
-        except BadRequest as exc:
+        except FieldError as exc:
             return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
         table = self._router.table
         workers = table.workers(inbound.model)

@@ -61,6 +61,7 @@ from dynamod.router.scoring import (
     PrefixIndex,
     RouterConfig,
     cost_terms,
+    hash_blocks,
     probabilities,
     select,
 )
@@ -96,6 +97,25 @@ class RouteRequest:
             )
         object.__setattr__(self, "block_hashes", tuple(self.block_hashes))
         object.__setattr__(self, "exclude", frozenset(self.exclude))
+
+    @classmethod
+    def for_prompt(
+        cls,
+        model: str,
+        constraints: RoutingConstraints,
+        prompt_ids: Sequence[int],
+        block_size: int,
+        max_wait: float | None = None,
+    ) -> RouteRequest:
+        """A request for a tokenized prompt: its length and its blocks' chained hashes with
+        the model's KV block size (so prefix overlap matches what workers cache)."""
+        return cls(
+            model,
+            constraints,
+            prompt_tokens=len(prompt_ids),
+            block_hashes=hash_blocks(prompt_ids, block_size),
+            max_wait=max_wait,
+        )
 
 
 _Candidate = tuple[str, WorkerRecord, Load]

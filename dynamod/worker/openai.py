@@ -37,21 +37,19 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.errors import InvalidInputError, ShuttingDownError
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Tokenizer, Usage
-from dynamod.worker.tokenizer import ChatMessage
+from dynamod.worker.request_body import (
+    FieldError,
+    Json,
+    brief,
+    chat_prompt,
+    completion_prompt,
+    json_object,
+    model_of,
+)
 
 WORKER_ID_HEADER = "x-dynamo-worker-id"
 
 log = logging.getLogger(__name__)
-
-Json = dict[str, Any]
-
-
-class _BadField(InvalidInputError):
-    """A request body field is missing or malformed; ``param`` names it."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class _ModelNotFound(Exception):
@@ -192,7 +190,7 @@ class InferenceRoutes:
             params = api.parse(await _json_body(request), self._engine.tokenizer)
             self._check_model(params.model)
             chunks = self._engine.generate(_generate_request(request, reply_id, params))
-        except _BadField as exc:
+        except FieldError as exc:
             return _error(400, str(exc), "invalid_value", param=exc.param)
         except InvalidInputError as exc:
             return _error(400, str(exc), "invalid_value")
@@ -207,7 +205,7 @@ class InferenceRoutes:
         served = self._engine.model_card().name
         if model != served:
             raise _ModelNotFound(
-                f"model {_brief(model)} is not served here; this worker serves {served!r}"
+                f"model {brief(model)} is not served here; this worker serves {served!r}"
             )
 
     async def _whole(self, reply: _Reply, chunks: AsyncGenerator[Chunk, None]) -> web.Response:
@@ -357,13 +355,7 @@ def _error(status: int, message: str, code: str, *, param: str | None = None) ->
 
 
 async def _json_body(request: web.Request) -> Json:
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _BadField(None, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _BadField(None, f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return json_object(await request.read())
 
 
 def _generate_request(request: web.Request, reply_id: str, params: _Params) -> GenerateRequest:
@@ -380,43 +372,35 @@ def _generate_request(request: web.Request, reply_id: str, params: _Params) -> G
 # bool subclasses int.
 
 
-def _brief(value: object, limit: int = 80) -> str:
-    """The repr of a refused value, cut short: a bad prompt may be megabytes long."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _optional(body: Json, name: str, kinds: type | tuple[type, ...], what: str) -> Any:
     value = body.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-        raise _BadField(name, f"{name} must be {what}, got {_brief(value)}")
+        raise FieldError(name, f"{name} must be {what}, got {brief(value)}")
     return value
 
 
 def _flag(body: Json, name: str) -> bool:
     value = body.get(name)
     if value is not None and not isinstance(value, bool):
-        raise _BadField(name, f"{name} must be true or false, got {_brief(value)}")
+        raise FieldError(name, f"{name} must be true or false, got {brief(value)}")
     return bool(value)
 
 
 def _number_in(body: Json, name: str, low: float, high: float) -> None:
     value = _optional(body, name, (int, float), "a number")
     if value is not None and not low <= value <= high:
-        raise _BadField(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
+        raise FieldError(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
 
 
 def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _Params:
     """The fields both APIs share; ``prompt_ids`` comes from the API-specific part."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _BadField("model", f"model must be a non-empty string, got {_brief(model)}")
+    model = model_of(body)
     max_tokens = _optional(body, max_tokens_name, int, "a positive integer")
     if max_tokens is not None and max_tokens < 1:
-        raise _BadField(max_tokens_name, f"{max_tokens_name} must be at least 1, got {max_tokens}")
+        raise FieldError(max_tokens_name, f"{max_tokens_name} must be at least 1, got {max_tokens}")
     n = _optional(body, "n", int, "an integer")
     if n not in (None, 1):
-        raise _BadField("n", f"n must be 1: this worker generates one choice, got {n}")
+        raise FieldError("n", f"n must be 1: this worker generates one choice, got {n}")
     _number_in(body, "temperature", 0, 2)
     _number_in(body, "top_p", 0, 1)
     stream = _flag(body, "stream")
@@ -435,69 +419,23 @@ def _include_usage(body: Json, stream: bool) -> bool:
     if options is None:
         return False
     if not stream:
-        raise _BadField("stream_options", "stream_options is only allowed when stream is true")
+        raise FieldError("stream_options", "stream_options is only allowed when stream is true")
     if not isinstance(options, dict):
-        raise _BadField(
-            "stream_options", f"stream_options must be an object, got {_brief(options)}"
+        raise FieldError(
+            "stream_options", f"stream_options must be an object, got {brief(options)}"
         )
     return _flag(options, "include_usage")
 
 
 def _parse_completion(body: Json, tokenizer: Tokenizer) -> _Params:
-    return _common(body, _prompt_ids(body.get("prompt"), tokenizer), "max_tokens")
-
-
-def _prompt_ids(prompt: object, tokenizer: Tokenizer) -> tuple[int, ...]:
-    """A prompt is a string or a list of token ids; a list holding one of those also works."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return tuple(tokenizer.encode(prompt))
-    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-        return tuple(prompt)
-    raise _BadField(
-        "prompt",
-        f"prompt must be a string or a list of token ids (one prompt), got {_brief(prompt)}",
-    )
-
-
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+    return _common(body, completion_prompt(body, tokenizer), "max_tokens")
 
 
 def _parse_chat(body: Json, tokenizer: Tokenizer) -> _Params:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _BadField("messages", f"messages must be a non-empty list, got {_brief(messages)}")
-    turns = [_message(i, m) for i, m in enumerate(messages)]
-    prompt_ids = tuple(tokenizer.encode(tokenizer.render_chat(turns)))
+    prompt_ids = chat_prompt(body, tokenizer)
     # The chat API renamed max_tokens; the new name wins when both are sent.
     newer = body.get("max_completion_tokens") is not None
     return _common(body, prompt_ids, "max_completion_tokens" if newer else "max_tokens")
-
-
-def _message(index: int, message: object) -> ChatMessage:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise _BadField(where, f"{where} must be an object, got {_brief(message)}")
-    role = message.get("role")
-    if role not in _ROLES:
-        roles = ", ".join(sorted(_ROLES))
-        raise _BadField(f"{where}.role", f"{where}.role must be one of {roles}; got {_brief(role)}")
-    return ChatMessage(role=role, content=_content(where, message.get("content")))
-
-
-def _content(where: str, content: object) -> str:
-    """Message content: a string, null, or a list of ``{"type": "text", "text": ...}`` parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(parts) == len(content) and all(isinstance(p, str) for p in parts):
-            return "".join(str(p) for p in parts)
-    raise _BadField(
-        f"{where}.content",
-        f"{where}.content must be a string or a list of text parts; got {_brief(content)}",
-    )
 
 
 _COMPLETIONS = _Api(

@@ -176,11 +176,10 @@ async def test_every_mutation_writes_one_audit_line(client: Client, daemon: Daem
         await client.update_taints("add", ["bad taint"], worker="aa01")
     assert daemon.settings.audit_log is not None
     lines = [json.loads(line) for line in daemon.settings.audit_log.read_text().splitlines()]
-    assert [(line["worker"], line["operation"], line["taints"]) for line in lines] == [
-        ("aa01", "add", ["a"]),
-        ("aa01", "add", ["b"]),
-        ("aa02", "add", ["b"]),
-    ]
+    summary = [(line["worker"], line["operation"], line["taints"]) for line in lines]
+    assert summary[0] == ("aa01", "add", ["a"])
+    # the two workers of one bulk operation are updated concurrently, in either order
+    assert sorted(summary[1:]) == [("aa01", "add", ["b"]), ("aa02", "add", ["b"])]
     first = lines[0]
     assert first["caller"] == "unix-socket"
     assert first["before"] == ["capacity/fast", "dynamo.topology/zone=a"]
