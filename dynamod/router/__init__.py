@@ -4,16 +4,9 @@ Nothing here does I/O: the router learns workers from discovery events (``apply`
 hands out assignments; the caller talks to the worker.
 """
 
+from dynamod.router.metrics import RouterMetrics
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
-from dynamod.router.router import (
-    Assignment,
-    Explanation,
-    Outcome,
-    Router,
-    RouteRequest,
-    RouterMetrics,
-    WorkerExplanation,
-)
+from dynamod.router.router import Router
 from dynamod.router.scoring import (
     IDLE,
     Busy,
@@ -27,6 +20,13 @@ from dynamod.router.scoring import (
     select,
 )
 from dynamod.router.table import Ineligible, RoutingTable, why_not
+from dynamod.router.types import (
+    Assignment,
+    Explanation,
+    Outcome,
+    RouteRequest,
+    WorkerExplanation,
+)
 
 __all__ = [
     "IDLE",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from dynamod.router.scoring import RouterConfig
 
 if TYPE_CHECKING:
-    from dynamod.router.router import Assignment, RouteRequest
+    from dynamod.router.types import Assignment, RouteRequest
 
 
 class WaitState(enum.Enum):

@@ -35,16 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import random
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Collection, Iterable
+from dataclasses import replace
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from dynamod.errors import (
-    InvalidInputError,
     NoEligibleWorkerError,
     QueueFullError,
     QueueTimeoutError,
@@ -52,6 +50,7 @@ from dynamod.errors import (
     ShuttingDownError,
 )
 from dynamod.model import DiscoveryEvent, WorkerRecord
+from dynamod.router.metrics import RouterMetrics
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
 from dynamod.router.scoring import (
     IDLE,
@@ -61,176 +60,22 @@ from dynamod.router.scoring import (
     PrefixIndex,
     RouterConfig,
     cost_terms,
-    hash_blocks,
     probabilities,
     select,
 )
-from dynamod.router.table import MESSAGE_WORKERS, Ineligible, RoutingTable, why_not
-from dynamod.taints import RoutingConstraints, preference
-
-
-@dataclass(frozen=True)
-class RouteRequest:
-    """One request to route.
-
-    ``block_hashes``: chained hashes of the prompt's blocks (``scoring.hash_blocks`` with
-    the model's KV block size), for prefix reuse. ``max_wait``: seconds this request may
-    wait, replacing the router's limits. ``exclude``: worker keys (``WorkerRecord.key``)
-    not to use, e.g. the worker a first attempt failed on.
-    """
-
-    model: str
-    constraints: RoutingConstraints = field(default_factory=RoutingConstraints)
-    prompt_tokens: int = 0
-    block_hashes: Sequence[int] = ()
-    max_wait: float | None = None
-    exclude: Collection[str] = ()
-
-    def __post_init__(self) -> None:
-        if self.prompt_tokens < 0:
-            raise InvalidInputError(f"prompt_tokens must be at least 0, got {self.prompt_tokens}")
-        if self.max_wait is not None and not self.max_wait >= 0:
-            raise InvalidInputError(f"max_wait must be at least 0 seconds, got {self.max_wait}")
-        if isinstance(self.exclude, str):
-            raise InvalidInputError(
-                f"exclude must be a collection of worker keys, not the string {self.exclude!r}"
-            )
-        object.__setattr__(self, "block_hashes", tuple(self.block_hashes))
-        object.__setattr__(self, "exclude", frozenset(self.exclude))
-
-    @classmethod
-    def for_prompt(
-        cls,
-        model: str,
-        constraints: RoutingConstraints,
-        prompt_ids: Sequence[int],
-        block_size: int,
-        max_wait: float | None = None,
-    ) -> RouteRequest:
-        """A request for a tokenized prompt: its length and its blocks' chained hashes with
-        the model's KV block size (so prefix overlap matches what workers cache)."""
-        return cls(
-            model,
-            constraints,
-            prompt_tokens=len(prompt_ids),
-            block_hashes=hash_blocks(prompt_ids, block_size),
-            max_wait=max_wait,
-        )
-
+from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
+from dynamod.router.types import (
+    Assignment,
+    Explanation,
+    Outcome,
+    Reservation,
+    RouteRequest,
+    WorkerExplanation,
+)
+from dynamod.taints import preference
 
 _Candidate = tuple[str, WorkerRecord, Load]
 """An eligible, non-busy worker: its key, its record, its load."""
-
-
-@dataclass
-class _Reservation:
-    """The load one assignment holds on its worker, until released."""
-
-    key: str
-    prefill_tokens: int
-    kv_blocks: int
-    prefilling: bool = True
-    released: bool = False
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """A worker chosen for one request, held until ``Router.release``."""
-
-    worker: WorkerRecord
-    waited: float
-    """Seconds the request spent in the pending queue; 0.0 when assigned at once."""
-    terms: CostTerms
-    """The chosen worker's cost terms at the moment of the decision."""
-    candidates: int
-    """How many eligible, non-busy workers were scored."""
-    _reservation: _Reservation = field(repr=False, compare=False)
-
-
-class Outcome(enum.Enum):
-    """What ``route`` would do with a request right now."""
-
-    ROUTE = "route"
-    QUEUE = "queue"
-    NO_WORKER = "no_worker"
-
-
-@dataclass(frozen=True)
-class WorkerExplanation:
-    """One worker of the model, as the router sees it for one request."""
-
-    worker: WorkerRecord
-    ineligible: Ineligible | None
-    busy: Busy | None
-    load: Load
-    terms: CostTerms
-    rank: int | None = None
-    """1 for the cheapest candidate; ``None`` for a worker that is ineligible or busy."""
-    probability: float = 0.0
-    """The chance ``route`` picks this worker now."""
-
-    @property
-    def eligible(self) -> bool:
-        return self.ineligible is None
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """The routing computation for one request, without routing it.
-
-    ``workers``: candidates by rank, then busy eligible workers, then ineligible ones.
-    ``reason``: why it would not route at once ("" when it would).
-    """
-
-    request: RouteRequest
-    outcome: Outcome
-    workers: tuple[WorkerExplanation, ...]
-    reason: str
-    queue_depth: int
-
-
-_DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1)
-_WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-
-
-class RouterMetrics:
-    """The router's Prometheus series, on the registry it is given."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Counter(
-            "dynamod_router_decisions",
-            "Routing decisions by model and outcome: routed (at once), dispatched (after "
-            "waiting), no_worker, queue_full, timeout, shutdown, cancelled.",
-            ["model", "outcome"],
-            registry=registry,
-        )
-        self.latency = Histogram(
-            "dynamod_router_decision_seconds",
-            "Time to compute one routing decision: eligibility, scoring and selection.",
-            buckets=_DECISION_BUCKETS,
-            registry=registry,
-        )
-        self.depth = Gauge(
-            "dynamod_router_queue_depth",
-            "Requests waiting for a worker, by model.",
-            ["model"],
-            registry=registry,
-        )
-        self.wait = Histogram(
-            "dynamod_router_queue_wait_seconds",
-            "Seconds requests waited for a worker, by how the wait ended.",
-            ["outcome"],
-            buckets=_WAIT_BUCKETS,
-            registry=registry,
-        )
-
-    def decided(self, model: str, outcome: str, seconds: float | None = None) -> None:
-        self.decisions.labels(model=model, outcome=outcome).inc()
-        if seconds is not None:
-            self.latency.observe(seconds)
-
-    def depth_changed(self, model: str, depth: int) -> None:
-        self.depth.labels(model=model).set(depth)
 
 
 class Router:
@@ -423,10 +268,10 @@ class Router:
 
     def _reserve(
         self, worker: WorkerRecord, request: RouteRequest, terms: CostTerms
-    ) -> _Reservation:
+    ) -> Reservation:
         # The cached prefix is not prefilled again (Dynamo's assume-kv-reuse).
         cached = terms.overlap_blocks * worker.model_card.kv_block_size
-        held = _Reservation(worker.key, max(0, request.prompt_tokens - cached), terms.new_blocks)
+        held = Reservation(worker.key, max(0, request.prompt_tokens - cached), terms.new_blocks)
         load = self._loads.get(worker.key, IDLE)
         self._loads[worker.key] = load.plus(held.prefill_tokens, held.kv_blocks)
         return held
