@@ -1,16 +1,40 @@
-"""The ``dynamoctl`` entry point."""
+"""The ``dynamoctl`` entry point: the config file, shell completion, then the command.
+
+Errors inside a command are handled by ``session.execute`` (the one boundary for
+everything that talks to the daemon) and usage errors by click (exit 2). What is left here
+is start-up: a broken config file (exit 2), and answering shell completion before any
+command runs.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
-from dynamod import __version__
+from dynamoctl import exits
+from dynamod.errors import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dynamoctl import coercion, completion
+    from dynamoctl.app import command
+    from dynamoctl.options import config_path, load_config
+
+    coercion.install()  # this process only: typer's parameters without pydantic
+    try:
+        default_map = load_config(config_path())
+    except ConfigError as exc:
+        sys.stderr.write(f"dynamoctl: error: {exc}\n")
+        return exits.USAGE
+    cli = command()
+    instruction = os.environ.get(completion.COMPLETE_VAR)
+    if instruction:
+        return completion.respond(cli, instruction, default_map)
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--version"]:
-        print(f"dynamoctl {__version__}")
-        return 0
-    print("dynamoctl: commands are not built yet; try --version", file=sys.stderr)
-    return 2
+    # Standalone mode: click prints usage errors (exit 2) and ends with SystemExit.
+    cli.main(args, prog_name=completion.PROG, default_map=default_map)
+    return exits.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

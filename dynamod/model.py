@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,19 +283,26 @@ def _first_difference(a: object, b: object, path: str) -> str | None:
 
 
 # Discovery events: what a watcher of the worker view sees. Every event carries the store
-# revision it reflects.
+# revision it reflects, and the wall-clock time this process saw it (``seen``, not part of
+# equality).
+
+
+def _now() -> float:
+    return time.time()
 
 
 @dataclass(frozen=True)
 class WorkerAdded:
     record: WorkerRecord
     revision: int
+    seen: float = field(default_factory=_now, compare=False)
 
 
 @dataclass(frozen=True)
 class WorkerRemoved:
     record: WorkerRecord
     revision: int
+    seen: float = field(default_factory=_now, compare=False)
 
 
 @dataclass(frozen=True)
@@ -303,6 +311,7 @@ class TaintsUpdated:
     added: tuple[str, ...]
     removed: tuple[str, ...]
     revision: int
+    seen: float = field(default_factory=_now, compare=False)
 
     @property
     def taints(self) -> tuple[str, ...]:
@@ -315,6 +324,7 @@ class ViewResync:
 
     records: tuple[WorkerRecord, ...]
     revision: int
+    seen: float = field(default_factory=_now, compare=False)
 
 
 DiscoveryEvent = WorkerAdded | WorkerRemoved | TaintsUpdated | ViewResync

@@ -45,8 +45,11 @@ def generate_stubs(out: Path) -> dict[str, str]:
 
 
 def generated() -> dict[str, str]:
+    from scripts import docs
+
     with tempfile.TemporaryDirectory() as tmp:
-        return generate_stubs(Path(tmp))
+        stubs = generate_stubs(Path(tmp))
+    return {**stubs, **docs.generated()}
 
 
 def main() -> int:

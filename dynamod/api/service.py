@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -209,7 +208,7 @@ class EventService(rpc.EventServiceServicer):
 
 
 def _infos(control: Control, event: DiscoveryEvent, selector: Selector) -> list[EventInfo]:
-    now = time.time()
+    now = event.seen
     if isinstance(event, ViewResync):
         workers = tuple(control.info(r) for r in event.records if selector.matches(r))
         return [EventInfo("RESYNC", event.revision, now, workers=workers)]

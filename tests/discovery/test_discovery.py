@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -269,7 +270,7 @@ async def test_watcher_refuses_an_immutable_change_written_straight_to_the_store
 ) -> None:
     worker = await registered(store, taints=["a"])
     await view.wait_for(lambda v: v.get(worker.key) is not None)
-    forged = WorkerRecord(**{**worker.__dict__, "model_card": ModelCard(name="forged")})
+    forged = dataclasses.replace(worker, model_card=ModelCard(name="forged"))
     with view.subscribe(since=view.revision) as events:
         await store.put(worker.key, forged.to_bytes(), lease=KEEP)
         marker = await registered(store)

@@ -1,0 +1,7 @@
+"""``python -m dynamoctl``."""
+
+import sys
+
+from dynamoctl.main import main
+
+sys.exit(main())

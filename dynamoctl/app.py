@@ -1,0 +1,120 @@
+"""The dynamoctl command tree: the root with the global options, one sub-app per noun.
+
+``command()`` builds the click command that ``main`` runs and that ``scripts/docs.py``
+reads to write the man page and the completion scripts. It repeats the global options
+on every leaf command (``-o`` and ``--no-headers`` shown in its help, the others hidden),
+so kubectl's ``dynamoctl workers ls -o json`` works as well as ``dynamoctl -o json workers
+ls``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import typer
+import typer.main
+
+from dynamoctl import options
+from dynamoctl.commands import completion as completion_cmd
+from dynamoctl.commands import events, route, status, taints, workers
+from dynamod import __version__
+
+HELP = """Operate dynamod: list workers, change their taints, watch discovery events, explain
+routing decisions.
+
+Every command talks to dynamod's gRPC API (--endpoint). Global options may come before the
+command or after it. Tables go to stdout, diagnostics to stderr; -o json|yaml|name is for
+scripts. Exit status: 0 ok, 1 the operation failed, 2 usage, 3 dynamod unreachable."""
+
+EPILOG = "See dynamoctl(1) for selectors, output formats, the config file and examples."
+
+VISIBLE_ON_LEAVES = ("output", "no_headers")
+ORDER = ("workers", "taints", "events", "route", "status", "completion")
+
+app = typer.Typer(
+    name="dynamoctl",
+    help=HELP,
+    epilog=EPILOG,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+app.add_typer(workers.app, name="workers")
+app.add_typer(taints.app, name="taints")
+app.add_typer(events.app, name="events")
+app.add_typer(route.app, name="route")
+app.command("status")(status.status)
+app.command("completion")(completion_cmd.completion)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dynamoctl {__version__}")
+        raise typer.Exit
+
+
+Version = Annotated[
+    bool,
+    typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+]
+
+
+@app.callback()
+def root(
+    endpoint: options.Endpoint = None,
+    token_file: options.TokenFile = None,
+    tls: options.Tls = False,
+    cacert: options.Cacert = None,
+    cert: options.Cert = None,
+    cert_key: options.CertKey = None,
+    timeout: options.Timeout = options.DEFAULT_TIMEOUT,
+    output: options.Output = "table",
+    no_headers: options.NoHeaders = False,
+    debug: options.Debug = False,
+    version: Version = False,
+) -> None:
+    """The global options; commands read them with ``options.from_context``."""
+
+
+def command() -> Any:
+    """The click command tree, ready to run (see the module docstring)."""
+    cli: Any = typer.main.get_command(app)
+    cli.commands = {name: cli.commands[name] for name in ORDER}
+    shared = [p for p in cli.params if p.name in options.FIELDS]
+    for leaf in leaves(cli):
+        _plain_arguments(leaf)
+        leaf.params.extend(_leaf_copy(p) for p in shared)
+    return cli
+
+
+def _plain_arguments(leaf: Any) -> None:
+    """typer shows Python types after argument names ("TAINT <list[str]>"); the metavar
+    and the help already say what goes there."""
+    for param in leaf.params:
+        if param.param_type_name == "argument":
+            param.display_type_rich = lambda ctx: None
+
+
+def leaves(command: Any) -> Iterator[Any]:
+    subcommands = getattr(command, "commands", None)
+    if subcommands is None:
+        yield command
+        return
+    for sub in subcommands.values():
+        yield from leaves(sub)
+
+
+def _leaf_copy(param: Any) -> Any:
+    """The root's option, for use after a leaf command's name."""
+    leaf = copy.copy(param)
+    leaf.envvar = None
+    leaf.expose_value = False
+    leaf.is_eager = False
+    leaf.hidden = param.name not in VISIBLE_ON_LEAVES
+    leaf.callback = options.override
+    leaf.show_default = False
+    return leaf

@@ -1,0 +1,61 @@
+"""``dynamoctl events tail``: discovery events as they happen, resumable by revision."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dynamoctl import exits
+from dynamoctl.targets import Selector
+
+if TYPE_CHECKING:
+    from dynamoctl.output import Printer
+    from dynamod.api.client import Client
+
+app = typer.Typer(
+    no_args_is_help=True, help="Discovery events: workers added, removed, their taints changed."
+)
+
+STREAM_FORMATS = ("table", "wide", "json", "yaml")
+
+
+@app.command()
+def tail(
+    ctx: typer.Context,
+    since: Annotated[
+        int | None,
+        typer.Option(
+            help="Start after store revision REV (replayed from the daemon's history; a "
+            "RESYNC snapshot first when REV is older than it).",
+            metavar="REV",
+        ),
+    ] = None,
+    no_follow: Annotated[
+        bool, typer.Option("--no-follow", help="Print what is known now, then exit.")
+    ] = False,
+    selector: Selector = None,
+) -> None:
+    """Follow discovery events.
+
+    Columns: TIME, REVISION, EVENT (ADDED, TAINTS, REMOVED, RESYNC), WORKER, CHANGE.
+    Starts with a RESYNC snapshot unless --since is given. -o json prints one JSON object
+    per line. Ctrl-C ends it (exit status 0)."""
+    from dynamoctl.session import execute
+
+    async def body(client: Client, printer: Printer) -> int:
+        from dynamoctl.targets import check_selector
+        from dynamoctl.watch import EventTail
+
+        check_selector(selector)
+        stream = EventTail(printer, buffered=no_follow)
+        events = client.tail_events(since=since, selector=selector or "", follow=not no_follow)
+        async for event in events:
+            stream.feed(event)
+        stream.close()
+        if no_follow:
+            return exits.OK
+        printer.error("dynamod ended the stream (it is shutting down or restarting)")
+        return exits.FAILED
+
+    execute(ctx, body, formats=STREAM_FORMATS, stream=True)

@@ -1,0 +1,101 @@
+"""``dynamoctl route explain``: how the router would place a request, and why."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dynamoctl import completion, exits, views
+
+if TYPE_CHECKING:
+    from dynamoctl.output import Printer
+    from dynamod.api.client import Client
+    from dynamod.api.types import ExplainInfo
+
+app = typer.Typer(no_args_is_help=True, help="Explain routing decisions.")
+
+EXPLAIN_FORMATS = ("table", "wide", "json", "yaml")
+
+
+def parse_preferences(pairs: list[str]) -> dict[str, float]:
+    """``["pool=batch=0.5", "capacity/fast=1"]`` → taint → weight. The weight follows the
+    last '=', so taints with values work. Malformed pairs are usage errors."""
+    out: dict[str, float] = {}
+    for pair in pairs:
+        taint, sep, weight = pair.rpartition("=")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = None
+        if not sep or not taint or value is None:
+            raise typer.BadParameter(
+                f"{pair!r} must look like TAINT=WEIGHT, e.g. capacity/fast=0.5 or pool=batch=-1",
+                param_hint="--prefer",
+            )
+        out[taint] = value
+    return out
+
+
+@app.command()
+def explain(
+    ctx: typer.Context,
+    model: Annotated[
+        str,
+        typer.Option(
+            help="The model the request asks for.",
+            metavar="MODEL",
+            autocompletion=completion.models,
+        ),
+    ],
+    require: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A taint the worker must hold (repeatable).",
+            metavar="TAINT",
+            autocompletion=completion.fleet_taints,
+        ),
+    ] = None,
+    prefer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A preferred taint and its weight in [-1, 1] (repeatable).", metavar="TAINT=WEIGHT"
+        ),
+    ] = None,
+    prompt: Annotated[
+        str, typer.Option(help="Prompt text, to show prefix-cache overlap.", metavar="TEXT")
+    ] = "",
+) -> None:
+    """Show how a request would be routed.
+
+    Ranks the workers of MODEL for a request with these constraints, with each term of
+    the cost: (LOAD - OVERLAP credit) x MULTIPLIER, where the multiplier is
+    exp(-tanh(PREFERENCE)), the sum of the matched preferred weights. Excluded workers are
+    listed with the reason. Nothing is routed."""
+    from dynamoctl.session import execute
+
+    preferred = parse_preferences(prefer or [])
+    required = list(require or [])
+
+    async def body(client: Client, printer: Printer) -> int:
+        from dynamod.taints import RoutingConstraints
+
+        RoutingConstraints(frozenset(required), preferred)  # the daemon's checks, first
+        info = await client.explain(model, required=required, preferred=preferred, prompt=prompt)
+        _show(printer, info)
+        return exits.OK
+
+    execute(ctx, body, formats=EXPLAIN_FORMATS)
+
+
+def _show(printer: Printer, info: ExplainInfo) -> None:
+    if printer.output == "json":
+        printer.json(views.explain_object(info))
+    elif printer.output == "yaml":
+        printer.yaml(views.explain_object(info))
+    else:
+        rows = views.explain_rows(info)
+        if rows:
+            printer.table(views.EXPLAIN_HEADERS, rows)
+        if not printer.no_headers:
+            printer.line(("\n" if rows else "") + info.summary)

@@ -1,0 +1,37 @@
+"""``dynamoctl status``: the daemon's version, store health, workers, uptime, replica."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import typer
+
+from dynamoctl import exits, views
+
+if TYPE_CHECKING:
+    from dynamoctl.output import Printer
+    from dynamod.api.client import Client
+
+STATUS_FORMATS = ("table", "wide", "json", "yaml")
+
+
+def status(ctx: typer.Context) -> None:
+    """Show the daemon's version and health.
+
+    Its version, state, store (and whether it is healthy), worker count, store revision,
+    queue depth, uptime and replica name."""
+    from dynamoctl.session import execute
+    from dynamod import __version__
+
+    async def body(client: Client, printer: Printer) -> int:
+        info = await client.status()
+        if printer.output in ("json", "yaml"):
+            obj = views.status_object(info, client.endpoint, __version__)
+            printer.json(obj) if printer.output == "json" else printer.yaml(obj)
+        else:
+            pairs = views.status_details(info, client.endpoint, __version__)
+            for line in views.details_lines(pairs):
+                printer.line(line)
+        return exits.OK
+
+    execute(ctx, body, formats=STATUS_FORMATS)

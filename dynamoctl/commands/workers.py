@@ -1,0 +1,196 @@
+"""``dynamoctl workers ls|get|cordon|uncordon``: what discovery sees, and taking workers out
+of rotation with the ``dynamo.io/cordoned`` taint."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from dynamoctl import completion, exits, views
+from dynamoctl.targets import AllWorkers, DryRun, Selector, Yes, check_all, target
+
+if TYPE_CHECKING:
+    from dynamoctl.output import Printer
+    from dynamod.api.client import Client
+    from dynamod.api.types import TaintChange, WorkerInfo
+    from dynamod.discovery.registry import OpKind
+
+app = typer.Typer(no_args_is_help=True, help="List and inspect workers; cordon and uncordon.")
+
+Model = Annotated[
+    str | None,
+    typer.Option(
+        help="Only workers of this model.", metavar="MODEL", autocompletion=completion.models
+    ),
+]
+Watch = Annotated[
+    bool,
+    typer.Option(
+        "--watch", "-w", help="After the list, print every change as it happens (EVENT column)."
+    ),
+]
+OptionalId = Annotated[
+    str | None,
+    typer.Argument(
+        help="Worker id, or any unique prefix of it.",
+        metavar="ID",
+        autocompletion=completion.worker_ids,
+        show_default=False,
+    ),
+]
+
+
+@app.command("ls")
+def ls(
+    ctx: typer.Context,
+    selector: Selector = None,
+    model: Model = None,
+    watch: Watch = False,
+) -> None:
+    """List workers with their taints.
+
+    Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
+    TAINTS, LOAD (requests this dynamod has in flight on it), AGE; -o wide adds TOPOLOGY,
+    REVISION and MDCSUM. Sorted by model, then id. --watch then prints each change as it
+    happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get -w."""
+    from dynamoctl.session import execute
+
+    async def body(client: Client, printer: Printer) -> int:
+        from dynamoctl.targets import check_selector
+
+        check_selector(selector)
+        if watch:
+            return await _watch(client, printer, _with_model(selector, model))
+        infos, _ = await client.list_workers(model=model or "", selector=selector or "")
+        return _list(printer, infos, selector or model)
+
+    execute(ctx, body, stream=watch)
+
+
+def _with_model(selector: str | None, model: str | None) -> str:
+    terms = [t for t in (selector, f"model={model}" if model else None) if t]
+    return ",".join(terms)
+
+
+def _list(printer: Printer, infos: list[WorkerInfo], filtered: str | None) -> int:
+    infos = sorted(infos, key=lambda i: (i.record.model, i.id))
+    output = printer.output
+    if output in ("json", "yaml"):
+        objects = [views.worker_object(i) for i in infos]
+        _structured(printer, objects)
+    elif output == "name":
+        for info in infos:
+            printer.line(info.id)
+    elif infos:
+        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
+        printer.table(headers, views.worker_rows(infos, printer.wide))
+    if not infos:
+        printer.note("no workers match" if filtered else "no workers are registered")
+    return exits.OK
+
+
+def _structured(printer: Printer, obj: object) -> None:
+    if printer.output == "json":
+        printer.json(obj)
+    else:
+        printer.yaml(obj)
+
+
+async def _watch(client: Client, printer: Printer, selector: str) -> int:
+    from dynamoctl.watch import WorkerWatch
+
+    watch = WorkerWatch(printer)
+    async for event in client.tail_events(selector=selector, follow=True):
+        watch.feed(event)
+    printer.error("dynamod ended the stream (it is shutting down or restarting)")
+    return exits.FAILED
+
+
+@app.command()
+def get(
+    ctx: typer.Context,
+    worker: Annotated[
+        str,
+        typer.Argument(
+            help="Worker id, or any unique prefix of it.",
+            metavar="ID",
+            autocompletion=completion.worker_ids,
+        ),
+    ],
+) -> None:
+    """Show one worker in full.
+
+    Its record, taints, topology, revision, load and model card."""
+    from dynamoctl.session import execute
+
+    async def body(client: Client, printer: Printer) -> int:
+        info = await client.get_worker(worker)
+        if printer.output in ("json", "yaml"):
+            _structured(printer, views.worker_object(info))
+        elif printer.output == "name":
+            printer.line(info.id)
+        else:
+            for line in views.details_lines(views.worker_details(info)):
+                printer.line(line)
+        return exits.OK
+
+    execute(ctx, body)
+
+
+def _cordon(
+    ctx: typer.Context,
+    kind: OpKind,
+    worker: str | None,
+    selector: str | None,
+    all_workers: bool,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    from dynamoctl import changes
+    from dynamod.taints import CORDONED
+
+    chosen = target(worker, selector, all_workers)
+    check_all(chosen, dry_run, yes)
+    done, already = (
+        ("cordoned", "already cordoned") if kind == "add" else ("uncordoned", "not cordoned")
+    )
+
+    def describe(change: TaintChange, dry_run: bool) -> str:
+        if not change.changed:
+            return already
+        return f"would be {done}" if dry_run else done
+
+    request = changes.Request(kind, (CORDONED,))
+    changes.run(ctx, request, chosen, dry_run=dry_run, yes=yes, describe=describe)
+
+
+@app.command()
+def cordon(
+    ctx: typer.Context,
+    worker: OptionalId = None,
+    selector: Selector = None,
+    all_workers: AllWorkers = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+) -> None:
+    """Take workers out of routing.
+
+    Adds the dynamo.io/cordoned taint: requests in flight finish, new ones go to other
+    workers (unless a request requires that taint)."""
+    _cordon(ctx, "add", worker, selector, all_workers, dry_run, yes)
+
+
+@app.command()
+def uncordon(
+    ctx: typer.Context,
+    worker: OptionalId = None,
+    selector: Selector = None,
+    all_workers: AllWorkers = False,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+) -> None:
+    """Put workers back into routing.
+
+    Removes the dynamo.io/cordoned taint."""
+    _cordon(ctx, "remove", worker, selector, all_workers, dry_run, yes)

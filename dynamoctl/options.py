@@ -1,0 +1,213 @@
+"""The global options: what they are, where they come from, and the one object commands read.
+
+Precedence is flags > environment > config file > defaults. The file is
+``$XDG_CONFIG_HOME/dynamoctl/config.toml`` (``~/.config/dynamoctl/config.toml`` when
+``XDG_CONFIG_HOME`` is unset), or the path in ``DYNAMOCTL_CONFIG``. It holds top-level keys
+named like the options (``endpoint = "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``,
+``output = "wide"``, ...); it becomes click's ``default_map``, so click itself applies the
+precedence. A malformed file or an unknown key is refused with a message naming both.
+
+kubectl habit: a global option may also follow the command (``dynamoctl workers ls -o
+json``); a value given there wins over one given before the command.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dynamod.errors import ConfigError
+
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+DEFAULT_TIMEOUT = 10.0
+OVERRIDES = "dynamoctl.overrides"  # ctx.meta key: global options given after the command
+ENDPOINT_HELP = (
+    "dynamod's gRPC endpoint: unix:///PATH (or /PATH) or HOST:PORT. Default: the daemon's "
+    "unix socket, $RUNTIME_DIRECTORY/dynamod.sock, else /run/dynamod/dynamod.sock when "
+    "writable, else $XDG_RUNTIME_DIR/dynamod/dynamod.sock, else /tmp/dynamod-UID/dynamod.sock."
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a command needs to know besides its own arguments."""
+
+    endpoint: str | None = None
+    token_file: Path | None = None
+    tls: bool = False
+    cacert: Path | None = None
+    cert: Path | None = None
+    cert_key: Path | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    output: str = "table"
+    no_headers: bool = False
+    debug: bool = False
+
+    def target(self) -> str:
+        """The endpoint to dial: the flag, else the daemon's default unix socket."""
+        if self.endpoint:
+            return self.endpoint
+        from dynamod.paths import default_socket
+
+        return f"unix://{default_socket()}"
+
+
+FIELDS = tuple(Options.__dataclass_fields__)
+CONFIG_KEYS = tuple(f for f in FIELDS if f != "debug")
+
+
+class UsageError(typer.BadParameter):
+    """A command line that cannot be run as given: click prints it after the usage line
+    and exits 2. (A ``BadParameter`` without its "Invalid value for" preamble.)"""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+def check_output(value: str) -> str:
+    """``-o`` must name a known format; a usage error otherwise."""
+    if value not in OUTPUTS:
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(OUTPUTS)}")
+    return value
+
+
+def check_timeout(value: float) -> float:
+    if not value > 0:
+        raise typer.BadParameter(f"{value} is not a number of seconds above 0")
+    return value
+
+
+CHECKS: dict[str, Callable[[Any], Any]] = {"output": check_output, "timeout": check_timeout}
+
+
+def _outputs(incomplete: str) -> list[str]:
+    return [o for o in OUTPUTS if o.startswith(incomplete)]
+
+
+# The global options as typer declarations. ``app.py`` puts them on the root command and
+# repeats them (hidden, except the output ones) on every leaf command.
+Endpoint = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint", "-e", envvar="DYNAMO_ENDPOINT", help=ENDPOINT_HELP, metavar="ENDPOINT"
+    ),
+]
+TokenFile = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="DYNAMO_TOKEN_FILE",
+        help="File holding the bearer token (dynamod requires one on TCP).",
+        metavar="FILE",
+    ),
+]
+Tls = Annotated[
+    bool,
+    typer.Option(
+        "--tls", envvar="DYNAMO_TLS", help="Use TLS on TCP, with the system's CA certificates."
+    ),
+]
+Cacert = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="DYNAMO_CACERT", help="CA certificate to verify dynamod (implies TLS).",
+        metavar="FILE",
+    ),
+]  # fmt: skip
+Cert = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="DYNAMO_CERT", help="Client certificate for mutual TLS (implies TLS).",
+        metavar="FILE",
+    ),
+]  # fmt: skip
+CertKey = Annotated[
+    Path | None,
+    typer.Option(
+        envvar="DYNAMO_CERT_KEY",
+        help="Private key of the client certificate.",
+        metavar="FILE",
+    ),
+]
+Timeout = Annotated[
+    float,
+    typer.Option(
+        envvar="DYNAMO_TIMEOUT",
+        callback=check_timeout,
+        help="Seconds each call to dynamod may take.",
+        metavar="SECONDS",
+    ),
+]
+Output = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        callback=check_output,
+        help="Output format: table, wide, json, yaml or name.",
+        metavar="FORMAT",
+        autocompletion=_outputs,
+    ),
+]
+NoHeaders = Annotated[bool, typer.Option("--no-headers", help="Leave out table headers.")]
+Debug = Annotated[bool, typer.Option("--debug", help="Show tracebacks and debug logs on errors.")]
+
+
+def from_context(ctx: typer.Context) -> Options:
+    """The options in force for the command of ``ctx``: the root command's values, then
+    any given after the command name. Works during completion too, when no callback ran."""
+    root = ctx.find_root()
+    given = {k: v for k, v in root.params.items() if k in FIELDS and v is not None}
+    overrides: dict[str, Any] = ctx.meta.get(OVERRIDES, {})
+    return replace(Options(**given), **overrides)
+
+
+def override(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """Callback of a global option repeated on a leaf command: a value typed there wins."""
+    name = param.name or ""
+    source = ctx.get_parameter_source(name)
+    if source is not None and source.name == "COMMANDLINE":
+        check = CHECKS.get(name)
+        ctx.meta.setdefault(OVERRIDES, {})[name] = check(value) if check else value
+    return value
+
+
+def config_path(environ: dict[str, str] | None = None) -> Path:
+    """Where the config file is looked for (it need not exist)."""
+    env = os.environ if environ is None else environ
+    if env.get("DYNAMOCTL_CONFIG"):
+        return Path(env["DYNAMOCTL_CONFIG"]).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "dynamoctl" / "config.toml"
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The config file as click's ``default_map``; ``{}`` when there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"config file {str(path)!r} has unknown key {unknown[0]!r}; known keys are "
+            f"{', '.join(CONFIG_KEYS)}"
+        )
+    return {k: _expand(k, v) for k, v in data.items()}
+
+
+def _expand(key: str, value: Any) -> Any:
+    if key in ("token_file", "cacert", "cert", "cert_key") and isinstance(value, str):
+        return str(Path(value).expanduser())
+    return value

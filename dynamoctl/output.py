@@ -1,0 +1,202 @@
+"""How dynamoctl writes: tables, JSON, YAML and names on stdout; diagnostics, prompts and
+progress on stderr. The only module that imports rich, and only when a terminal will see
+colour or a progress bar: piped output never pays for it.
+
+Tables are plain columns separated by three spaces, like kubectl's, so ``awk`` and
+``--no-headers`` work. Colour is used only when the stream is a terminal, ``NO_COLOR`` is
+unset and ``TERM`` is not ``dumb``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+GAP = "   "
+Style = Callable[[int, str], str | None]  # (column, cell) -> a rich style, or None
+
+
+def wants_colour(stream: IO[str]) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return stream.isatty()
+
+
+def widths_of(rows: Sequence[Sequence[str]]) -> list[int]:
+    return [max(len(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+
+
+def format_row(cells: Sequence[str], widths: Sequence[int]) -> str:
+    """Cells padded to ``widths``, the last one unpadded (no trailing spaces)."""
+    padded = [cell.ljust(width) for cell, width in zip(cells[:-1], widths, strict=False)]
+    return GAP.join([*padded, cells[-1]]) if cells else ""
+
+
+class Printer:
+    """One command's output, in the format the user chose."""
+
+    def __init__(
+        self,
+        output: str = "table",
+        *,
+        no_headers: bool = False,
+        stdout: IO[str] | None = None,
+        stderr: IO[str] | None = None,
+    ) -> None:
+        self.output = output
+        self.no_headers = no_headers
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.colour = wants_colour(self.stdout)
+        self._console: Any = None
+
+    @property
+    def wide(self) -> bool:
+        return self.output == "wide"
+
+    def table(
+        self,
+        headers: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        *,
+        style: Style | None = None,
+        minimum: Sequence[int] = (),
+    ) -> list[int]:
+        """Print a table; return the column widths (a stream keeps using them)."""
+        shown = rows if self.no_headers else [headers, *rows]
+        widths = widths_of([headers, *rows])
+        if minimum:
+            widths = [max(w, m) for w, m in zip(widths, minimum, strict=True)]
+        for index, row in enumerate(shown):
+            header = index == 0 and not self.no_headers
+            self.row(row, widths, style=None if header else style, header=header)
+        return widths
+
+    def row(
+        self,
+        cells: Sequence[str],
+        widths: Sequence[int],
+        *,
+        style: Style | None = None,
+        header: bool = False,
+    ) -> None:
+        if not self.colour:
+            self.line(format_row(cells, widths))
+            return
+        self._styled_row(cells, widths, style, header)
+
+    def _styled_row(
+        self, cells: Sequence[str], widths: Sequence[int], style: Style | None, header: bool
+    ) -> None:
+        from rich.text import Text
+
+        text = Text()
+        for index, cell in enumerate(cells):
+            last = index == len(cells) - 1
+            shown = cell if last else cell.ljust(widths[index])
+            chosen = "bold" if header else (style(index, cell) if style else None)
+            text.append(shown, style=chosen or "")
+            if not last:
+                text.append(GAP)
+        self._stdout_console().print(text)
+
+    def _stdout_console(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(
+                file=self.stdout, force_terminal=True, highlight=False, soft_wrap=True
+            )
+        return self._console
+
+    def line(self, text: str = "") -> None:
+        self.stdout.write(text + "\n")
+
+    def json(self, obj: object) -> None:
+        self.line(json.dumps(obj, indent=2, sort_keys=False))
+
+    def json_line(self, obj: object) -> None:
+        """One compact JSON object per line, flushed at once (jq-friendly streams)."""
+        self.line(json.dumps(obj, separators=(",", ":")))
+        self.flush()
+
+    def yaml(self, obj: object, *, document: bool = False) -> None:
+        import yaml
+
+        text = yaml.safe_dump(obj, sort_keys=False, default_flow_style=False)
+        self.stdout.write(("---\n" if document else "") + text)
+
+    def flush(self) -> None:
+        self.stdout.flush()
+
+    def note(self, message: str) -> None:
+        """A diagnostic line on stderr."""
+        self.stderr.write(f"dynamoctl: {message}\n")
+        self.stderr.flush()
+
+    def error(self, message: str) -> None:
+        """The one line an error gets, on stderr; red on a terminal."""
+        if wants_colour(self.stderr):
+            from rich.console import Console
+
+            console = Console(file=self.stderr, force_terminal=True, highlight=False)
+            console.print(f"[bold red]dynamoctl: error:[/] {_escape(message)}", soft_wrap=True)
+        else:
+            self.stderr.write(f"dynamoctl: error: {message}\n")
+        self.stderr.flush()
+
+    @contextlib.contextmanager
+    def progress(self, total: int, label: str) -> Iterator[Callable[[], None]]:
+        """Yield ``advance()``; a progress bar on stderr when it is a terminal and the job is
+        big enough to be worth one, else nothing is drawn."""
+        if total < PROGRESS_MIN or not wants_colour(self.stderr):
+            yield lambda: None
+            return
+        with _bar(self.stderr, total, label) as advance:
+            yield advance
+
+    async def confirm(self, question: str) -> bool:
+        """Ask on stderr, read the answer from stdin (the caller checked it is a terminal)."""
+        self.stderr.write(f"{question} [y/N] ")
+        self.stderr.flush()
+        answer = await asyncio.to_thread(sys.stdin.readline)
+        return answer.strip().lower() in ("y", "yes")
+
+
+PROGRESS_MIN = 10  # below this many workers a bar would only flicker
+
+
+@contextlib.contextmanager
+def _bar(stream: IO[str], total: int, label: str) -> Iterator[Callable[[], None]]:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(file=stream, force_terminal=True)
+    # auto_refresh=False: no refresh thread; each advance redraws.
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        auto_refresh=False,
+    ) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance() -> None:
+            bar.advance(task)
+            bar.refresh()
+
+        yield advance
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)

@@ -1,0 +1,166 @@
+"""Running one command: its event loop, its signals, and the one error boundary.
+
+``execute(ctx, body)`` runs ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
+bounded drain, so no task or thread outlives the loop) and turns whatever happens into an
+exit status (``dynamoctl.exits``):
+
+* the body's own status; a ``DynamoError`` → one line on stderr and 1, ``UnreachableError``
+  → 3, ``ConfigError`` (bad credentials files) → 2; anything unexpected → one line and 1.
+  ``--debug`` adds the traceback.
+* SIGINT / SIGTERM cancel the body: a stream (``events tail``, ``--watch``) then ends with
+  0, any other command with 130. Nothing is printed either way.
+* stdout closed by its reader (``| head``), noticed at the next write or, on Linux, at
+  once: the body is cancelled, stdout is pointed at /dev/null so the final flush cannot
+  fail again, and the status is 141, as if killed by SIGPIPE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import select
+import signal
+import stat
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import typer
+
+from dynamoctl import exits
+from dynamoctl.options import OUTPUTS, Options, UsageError, from_context
+from dynamoctl.output import Printer
+from dynamod.errors import ConfigError, DynamoError, UnreachableError
+from dynamod.lifecycle import run, wait_any
+
+if TYPE_CHECKING:
+    from dynamod.api.client import Client
+
+Body = Callable[["Client", Printer], Awaitable[int]]
+
+
+def execute(
+    ctx: typer.Context,
+    body: Body,
+    *,
+    formats: Sequence[str] = OUTPUTS,
+    stream: bool = False,
+) -> None:
+    """Run ``body`` against the daemon and exit with its status (see the module docstring).
+    ``formats``: the ``-o`` values this command supports; another one is a usage error."""
+    options = from_context(ctx)
+    if options.output not in formats:
+        raise UsageError(
+            f"{options.output!r} is not supported by '{ctx.command_path}'; use {', '.join(formats)}"
+        )
+    printer = Printer(options.output, no_headers=options.no_headers)
+    configure_logging(options.debug)
+    on_signal = exits.OK if stream else exits.INTERRUPTED
+    code = run(lambda: supervise(options, printer, body, on_signal))
+    # Only exiting is left; a Ctrl-C now must not turn into a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code != exits.OK:
+        raise typer.Exit(code)
+
+
+def configure_logging(debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dynamoctl: %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
+
+
+async def supervise(options: Options, printer: Printer, body: Body, on_signal: int) -> int:
+    """Run the command as a task; the first SIGINT / SIGTERM cancels it, and so does the
+    reader of a piped stdout going away."""
+    loop = asyncio.get_running_loop()
+    stop, gone, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    work = asyncio.create_task(guarded(options, printer, body), name="dynamoctl")
+    work.add_done_callback(lambda _: finished.set())
+    with reader_gone(loop, gone.set):
+        await wait_any(finished, stop, gone)
+    if not work.done():
+        work.cancel()
+        await asyncio.wait({work})
+    if not work.cancelled():
+        return work.result()
+    if gone.is_set():
+        silence_stdout()
+        return exits.BROKEN_PIPE
+    return on_signal
+
+
+@contextlib.contextmanager
+def reader_gone(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` once if stdout is a pipe whose reader closes it, even while
+    nothing is being written: ``dynamoctl events tail | head -1`` ends when head does, not
+    at the next event. Linux reports that as EPOLLERR on the write end."""
+    fd = _stdout_pipe()
+    if fd is None or not hasattr(select, "epoll"):
+        yield
+        return
+    poller = select.epoll()
+    poller.register(fd, 0)  # mask 0: errors and hang-ups only, always reported
+
+    def fired() -> None:
+        loop.remove_reader(poller.fileno())  # level-triggered: fire once
+        callback()
+
+    loop.add_reader(poller.fileno(), fired)
+    try:
+        yield
+    finally:
+        loop.remove_reader(poller.fileno())
+        poller.close()
+
+
+def _stdout_pipe() -> int | None:
+    """stdout's descriptor when it is a pipe, else None (a terminal, a file, no fd)."""
+    try:
+        fd = sys.stdout.fileno()
+        return fd if stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError):  # io.UnsupportedOperation is both
+        return None
+
+
+async def guarded(options: Options, printer: Printer, body: Body) -> int:
+    """The error boundary: every outcome becomes an exit status and at most one line."""
+    from dynamoctl.client import connect
+
+    try:
+        async with connect(options) as client:
+            code = await body(client, printer)
+        printer.flush()
+        return code
+    except BrokenPipeError:
+        silence_stdout()
+        return exits.BROKEN_PIPE
+    except DynamoError as exc:
+        return report(printer, options, exc)
+    except Exception as exc:  # noqa: BLE001 - the boundary: a bug still gets one line, no trace
+        if options.debug:
+            traceback.print_exc()
+        printer.error(f"internal error: {type(exc).__name__}: {exc} (--debug shows where)")
+        return exits.FAILED
+
+
+def report(printer: Printer, options: Options, error: DynamoError) -> int:
+    if options.debug:
+        traceback.print_exception(error)
+    printer.error(str(error))
+    if isinstance(error, UnreachableError):
+        return exits.UNREACHABLE
+    if isinstance(error, ConfigError):
+        return exits.USAGE
+    return exits.FAILED
+
+
+def silence_stdout() -> None:
+    """After EPIPE: send what is still buffered to /dev/null (Python's documented recipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)

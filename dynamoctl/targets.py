@@ -1,0 +1,101 @@
+"""Which workers a command acts on: one id (a unique prefix is enough), the workers a
+selector matches (``-l``), or all of them (``--all``). The options are declared here once
+and shared by every command that takes them; ``target()`` checks the combination (a usage
+error) and ``check_selector()`` the selector itself, both before anything is sent.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from dynamoctl import completion
+from dynamoctl.options import UsageError
+
+SELECTOR_HELP = (
+    "Only workers matching SELECTOR: comma-separated terms, each TAINT, !TAINT, "
+    "FIELD=VALUE or FIELD!=VALUE (fields: model, namespace, component, endpoint, id, host). "
+    "See SELECTORS in dynamoctl(1)."
+)
+
+Selector = Annotated[
+    str | None,
+    typer.Option(
+        "--selector",
+        "-l",
+        help=SELECTOR_HELP,
+        metavar="SELECTOR",
+        autocompletion=completion.selectors,
+    ),
+]
+AllWorkers = Annotated[bool, typer.Option("--all", help="Every worker (asks first unless --yes).")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before changing --all.")]
+DryRun = Annotated[
+    bool,
+    typer.Option("--dry-run", help="Show what would change (before and after); write nothing."),
+]
+IfRevision = Annotated[
+    int | None,
+    typer.Option(
+        "--if-revision",
+        help="Change only if the worker's record is still at revision N (optimistic lock; "
+        "see REVISION in -o wide).",
+        metavar="N",
+    ),
+]
+WorkerId = Annotated[
+    str,
+    typer.Argument(
+        help="Worker id, or any unique prefix of it.",
+        metavar="ID",
+        autocompletion=completion.worker_ids,
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Target:
+    worker: str | None = None
+    selector: str | None = None
+    all: bool = False
+
+    @property
+    def bulk(self) -> bool:
+        return self.worker is None
+
+    def describe(self) -> str:
+        if self.worker is not None:
+            return f"worker {self.worker!r}"
+        return f"workers matching {self.selector!r}" if self.selector is not None else "all workers"
+
+
+def target(worker: str | None, selector: str | None, all_workers: bool) -> Target:
+    """The one target named, or a usage error saying what to name."""
+    named = [worker is not None, selector is not None, all_workers]
+    if named.count(True) != 1:
+        what = "both" if named.count(True) > 1 else "none"
+        raise UsageError(
+            f"name the workers with exactly one of ID, -l SELECTOR or --all (got {what})"
+        )
+    return Target(worker, selector, all_workers)
+
+
+def check_selector(text: str | None) -> None:
+    """The daemon's own parser, run before any call: a bad selector never reaches the wire
+    and fails with the daemon's very message (``SelectorError``)."""
+    if text:
+        from dynamod.selectors import parse
+
+        parse(text)
+
+
+def check_all(chosen: Target, dry_run: bool, yes: bool) -> None:
+    """--all changes every worker: it needs --yes, or a terminal to ask on."""
+    if chosen.all and not (yes or dry_run or sys.stdin.isatty()):
+        raise UsageError(
+            "--all changes every worker and nobody can be asked (stdin is not a terminal); "
+            "add --yes"
+        )

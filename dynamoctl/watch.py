@@ -1,0 +1,140 @@
+"""Printing streams of discovery events as they arrive, a line (or a JSON object) per event.
+
+``WorkerWatch`` is ``workers ls --watch``: the worker table with an EVENT column in front,
+kubectl's ``get -w --output-watch-events``. The first snapshot prints every worker as
+ADDED; a later snapshot (the daemon re-synced) is compared with what was shown, so only
+real differences print. ``EventTail`` is ``events tail``: the events as the daemon sends
+them. Column widths come from the first lines and only ever grow; every line is flushed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dynamoctl import views
+from dynamoctl.output import Printer
+
+if TYPE_CHECKING:
+    from dynamod.api.types import EventInfo, WorkerInfo
+
+EVENT_STYLES = {"ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan"}
+EVENT_WIDTH = max(len(k) for k in EVENT_STYLES)  # so the EVENT column never shifts
+
+
+class Columns:
+    """A table printed a few rows at a time: widths fixed by the first rows, then grown."""
+
+    def __init__(self, printer: Printer, headers: Sequence[str], event_column: int) -> None:
+        self.printer = printer
+        self.headers = list(headers)
+        self.widths: list[int] = []
+        self.event_column = event_column
+
+    def rows(self, rows: Sequence[Sequence[str]]) -> None:
+        if not rows:
+            return
+        if not self.widths:
+            minimum = [EVENT_WIDTH if i == self.event_column else 0 for i in range(len(rows[0]))]
+            self.widths = self.printer.table(self.headers, rows, style=self._style, minimum=minimum)
+        else:
+            self.widths = [max(w, len(c)) for w, c in zip(self.widths, rows[0], strict=True)]
+            for row in rows:
+                self.printer.row(row, self.widths, style=self._style)
+        self.printer.flush()
+
+    def _style(self, column: int, cell: str) -> str | None:
+        return EVENT_STYLES.get(cell) if column == self.event_column else None
+
+
+class WorkerWatch:
+    """``workers ls --watch``; see the module docstring."""
+
+    def __init__(self, printer: Printer) -> None:
+        self.printer = printer
+        self.known: dict[str, WorkerInfo] = {}
+        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
+        self.columns = Columns(printer, ("EVENT", *headers), 0)
+
+    def feed(self, event: EventInfo) -> None:
+        changes = self._changes(event)
+        for kind, info in changes:
+            self._remember(kind, info)
+        self._print(changes, event.revision)
+
+    def _changes(self, event: EventInfo) -> list[tuple[str, WorkerInfo]]:
+        if event.kind == "RESYNC":
+            return self._diff(event.workers)
+        assert event.worker is not None
+        return [(event.kind, event.worker)]
+
+    def _diff(self, workers: Sequence[WorkerInfo]) -> list[tuple[str, WorkerInfo]]:
+        now = {w.id: w for w in workers}
+        gone = [("REMOVED", w) for i, w in self.known.items() if i not in now]
+        added = [("ADDED", w) for i, w in now.items() if i not in self.known]
+        moved = [
+            ("TAINTS", w)
+            for i, w in now.items()
+            if i in self.known and self.known[i].record.taints != w.record.taints
+        ]
+        return sorted(gone + added + moved, key=lambda c: (c[1].record.model, c[1].id))
+
+    def _remember(self, kind: str, info: WorkerInfo) -> None:
+        if kind == "REMOVED":
+            self.known.pop(info.id, None)
+        else:
+            self.known[info.id] = info
+
+    def _print(self, changes: list[tuple[str, WorkerInfo]], revision: int) -> None:
+        if self.printer.output in ("json", "yaml"):
+            for kind, info in changes:
+                obj = {"event": kind, "revision": revision, "worker": views.worker_object(info)}
+                self._structured(obj)
+            return
+        if self.printer.output == "name":
+            for kind, info in changes:
+                self.printer.line(f"{kind} {info.id}")
+            self.printer.flush()
+            return
+        shorts = views.short_ids([*self.known, *(i.id for _, i in changes)])
+        now = time.time()
+        rows = [
+            [kind, *views.worker_row(info, shorts[info.id], self.printer.wide, now)]
+            for kind, info in changes
+        ]
+        self.columns.rows(rows)
+
+    def _structured(self, obj: object) -> None:
+        if self.printer.output == "json":
+            self.printer.json_line(obj)
+        else:
+            self.printer.yaml(obj, document=True)
+            self.printer.flush()
+
+
+class EventTail:
+    """``events tail``; see the module docstring. ``buffered``: the stream is finite
+    (``--no-follow``), so table rows wait for ``close()`` and align as one table."""
+
+    def __init__(self, printer: Printer, *, buffered: bool = False) -> None:
+        self.printer = printer
+        self.buffered = buffered
+        self.pending: list[list[str]] = []
+        headers = views.EVENT_WIDE_HEADERS if printer.wide else views.EVENT_HEADERS
+        self.columns = Columns(printer, headers, 2)
+
+    def feed(self, event: EventInfo) -> None:
+        if self.printer.output == "json":
+            self.printer.json_line(views.event_object(event))
+        elif self.printer.output == "yaml":
+            self.printer.yaml(views.event_object(event), document=True)
+            self.printer.flush()
+        elif self.buffered:
+            self.pending.append(views.event_row(event, self.printer.wide))
+        else:
+            self.columns.rows([views.event_row(event, self.printer.wide)])
+
+    def close(self) -> None:
+        self.columns.rows(self.pending)
+        self.pending = []

@@ -1,0 +1,108 @@
+"""Streams: ``events tail -o json`` read line by line while taints change, ``workers ls
+--watch`` through a worker's whole life, resuming with ``--since``, and how a stream ends
+(Ctrl-C, the reader of a pipe going away, the daemon going away)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.cli.conftest import Cluster, Stream, assert_clean, start_cluster
+from tests.procs import dynamoctl
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_events_tail_json_lines_follow_taint_changes(cluster: Cluster) -> None:
+    (worker,) = cluster.start_workers(("tail", ["--taint", "pool=a"]))
+    wid = worker.field("id")
+    cluster.seen([wid])
+    with Stream(cluster.cli, "events", "tail", "-o", "json", "-l", "model=tail") as tail:
+        first = tail.event()
+        assert first["event"] == "RESYNC" and [w["id"] for w in first["workers"]] == [wid]
+        cluster.cli.ok("taints", "add", wid, "capacity/fast")
+        cluster.cli.ok("taints", "set", wid, "capacity/slow")
+        added, replaced = tail.event(), tail.event()
+        assert (added["event"], added["worker"], added["added"]) == (
+            "TAINTS",
+            wid,
+            ["capacity/fast"],
+        )
+        assert replaced["added"] == ["capacity/slow"]
+        assert replaced["removed"] == ["capacity/fast", "pool=a"]
+        assert replaced["taints"] == ["capacity/slow"]
+        assert first["revision"] < added["revision"] < replaced["revision"]
+        ended = tail.stop()
+    assert (ended.code, ended.out, ended.err) == (0, "", "")
+
+
+def test_since_replays_what_happened_after_a_revision(cluster: Cluster) -> None:
+    (worker,) = cluster.start_workers(("since", []))
+    wid = worker.field("id")
+    cluster.seen([wid])
+    (change,) = json.loads(cluster.cli.ok("taints", "add", wid, "r1", "-o", "json").out)
+    cluster.cli.ok("taints", "add", wid, "r2")
+    replay = cluster.cli.ok(
+        "events", "tail", "--since", str(change["revision"] - 1), "--no-follow", "-o", "json",
+        "-l", f"id={wid}",
+    )  # fmt: skip
+    events = [json.loads(line) for line in replay.lines]
+    assert [(e["event"], e["added"]) for e in events] == [("TAINTS", ["r1"]), ("TAINTS", ["r2"])]
+
+
+def test_watch_lists_workers_then_their_changes_then_their_end(cluster: Cluster) -> None:
+    (worker,) = cluster.start_workers(("watched", ["--taint", "pool=w"]))
+    wid = worker.field("id")
+    cluster.seen([wid])
+    with Stream(cluster.cli, "workers", "ls", "--watch", "--model", "watched") as watch:
+        header = watch.line().split()
+        assert header == ["EVENT", "ID", "MODEL", "ADDRESS", "TAINTS", "LOAD", "AGE"]
+        assert watch.line().split()[:5] == [
+            "ADDED",
+            wid[:8],
+            "watched",
+            worker.field("http"),
+            "pool=w",
+        ]
+        cluster.cli.ok("taints", "add", wid, "x")
+        assert watch.line().split()[:5] == [
+            "TAINTS",
+            wid[:8],
+            "watched",
+            worker.field("http"),
+            "pool=w,x",
+        ]
+        assert worker.stop() == 0  # deregisters on the way out
+        assert watch.line().split()[:2] == ["REMOVED", wid[:8]]
+        assert watch.stop().code == 0
+
+
+def test_a_stream_ends_when_the_reader_of_its_pipe_does(cluster: Cluster) -> None:
+    """``events tail | head -1``: head exits after one line and so does dynamoctl, at once,
+    although no further event comes to write; 141 as for SIGPIPE, nothing on stderr."""
+    read, write = os.pipe()
+    tail = subprocess.Popen(
+        dynamoctl("events", "tail"), stdout=write, stderr=subprocess.PIPE, env=cluster.cli.env()
+    )
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        assert reader.readline().split()[0] == b"TIME"
+    _, err = tail.communicate(timeout=30)
+    assert (tail.returncode, err) == (141, b"")
+
+
+def test_a_stream_fails_when_dynamod_goes_away(tmp_path_factory: pytest.TempPathFactory) -> None:
+    own = start_cluster(tmp_path_factory.mktemp("ending"))
+    try:
+        with Stream(own.cli, "events", "tail") as tail:
+            assert tail.line().split()[0] == "TIME"
+            assert own.daemon.stop() == 0
+            assert tail.proc.wait(timeout=30) == 1  # by itself, no signal
+            ended = tail.stop()
+    finally:
+        own.stop()
+    assert "dynamod ended the stream" in ended.err
+    assert_clean(ended.err)
