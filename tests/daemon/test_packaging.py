@@ -21,11 +21,16 @@ UNIT = ROOT / "packaging" / "systemd" / "dynamod.service"
 def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
     unit = tmp_path / "dynamod.service"
     unit.write_text(UNIT.read_text().replace("/usr/local/bin/dynamod", str(BIN / "dynamod")))
+    manpath = tmp_path / "man"  # as the wheel installs them: share/man/man<section>/
+    for page in (ROOT / "man").glob("*.[0-9]"):
+        section = manpath / f"man{page.suffix[1:]}"
+        section.mkdir(parents=True, exist_ok=True)
+        shutil.copy(page, section / page.name)
     result = subprocess.run(
         ["systemd-analyze", "verify", str(unit)],
         capture_output=True,
         text=True,
-        env={**os.environ, "MANPATH": str(ROOT / "man")},
+        env={**os.environ, "MANPATH": str(manpath)},
         check=False,
     )
     assert result.returncode == 0, result.stderr
