@@ -52,11 +52,17 @@ class InvalidInputError(DynamoError, ValueError):
     """The input is refused; nothing was changed."""
 
 
+def shown(value: str, limit: int = 300) -> str:
+    """``repr(value)``, cut short: an error message must not carry megabytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} characters)"
+
+
 class TaintError(InvalidInputError):
     """A taint breaks the grammar ``[prefix/]name[=value]`` or uses the reserved prefix."""
 
     def __init__(self, taint: str, rule: str) -> None:
-        super().__init__(f"taint {taint!r} {rule}")
+        super().__init__(f"taint {shown(taint)} {rule}")
         self.taint = taint
         self.rule = rule
 
@@ -106,7 +112,7 @@ class WorkerNotFoundError(NotFoundError):
     """No worker matches the id or id prefix."""
 
     def __init__(self, worker: str, message: str | None = None) -> None:
-        super().__init__(message or f"no worker with id {worker!r}")
+        super().__init__(message or f"no worker with id {shown(worker)}")
         self.worker = worker
 
 
@@ -114,11 +120,11 @@ class AmbiguousWorkerError(WorkerNotFoundError):
     """An id prefix matches more than one worker."""
 
     def __init__(self, prefix: str, matches: list[str]) -> None:
-        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        listed = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
         super().__init__(
             prefix,
-            f"worker id prefix {prefix!r} is ambiguous: it matches {len(matches)} workers "
-            f"({shown}); give more characters",
+            f"worker id prefix {shown(prefix)} is ambiguous: it matches {len(matches)} workers "
+            f"({listed}); give more characters",
         )
         self.matches = matches
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dynamod.errors import SelectorError, TaintError
+from dynamod.errors import SelectorError, TaintError, shown
 from dynamod.model import WorkerRecord
 from dynamod.taints import validate
 
@@ -57,11 +57,13 @@ def parse(text: str) -> Selector:
 
 def _term(raw: str, text: str) -> Term:
     if not raw:
-        raise SelectorError(f"selector {text!r} has an empty term; separate terms with one ','")
+        raise SelectorError(
+            f"selector {shown(text)} has an empty term; separate terms with one ','"
+        )
     key, op, value = _split(raw)
     if key in FIELDS:
         if not value:
-            raise SelectorError(f"selector term {raw!r} needs a value after {op!r}")
+            raise SelectorError(f"selector term {shown(raw)} needs a value after {op!r}")
         return Term(key, value, negate=op == "!=")
     negate = raw.startswith("!")
     taint = raw[1:] if negate else raw
@@ -69,7 +71,7 @@ def _term(raw: str, text: str) -> Term:
         validate(taint, allow_reserved=True)
     except TaintError as exc:
         raise SelectorError(
-            f"selector term {raw!r} is not a taint or a field match: {exc}"
+            f"selector term {shown(raw, 100)} is not a taint or a field match: {exc}"
         ) from None
     return Term("taint", taint, negate=negate)
 

@@ -302,7 +302,11 @@ def _weight_map(value: object) -> dict[str, float]:
                 f"preferred taint {taint!r} has weight {weight!r}; weights must be numbers "
                 "from -1 to 1"
             )
-        out[taint] = float(weight)
+        try:
+            out[taint] = float(weight)
+        except OverflowError:  # a JSON integer too large for a float
+            out[taint] = math.inf  # refused by the range check
+
     return out
 
 

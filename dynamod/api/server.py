@@ -29,6 +29,21 @@ SOCKET_MODE = 0o660
 MAX_MESSAGE = 64 * 1024 * 1024
 
 
+class _ClientGone(logging.Filter):
+    """grpc logs an ERROR with a traceback when a streaming client disappears while the
+    server writes to it (a killed ``dynamoctl events tail``). That is a normal end of a
+    stream, not a server fault: keep it as one debug line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("ExecuteBatchError raised in core by servicer method"):
+            log.debug("a streaming client went away: %s", record.getMessage())
+            return False
+        return True
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(_ClientGone())
+
+
 @dataclass
 class GrpcServer:
     server: aio.Server

@@ -96,13 +96,22 @@ class Api:
         if self.metrics is not None and isinstance(exc, StoreUnavailableError):
             self.metrics.store_errors.labels(method).inc()
         context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
-        await context.abort(code, str(exc))
+        await context.abort(code, _fit(str(exc)))
 
     def end_tails(self) -> None:
         """Draining: end every open event stream so the server can stop."""
         self.draining = True
         for subscription in list(self.tails):
             subscription.close()
+
+
+MAX_DETAILS = 1000  # status details travel in a header; keep far below its 8 KiB limit
+
+
+def _fit(message: str) -> str:
+    if len(message) <= MAX_DETAILS:
+        return message
+    return message[:MAX_DETAILS] + f"... ({len(message)} characters in all)"
 
 
 class WorkerService(rpc.WorkerServiceServicer):

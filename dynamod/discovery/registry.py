@@ -209,10 +209,24 @@ class Registration:
         self.revision = 0
         self._lease: Lease | None = None
         self._task: asyncio.Task[None] | None = None
+        self._followed = asyncio.Event()
 
     async def __aenter__(self) -> Registration:
+        """Register, and return once the record is followed: from then on every change
+        another process makes to it (a taint update) is seen before any later one."""
         await self._register()
-        self._task = asyncio.create_task(self._maintain(), name=f"registration {self.record.key}")
+        task = self._task = asyncio.create_task(
+            self._maintain(), name=f"registration {self.record.key}"
+        )
+        followed = asyncio.ensure_future(self._followed.wait())
+        try:
+            await asyncio.wait([followed, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            followed.cancel()
+        if task.done():
+            self._task = None
+            await self.deregister()
+            task.result()  # raises why following failed
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -263,6 +277,7 @@ class Registration:
                     raise LeaseExpiredError(f"record {self.record.key} was deleted")
                 entry = event.entry if isinstance(event, Put) else event.entries[0]
                 self.record, self.revision = WorkerRecord.from_bytes(entry.value), entry.revision
+                self._followed.set()
 
     async def _register_again(self) -> None:
         delay = 0.1

@@ -65,7 +65,9 @@ class Subscription:
     async def __anext__(self) -> DiscoveryEvent:
         while not self._closed:
             if self._behind:
+                # The snapshot covers everything queued since the overflow: drop those.
                 self._behind = False
+                self._queue.clear()
                 return self._view.snapshot()
             if self._queue:
                 return self._queue.popleft()

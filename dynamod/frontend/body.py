@@ -17,7 +17,6 @@ passed on. The front reads only:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -93,13 +92,14 @@ def _nvext(nvext: object) -> tuple[RoutingConstraints, float | None]:
 def _max_wait(value: object) -> float | None:
     if value is None:
         return None
-    # JSON true/false are not numbers, although Python's bool subclasses int.
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-        raise FieldError(
-            "nvext.max_wait",
-            f"nvext.max_wait must be a finite number of seconds, at least 0; got {brief(value)}",
-        )
-    return float(value)
+    # JSON true/false are not numbers, although Python's bool subclasses int; a JSON integer
+    # may also be too large for a float.
+    if not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value < 1e9:
+        return float(value)
+    raise FieldError(
+        "nvext.max_wait",
+        f"nvext.max_wait must be a number of seconds from 0 to 1e9; got {brief(value)}",
+    )
 
 
 COMPLETIONS = Api("completions", "/v1/completions", completion_prompt)

@@ -1,0 +1,450 @@
+"""Run the benchmarks and the chaos scenarios, and write ``bench/RESULTS.md`` and its plots.
+
+    python -m bench.report              # everything, ~6 minutes on 2 cores
+    python -m bench.report --quick      # smaller sizes, no chaos run (a smoke test)
+
+Each benchmark runs as its own process with modest sizes and ``--json``; the report is
+built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
+The chaos scenarios run under pytest (``tests/chaos``): pass or fail from the JUnit XML,
+measured figures from the file their ``figures`` fixture writes. Every number in
+``RESULTS.md`` comes from this run, beside the floor or baseline measured in the same run;
+nothing is typed by hand. Plots use matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; before pyplot is imported
+import matplotlib.pyplot as plt
+from matplotlib import ticker
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One benchmark run: ``python -m <module> <args> --json FILE``."""
+
+    name: str
+    module: str
+    args: tuple[str, ...] = ()
+    quick_args: tuple[str, ...] = ()
+    json: bool = True
+
+
+SUITES = (
+    Suite("store_latency", "bench.store_latency", ("--ops", "300"), ("--ops", "60")),
+    Suite("propagation", "bench.propagation", ("--updates", "300"), ("--updates", "60")),
+    Suite("front", "bench.front", ("--requests", "300"), ("--requests", "60")),
+    Suite("cli", "bench.cli", ("--runs", "10"), ("--runs", "3")),
+    Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
+    Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
+    Suite("route", "bench.route", ("--quick",), ("--quick", "--rounds", "50"), json=False),
+)
+
+
+@dataclass
+class Ran:
+    """What one suite left: its JSON (or printed table), or why it failed."""
+
+    suite: Suite
+    data: Json | None = None
+    stdout: str = ""
+    error: str = ""
+    seconds: float = 0.0
+    missing: bool = False  # the benchmark is not written yet: reported, not a failure
+
+
+def run_suite(suite: Suite, work: Path, quick: bool) -> Ran:
+    if not (BENCH / f"{suite.module.rpartition('.')[2]}.py").exists():
+        return Ran(suite, error=f"{suite.module} does not exist yet", missing=True)
+    out = work / f"{suite.name}.json"
+    argv = [sys.executable, "-m", suite.module, *(suite.quick_args if quick else suite.args)]
+    argv += ["--json", str(out)] if suite.json else []
+    print(f"running {' '.join(argv[2:])}", file=sys.stderr, flush=True)
+    started = datetime.datetime.now()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+    seconds = (datetime.datetime.now() - started).total_seconds()
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        return Ran(suite, stdout=done.stdout, error=f"exit {done.returncode}: {tail}")
+    data = json.loads(out.read_text()) if suite.json else None
+    return Ran(suite, data=data, stdout=done.stdout, seconds=seconds)
+
+
+# -- chaos scenarios -------------------------------------------------------------------------
+
+
+@dataclass
+class Scenario:
+    module: str
+    name: str
+    outcome: str
+    seconds: float
+    figures: Json = field(default_factory=dict)
+
+
+def run_chaos(work: Path) -> list[Scenario]:
+    junit, figures = work / "chaos.xml", work / "chaos-figures.jsonl"
+    argv = [
+        sys.executable, "-m", "pytest", "tests/chaos", "-q", "-p", "no:cacheprovider",
+        f"--junitxml={junit}",
+    ]  # fmt: skip
+    print("running pytest tests/chaos", file=sys.stderr, flush=True)
+    env = {**os.environ, "DYNAMO_CHAOS_FIGURES": str(figures)}
+    subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, check=False)
+    found = {}
+    if figures.exists():
+        for line in figures.read_text().splitlines():
+            entry = json.loads(line)
+            found[entry["test"].rpartition("::")[2]] = entry["figures"]
+    return [_scenario(case, found) for case in ElementTree.parse(junit).iter("testcase")]
+
+
+def _scenario(case: ElementTree.Element, figures: dict[str, Json]) -> Scenario:
+    name = case.get("name", "?")
+    module = case.get("classname", "").rpartition(".")[2]
+    seconds = float(case.get("time", 0))
+    return Scenario(module, name, _outcome(case), seconds, figures.get(name, {}))
+
+
+def _outcome(case: ElementTree.Element) -> str:
+    for tag, said in (("failure", "FAIL"), ("error", "ERROR"), ("skipped", "skipped")):
+        element = case.find(tag)
+        if element is not None:
+            message = (element.get("message") or "").splitlines()
+            return f"{said}: {message[0][:140]}" if message else said
+    return "pass"
+
+
+# -- markdown ------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return [*out, ""]
+
+
+def ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def p(stats: Json | None, which: str = "p50_ms") -> str:
+    return ms(stats[which]) if stats else "—"
+
+
+def section_store_latency(data: Json) -> list[str]:
+    rows = [
+        [r["backend"], r["op"], p(r["ours"]), p(r["ours"], "p99_ms"), p(r["raw"]),
+         p(r["raw"], "p99_ms"), r["floor"]]
+        for r in data["rows"]
+    ]  # fmt: skip
+    head = ("backend", "op", "ours p50 ms", "p99", "floor p50 ms", "p99", "floor is")
+    return [f"`{data['ops']}` operations per row.", "", *table(head, rows)]
+
+
+def section_propagation(data: Json) -> list[str]:
+    rows = [
+        [r["backend"] + (" (in-process)" if r["in_process"] else ""), p(r["propagation"]),
+         p(r["propagation"], "p99_ms"), p(r["floor"]), p(r["floor"], "p99_ms"),
+         ms(r["propagation"]["p50_ms"] - r["floor"]["p50_ms"]), p(r["update_call"])]
+        for r in data["rows"]
+    ]  # fmt: skip
+    head = ("backend", "propagation p50 ms", "p99", "floor p50 ms", "p99", "overhead ms",
+            "update call p50 ms")  # fmt: skip
+    intro = (
+        f"`{data['updates']}` taint updates per backend: `update_taints` returning → "
+        "another process's `WorkerView` listener; floor = bare `Store.put` → bare watch."
+    )
+    return [intro, "", *table(head, rows)]
+
+
+def section_front(data: Json) -> list[str]:
+    rows = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["rows"].items()]
+    over = f"overhead p50 **{ms(data['overhead_p50_ms'])} ms** (front minus direct, the floor)"
+    return [*table(("path", "n", "p50 ms", "p99 ms"), rows), over, ""]
+
+
+def section_generic(data: Json) -> list[str]:
+    """A benchmark whose JSON this report does not know: its rows, flattened."""
+    rows = data.get("rows")
+    if isinstance(rows, dict) and all(_is_stats(v) for v in rows.values()):
+        named = [[name, s["n"], p(s), p(s, "p99_ms"), p(s, "min_ms")] for name, s in rows.items()]
+        return table(("row", "n", "p50 ms", "p99 ms", "min ms"), named)
+    if not isinstance(rows, list) or not rows or not isinstance(rows[0], dict):
+        return ["```json", json.dumps(data, indent=1, sort_keys=True)[:4000], "```", ""]
+    heads: list[str] = []
+    for row in rows:
+        for key, value in row.items():
+            names = [f"{key} p50 ms", f"{key} p99 ms"] if _is_stats(value) else [key]
+            heads += [n for n in names if n not in heads]
+    cells = [[_flat(row).get(h, "") for h in heads] for row in rows]
+    return table(heads, cells)
+
+
+def _is_stats(value: object) -> bool:
+    return isinstance(value, dict) and "p50_ms" in value
+
+
+def _flat(row: Json) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in row.items():
+        if _is_stats(value):
+            out[f"{key} p50 ms"], out[f"{key} p99 ms"] = p(value), p(value, "p99_ms")
+        elif not isinstance(value, dict | list):
+            out[key] = str(value)
+    return out
+
+
+def section_scale(data: Json) -> list[str]:
+    rows = [
+        [r["backend"], f"{r['workers']:,}", f"{r['register_s']:.1f}", p(r["list_floor"]),
+         f"{r['ready_s']:.2f}", f"{r['rss_mb']:.0f}",
+         p(r["list_workers"]) + (" (raw channel)" if r["list_workers_raw_channel"] else ""),
+         p(r["propagation"]), p(r["propagation"], "p99_ms"),
+         *(p(r["request"][share]) for share in ("1/2", "1/20")),
+         *(f"{r['decision_mean_us'][share]:.0f}" for share in ("1/2", "1/20"))]
+        for r in data["rows"]
+    ]  # fmt: skip
+    head = ("backend", "workers", "register s", "store list ms (floor)", "dynamod ready s",
+            "RSS MB", "ListWorkers p50 ms", "propagation p50 ms", "p99",
+            "request p50 ms (½ eligible)", "(1/20)", "decision µs (½)", "(1/20)")  # fmt: skip
+    notes = sorted(
+        {r["list_workers_client_error"] for r in data["rows"] if r["list_workers_client_error"]}
+    )
+    out = [
+        f"Fleet sizes {', '.join(f'{s:,}' for s in data['sizes'])} (the first is the "
+        "baseline); see `bench/scale.py` for what each column measures.",
+        "",
+        *table(head, rows),
+    ]
+    out += [f"- `dynamod.api.client` at the largest fleet: `{n}`" for n in notes]
+    return [*out, "", "![propagation CDF](plots/propagation_cdf.png)",
+            "![routing against fleet size](plots/routing_vs_fleet.png)", ""]  # fmt: skip
+
+
+def section_load(data: Json) -> list[str]:
+    verdicts = sorted({v for ph in data["phases"] for v in ph["verdicts"]})
+    rows = [
+        [ph["phase"], ph["sent"], f"{ph['sent'] / ph['seconds']:.1f}", ph["flips_ok"],
+         *(ph["verdicts"].get(v, 0) for v in verdicts), p(ph["latency"]),
+         p(ph["latency"], "p99_ms")]
+        for ph in data["phases"]
+    ]  # fmt: skip
+    cfg = data["config"]
+    intro = (
+        f"{cfg['workers']} mocker workers on {cfg['backend']}, {cfg['rate']:g} req/s, "
+        f"{cfg['duration']:g} s per phase, {cfg['flip_rate']:g} pool moves/s while "
+        f"flipping, slack {cfg['slack_ms']:g} ms (the steady phase is the baseline)."
+    )
+    lost = data["lost_updates"]
+    verdict = "**passed**" if data["passed"] else "**FAILED**"
+    tail = f"{verdict}; lost updates: {len(lost)}" + (f" ({lost[:3]})" if lost else "")
+    head = ("phase", "sent", "req/s", "moves", *verdicts, "200 p50 ms", "p99")
+    return [intro, "", *table(head, rows), tail, ""]
+
+
+ORACLE = "test_judge"  # the oracle's own tests: not scenarios, summed up in one line
+
+
+def section_chaos(scenarios: list[Scenario]) -> list[str]:
+    real = [s for s in scenarios if s.module != ORACLE]
+    rows = [
+        [s.name.removeprefix("test_").replace("_", " "), s.outcome, f"{s.seconds:.0f}",
+         "; ".join(f"{k}: {v}" for k, v in s.figures.items()) or "—"]
+        for s in real
+    ]  # fmt: skip
+    passed = sum(s.outcome == "pass" for s in real)
+    oracle = [s for s in scenarios if s.module == ORACLE]
+    checked = sum(s.outcome == "pass" for s in oracle)
+    return [
+        f"{passed} of {len(real)} scenarios passed (`pytest tests/chaos`). The judge they "
+        f"share (`bench.load`) passed {checked} of {len(oracle)} of its own tests "
+        f"(`tests/chaos/{ORACLE}.py`).",
+        "",
+        *table(("scenario", "outcome", "s", "measured"), rows),
+    ]
+
+
+# -- plots ---------------------------------------------------------------------------------
+
+
+def plot_propagation(scale: Json, path: Path) -> None:
+    """CDF of propagation through dynamod, per backend, at the largest and the baseline."""
+    figure, axes = plt.subplots(figsize=(7, 4))
+    sizes = scale["sizes"]
+    backends = sorted({r["backend"] for r in scale["rows"]})
+    for row in scale["rows"]:
+        if row["workers"] not in (sizes[0], sizes[-1]):
+            continue
+        samples = sorted(row["propagation_ms"])
+        ys = [(i + 1) / len(samples) for i in range(len(samples))]
+        style = "-" if row["workers"] == sizes[-1] else "--"
+        color = f"C{backends.index(row['backend'])}"
+        label = f"{row['backend']}, {row['workers']:,} workers"
+        axes.step(samples, ys, style, color=color, where="post", label=label)
+    axes.set_xscale("log")
+    axes.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axes.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    axes.xaxis.set_minor_formatter(ticker.NullFormatter())
+    axes.set_xlabel("update_taints returned → event on dynamod's stream (ms, log)")
+    axes.set_ylabel("fraction of updates")
+    axes.set_title("Taint propagation through dynamod")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def plot_routing(scale: Json, path: Path) -> None:
+    """Request p50 and the daemon's mean decision time against fleet size."""
+    figure, axes = plt.subplots(figsize=(7, 4))
+    for backend in sorted({r["backend"] for r in scale["rows"]}):
+        rows = [r for r in scale["rows"] if r["backend"] == backend]
+        xs = [r["workers"] for r in rows]
+        axes.plot(xs, [r["request"]["1/2"]["p50_ms"] for r in rows], "o-",
+                  label=f"{backend}: request p50, ½ eligible")  # fmt: skip
+        for share, style in (("1/2", "s--"), ("1/20", "^:")):
+            decisions = [r["decision_mean_us"][share] / 1000 for r in rows]
+            axes.plot(xs, decisions, style, label=f"{backend}: decision, {share} eligible")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    for axis in (axes.xaxis, axes.yaxis):
+        axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,g}"))
+    axes.set_xlabel("registered workers (log)")
+    axes.set_ylabel("ms (log)")
+    axes.set_title("Routing against fleet size")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# -- the document --------------------------------------------------------------------------
+
+
+def headline(runs: dict[str, Ran], chaos: list[Scenario] | None) -> list[str]:
+    rows: list[list[str]] = []
+    scale = runs["scale"].data
+    if scale:
+        for backend in sorted({r["backend"] for r in scale["rows"]}):
+            mine = [r for r in scale["rows"] if r["backend"] == backend]
+            small, big = mine[0], mine[-1]
+            n, b = f"{big['workers']:,}", f"{small['workers']:,}"
+            rows += [
+                [f"{backend}: propagation p50 / p99 at {n} workers",
+                 f"{p(big['propagation'])} / {p(big['propagation'], 'p99_ms')} ms",
+                 f"{p(small['propagation'])} / {p(small['propagation'], 'p99_ms')} ms at {b}"],
+                [f"{backend}: dynamod start → ready at {n}", f"{big['ready_s']:.2f} s",
+                 f"{small['ready_s']:.2f} s at {b}; store list {p(big['list_floor'])} ms"],
+                [f"{backend}: daemon RSS at {n}", f"{big['rss_mb']:.0f} MB",
+                 f"{small['rss_mb']:.0f} MB at {b}"],
+                [f"{backend}: ListWorkers at {n}", f"{p(big['list_workers'])} ms"
+                 + (" (raw channel: the client refuses it)"
+                    if big["list_workers_raw_channel"] else ""),
+                 f"{p(small['list_workers'])} ms at {b}"],
+                [f"{backend}: routing decision at {n} (½ eligible)",
+                 f"{big['decision_mean_us']['1/2']:.0f} µs",
+                 f"{small['decision_mean_us']['1/2']:.0f} µs at {b}"],
+            ]  # fmt: skip
+    load = runs["load"].data
+    if load:
+        flipping = load["phases"][-1]
+        bad = sum(flipping["verdicts"].get(v, 0) for v in ("violated", "refused, unjustified"))
+        rows.append(
+            ["load: requests routed against their constraints while flipping",
+             f"{bad} of {flipping['sent']}", f"{flipping['flips_ok']} pool moves"]
+        )  # fmt: skip
+    if chaos is not None:
+        real = [s for s in chaos if s.module != ORACLE]
+        passed = sum(s.outcome == "pass" for s in real)
+        rows.append(["chaos scenarios passed", f"{passed} of {len(real)}", "—"])
+    return table(("figure", "value", "baseline / floor (same run)"), rows)
+
+
+SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
+    "store_latency": ("Store latency (`bench.store_latency`)", section_store_latency),
+    "propagation": ("Taint propagation (`bench.propagation`)", section_propagation),
+    "front": ("Front overhead (`bench.front`)", section_front),
+    "cli": ("CLI (`bench.cli`)", section_generic),
+    "scale": ("Scale (`bench.scale`)", section_scale),
+    "load": ("Load with moving taints (`bench.load`)", section_load),
+}
+
+
+def document(runs: dict[str, Ran], chaos: list[Scenario] | None, quick: bool) -> str:
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out = [
+        "# Benchmark results",
+        "",
+        f"Generated by `python -m bench.report{' --quick' if quick else ''}` on {when}: "
+        f"Python {platform.python_version()}, {platform.machine()}, {cpus} CPUs. "
+        "Every figure below comes from this run; do not edit by hand.",
+        "",
+        "## Headline",
+        "",
+        *headline(runs, chaos),
+    ]
+    for name, (title, render) in SECTIONS.items():
+        ran = runs[name]
+        out += [f"## {title}", ""]
+        out += render(ran.data) if ran.data else [f"Not measured: {ran.error}", ""]
+    route = runs["route"]
+    out += ["## Routing decision, in process (`bench.route`)", ""]
+    out += ["```", route.stdout.rstrip(), "```", ""] if not route.error else [route.error, ""]
+    out += ["## Chaos scenarios (`tests/chaos`)", ""]
+    out += section_chaos(chaos) if chaos is not None else ["Not run (`--quick`).", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes, no chaos run")
+    parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    plots = args.out.parent / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
+        work = Path(scratch)
+        runs = {s.name: run_suite(s, work, args.quick) for s in SUITES}
+        chaos = None if args.quick else run_chaos(work)
+    scale = runs["scale"].data
+    if scale:
+        plot_propagation(scale, plots / "propagation_cdf.png")
+        plot_routing(scale, plots / "routing_vs_fleet.png")
+    args.out.write_text(document(runs, chaos, args.quick))
+    print(f"wrote {args.out} and {plots}/", file=sys.stderr)
+    failed = [r.suite.name for r in runs.values() if r.error and not r.missing]
+    failed += [s.name for s in chaos or () if s.outcome != "pass"]
+    for name in failed:
+        print(f"not passed: {name}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
