@@ -22,7 +22,9 @@ per sighting (``kind revision ns``) to its stdout pipe and the parent waits for 
 the next round, so rounds never overlap. The JSON also holds the same latencies taken
 when the line reached the parent (the pipe handshake, no clock sharing, ~50 µs more).
 A value below zero would mean the observer saw the change before the writer's call
-returned, which the store's watch may legally do.
+returned, which the store's watch may legally do. So the table also times each sighting
+from the moment the call *started* (``end_to_end``): what an operator waits between issuing
+the update and a router in another process seeing it, always positive.
 
 The memory store cannot be shared between processes: its row runs the observer in this
 process, as a reference.
@@ -246,13 +248,15 @@ class Series:
     propagation: list[int]
     propagation_pipe: list[int]
     update_call: list[int]
+    end_to_end: list[int]
     floor: list[int]
     floor_pipe: list[int]
     put_call: list[int]
+    floor_end_to_end: list[int]
 
     @classmethod
     def empty(cls) -> Series:
-        return cls([], [], [], [], [], [])
+        return cls([], [], [], [], [], [], [], [])
 
 
 async def one_update(store: Store, key: str, sightings: Sightings, round_: int) -> tuple[int, ...]:
@@ -261,7 +265,12 @@ async def one_update(store: Store, key: str, sightings: Sightings, round_: int) 
     result = await update_taints(store, key, op)
     returned = time.monotonic_ns()
     seen = await expect(sightings, "view", result.revision)
-    return seen.seen_ns - returned, seen.received_ns - returned, returned - start
+    return (
+        seen.seen_ns - returned,
+        seen.received_ns - returned,
+        returned - start,
+        seen.seen_ns - start,
+    )
 
 
 async def one_put(store: Store, sightings: Sightings, round_: int) -> tuple[int, ...]:
@@ -270,7 +279,12 @@ async def one_put(store: Store, sightings: Sightings, round_: int) -> tuple[int,
     revision = await store.put(FLOOR_KEY, value)
     returned = time.monotonic_ns()
     seen = await expect(sightings, "floor", revision)
-    return seen.seen_ns - returned, seen.received_ns - returned, returned - start
+    return (
+        seen.seen_ns - returned,
+        seen.received_ns - returned,
+        returned - start,
+        seen.seen_ns - start,
+    )
 
 
 async def rounds(store: Store, key: str, sightings: Sightings, n: int) -> Series:
@@ -286,7 +300,10 @@ async def rounds(store: Store, key: str, sightings: Sightings, n: int) -> Series
 
 
 def _columns(s: Series) -> tuple[list[int], ...]:
-    return s.propagation, s.propagation_pipe, s.update_call, s.floor, s.floor_pipe, s.put_call
+    return (
+        s.propagation, s.propagation_pipe, s.update_call, s.end_to_end,
+        s.floor, s.floor_pipe, s.put_call, s.floor_end_to_end,
+    )  # fmt: skip
 
 
 async def measure_backend(backend: str, url: str, n: int) -> Series:
@@ -321,6 +338,9 @@ class Row:
             overhead(prop, floor, ratio=False),  # both can be ~0: the ratio says nothing
             ms(st["update_call"].p50_ms),
             ms(st["put_call"].p50_ms),
+            ms(st["end_to_end"].p50_ms),
+            ms(st["end_to_end"].p99_ms),
+            ms(st["floor_end_to_end"].p50_ms),
         ]
 
     def json(self) -> dict[str, Any]:
@@ -337,6 +357,9 @@ HEADERS = (
     "overhead",
     "update call p50",
     "put call p50",
+    "call start→view p50",
+    "p99",
+    "put start→watch p50",
 )
 
 

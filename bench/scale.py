@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 import grpc
-import psutil  # type: ignore[import-untyped]  # no stubs in the dev dependencies
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import psutil  # type: ignore[import-untyped]  # no stubs in the dev dependencies
+import psutil
 import pytest
 
 from bench.common import owned
