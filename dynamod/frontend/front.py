@@ -65,6 +65,7 @@ from dynamod.frontend.replies import (
     error_response,
     routing_error_response,
 )
+from dynamod.inflight import InFlight
 from dynamod.model import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
 from dynamod.worker.engines.base import Tokenizer
@@ -108,18 +109,15 @@ class Frontend:
         )
         self._tokenizer = tokenizer if tokenizer is not None else SimpleTokenizer()
         self._session: aiohttp.ClientSession | None = None
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._draining = False
+        self._requests = InFlight(self._metrics.in_flight)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._requests)
 
     @property
     def draining(self) -> bool:
-        return self._draining
+        return self._requests.draining
 
     async def start(self) -> None:
         """Open the session to the workers. Call once, before serving."""
@@ -153,7 +151,7 @@ class Frontend:
 
     def begin_drain(self) -> None:
         """Refuse new inference requests (503); those in flight run to their end."""
-        self._draining = True
+        self._requests.begin_drain()
 
     async def wait_idle(self) -> None:
         """Return once no inference request is in flight (at once if none is).
@@ -161,7 +159,7 @@ class Frontend:
         Call ``begin_drain`` first, or new requests may start right after; bound the wait
         with ``asyncio.timeout`` for a grace period.
         """
-        await self._idle.wait()
+        await self._requests.wait_idle()
 
     # -- routes
 
@@ -188,31 +186,18 @@ class Frontend:
         return web.json_response({"object": "list", "data": data})
 
     async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
-        if self._draining:
+        if self._requests.draining:
             message = "the front is draining and takes no new requests"
             response: web.StreamResponse = error_response(503, message, "draining")
         else:
-            self._enter()
             try:
-                response = await self._answer(request, api)
+                with self._requests.request():
+                    response = await self._answer(request, api)
             except asyncio.CancelledError:
                 self._metrics.answered(api.route, CLIENT_CLOSED)
                 raise
-            finally:
-                self._leave()
         self._metrics.answered(api.route, response.status)
         return response
-
-    def _enter(self) -> None:
-        self._in_flight += 1
-        self._idle.clear()
-        self._metrics.in_flight.inc()
-
-    def _leave(self) -> None:
-        self._in_flight -= 1
-        self._metrics.in_flight.dec()
-        if self._in_flight == 0:
-            self._idle.set()
 
     # -- one request
 

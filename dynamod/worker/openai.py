@@ -22,7 +22,6 @@ mid-stream is noticed at the next write; closing the engine stream then frees it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -36,6 +35,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.errors import InvalidInputError, ShuttingDownError
+from dynamod.inflight import InFlight
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Tokenizer, Usage
 from dynamod.worker.request_body import (
     FieldError,
@@ -108,18 +108,15 @@ class InferenceRoutes:
         self._engine = engine
         self._worker_id = worker_id
         self._metrics = _Metrics(registry if registry is not None else CollectorRegistry())
-        self._in_flight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._draining = False
+        self._requests = InFlight(self._metrics.in_flight)
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return len(self._requests)
 
     @property
     def draining(self) -> bool:
-        return self._draining
+        return self._requests.draining
 
     def add_to(self, app: web.Application) -> None:
         """Mount the routes, and tag every response of ``app`` with the worker id."""
@@ -130,7 +127,7 @@ class InferenceRoutes:
 
     def begin_drain(self) -> None:
         """Refuse new inference requests (503); those in flight run to their end."""
-        self._draining = True
+        self._requests.begin_drain()
 
     async def wait_idle(self) -> None:
         """Return once no inference request is in flight (at once if none is).
@@ -138,7 +135,7 @@ class InferenceRoutes:
         Call ``begin_drain`` first, or new requests may start right after; bound the wait
         with ``asyncio.timeout`` for a grace period.
         """
-        await self._idle.wait()
+        await self._requests.wait_idle()
 
     async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[WORKER_ID_HEADER] = self._worker_id
@@ -162,27 +159,13 @@ class InferenceRoutes:
 
     async def _serve(self, request: web.Request, api: _Api) -> web.StreamResponse:
         response: web.StreamResponse
-        if self._draining:
+        if self._requests.draining:
             response = _error(503, "the worker is draining and takes no new requests", "draining")
         else:
-            self._enter()
-            try:
+            with self._requests.request():
                 response = await self._answer(request, api)
-            finally:
-                self._leave()
         self._metrics.requests.labels(api.route, str(response.status)).inc()
         return response
-
-    def _enter(self) -> None:
-        self._in_flight += 1
-        self._idle.clear()
-        self._metrics.in_flight.inc()
-
-    def _leave(self) -> None:
-        self._in_flight -= 1
-        self._metrics.in_flight.dec()
-        if self._in_flight == 0:
-            self._idle.set()
 
     async def _answer(self, request: web.Request, api: _Api) -> web.StreamResponse:
         reply_id = api.new_id()

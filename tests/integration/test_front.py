@@ -367,7 +367,7 @@ async def test_malformed_requests_get_400_naming_the_problem() -> None:
             (
                 {"nvext": {"max_wait": -1}},
                 "nvext.max_wait",
-                "nvext.max_wait must be a finite number of seconds, at least 0; got -1",
+                "nvext.max_wait must be a number of seconds from 0 to 1e9; got -1",
             ),
             (
                 {"prompt": {"text": "hi"}},
