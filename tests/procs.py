@@ -41,6 +41,7 @@ class Proc:
         self.ready_line = ""
         self.stdout_lines: list[str] = []
         self.stderr = ""
+        self._stderr_grew = asyncio.Condition()
         self._stderr_task: asyncio.Task[None] | None = None
         self._stdout_task: asyncio.Task[None] | None = None
 
@@ -95,6 +96,13 @@ class Proc:
         assert self.proc is not None and self.proc.stderr is not None
         async for raw in self.proc.stderr:
             self.stderr += raw.decode(errors="replace")
+            async with self._stderr_grew:
+                self._stderr_grew.notify_all()
+
+    async def logged(self, text: str, within: float = 10.0) -> None:
+        """Wait until the process has written ``text`` to stderr."""
+        async with asyncio.timeout(within), self._stderr_grew:
+            await self._stderr_grew.wait_for(lambda: text in self.stderr)
 
     def field(self, name: str) -> str:
         match = re.search(rf"\b{name}=(\S+)", self.ready_line)

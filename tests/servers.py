@@ -8,6 +8,7 @@ teardown is terminate-then-kill; a failure message carries the tail of the serve
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import shutil
@@ -62,7 +63,7 @@ def _http_ok(url: str, check: Callable[[bytes], bool]) -> bool:
         return False
 
 
-class ServerProcess:
+class ServerProcess(abc.ABC):
     """One server process with a log file, a readiness check and stop/start."""
 
     name = "server"
@@ -73,11 +74,11 @@ class ServerProcess:
         self.log_path = workdir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def argv(self) -> list[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def argv(self) -> list[str]: ...
 
-    def ready(self) -> bool:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def ready(self) -> bool: ...
 
     def start(self, timeout: float = 30.0) -> None:
         with self.log_path.open("ab") as log:

@@ -144,7 +144,7 @@ async def test_drain_past_grace_exits_70_and_a_second_signal_is_immediate(
         async with running(second):
             response = await stream_through(http, second.field("http"), 5000)
             second.send(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+            await second.logged("SIGTERM received")
             second.send(signal.SIGINT)
             assert await second.wait(within=10) == 70
             response.release()

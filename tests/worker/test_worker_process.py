@@ -244,7 +244,7 @@ async def test_a_second_signal_skips_the_grace_period(
     async with running(proc):
         response = await first_byte(http, proc, 4000)
         proc.send(signal.SIGTERM)
-        await asyncio.sleep(0.2)
+        await proc.logged("SIGTERM received")
         proc.send(signal.SIGINT)
         assert await proc.wait(within=10) == 70
         response.release()
