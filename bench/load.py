@@ -69,6 +69,7 @@ from bench.common import (
     versions,
     write_json,
 )
+from dynamod.aio import cancel_and_wait
 from dynamod.api.client import Client
 from dynamod.discovery.view import WorkerView
 from dynamod.model import DiscoveryEvent, ViewResync, WorkerRemoved
@@ -253,9 +254,7 @@ async def taint_log(store: Store) -> AsyncIterator[tuple[TaintLog, WorkerView]]:
             await view.ready.wait()
         yield log, view
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 # -- requests ----------------------------------------------------------------------------------

@@ -25,3 +25,18 @@ async def race(*coros: Coroutine[Any, Any, object]) -> None:
     for task in done:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
+
+
+async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended.
+
+    Its ``CancelledError`` is expected and absorbed; a cancellation of the *caller* while
+    it waits still propagates (``contextlib.suppress(CancelledError)`` would swallow it).
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from dynamod import __version__, logs, systemd
+from dynamod.aio import cancel_and_wait
 from dynamod.api import server as grpc_server
 from dynamod.api.service import Api
 from dynamod.audit import AuditLog
@@ -196,9 +197,7 @@ class Daemon:
         except TimeoutError:
             pass
         finally:
-            waiter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waiter
+            await cancel_and_wait(waiter)
         if not idle.is_set():
             log.warning("grace period over with %d requests in flight", front.in_flight)
             return EX_SOFTWARE

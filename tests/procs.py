@@ -16,6 +16,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from dynamod.aio import cancel_and_wait
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 BAD_STDERR = ("Traceback", "Task was destroyed", "Exception ignored", "Error in atexit")
@@ -136,9 +138,7 @@ class Proc:
             await self.wait(10)
         for task in (self._stderr_task, self._stdout_task):
             if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
 
     def assert_clean_stderr(self) -> None:
         for bad in BAD_STDERR:

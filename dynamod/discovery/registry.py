@@ -8,14 +8,13 @@ the revision that was read, so concurrent updates from many processes never lose
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from dynamod.aio import race
+from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import (
     ConflictError,
     InvalidInputError,
@@ -240,9 +239,7 @@ class Registration:
         """Stop keeping the record alive and delete it now. Idempotent."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
