@@ -81,11 +81,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 async def store(store_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(store_url)
-    try:
+    async with await open_store(store_url) as opened:
         yield opened
-    finally:
-        await opened.aclose()
 
 
 @pytest.fixture(params=SHARED_BACKENDS)
@@ -96,8 +93,5 @@ def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 async def shared_store(shared_store_url: str) -> AsyncIterator[Store]:
-    opened = await open_store(shared_store_url)
-    try:
+    async with await open_store(shared_store_url) as opened:
         yield opened
-    finally:
-        await opened.aclose()

@@ -18,25 +18,10 @@ from dynamod.errors import (
     RevisionMismatchError,
     StoreClosedError,
 )
-from dynamod.store import KEEP, Delete, Put, Resync, Store, Watch, WatchEvent, keep_alive
+from dynamod.store import KEEP, Delete, Put, Resync, Store, WatchEvent, keep_alive
+from tests.streams import fold, next_event
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def fold(state: dict[str, bytes], event: WatchEvent) -> None:
-    """Apply one watch event to a key → value map."""
-    if isinstance(event, Resync):
-        state.clear()
-        state.update({e.key: e.value for e in event.entries})
-    elif isinstance(event, Put):
-        state[event.key] = event.entry.value
-    else:
-        state.pop(event.key, None)
-
-
-async def next_event(watch: Watch, within: float = 10.0) -> WatchEvent:
-    async with asyncio.timeout(within):
-        return await anext(watch)
 
 
 async def test_get_of_a_missing_key_is_none(store: Store) -> None:

@@ -42,9 +42,8 @@ RESERVED = (
 
 @pytest.fixture(params=["memory", "etcd"])
 async def api_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    store = await open_store(backend_url(request.param, request, tmp_path))
-    yield store
-    await store.aclose()
+    async with await open_store(backend_url(request.param, request, tmp_path)) as store:
+        yield store
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from dynamod.discovery.registry import (
     register,
     update_taints,
 )
-from dynamod.discovery.view import Subscription, WorkerView
+from dynamod.discovery.view import WorkerView
 from dynamod.errors import (
     AmbiguousWorkerError,
     ConflictError,
@@ -34,7 +34,6 @@ from dynamod.errors import (
     WorkerNotFoundError,
 )
 from dynamod.model import (
-    DiscoveryEvent,
     ModelCard,
     TaintsUpdated,
     ViewResync,
@@ -46,6 +45,7 @@ from dynamod.model import (
 from dynamod.store import KEEP, Entry, Store
 from dynamod.store.base import LeaseArg
 from tests.factories import make_record
+from tests.streams import next_event
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,11 +65,6 @@ async def running_view(store: Store) -> AsyncIterator[WorkerView]:
 async def view(store: Store) -> AsyncIterator[WorkerView]:
     async with running_view(store) as worker_view:
         yield worker_view
-
-
-async def next_event(events: Subscription, within: float = 10.0) -> DiscoveryEvent:
-    async with asyncio.timeout(within):
-        return await anext(events)
 
 
 async def registered(store: Store, **kwargs: object) -> WorkerRecord:

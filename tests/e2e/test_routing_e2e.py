@@ -30,11 +30,8 @@ SLOW = {"required_taints": ["capacity/slow"]}
 
 @pytest.fixture
 async def etcd(etcd_url: str) -> AsyncIterator[Store]:
-    store = await open_store(etcd_url)
-    try:
+    async with await open_store(etcd_url) as store:
         yield store
-    finally:
-        await store.aclose()
 
 
 async def set_taints_by_route(http: aiohttp.ClientSession, proc: Proc, taints: list[str]) -> None:

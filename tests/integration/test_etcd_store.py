@@ -19,8 +19,8 @@ import pytest
 from dynamod.errors import ConfigError, StoreUnavailableError
 from dynamod.store import KEEP, Resync, Store, Watch, WatchEvent
 from dynamod.store.etcd import EtcdStore, EtcdTarget, parse_url
-from tests.conformance.test_store_contract import fold, next_event
 from tests.servers import EtcdServer, free_port
+from tests.streams import fold, next_event
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(120)]
 

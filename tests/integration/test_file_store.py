@@ -23,9 +23,10 @@ import pytest
 
 import dynamod.store._filechanges as changes_module
 from dynamod.errors import ConfigError, StoreUnavailableError
-from dynamod.store import Delete, Put, Resync, Watch, WatchEvent
+from dynamod.store import Delete, Put, Resync
 from dynamod.store._filejournal import DELETE, PUT, Journal, Record, encode
 from dynamod.store.file import FileStore
+from tests.streams import fold, next_event
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -95,21 +96,6 @@ async def read_line(proc: asyncio.subprocess.Process, within: float = 30.0) -> s
         _, err = await proc.communicate()
         pytest.fail(f"child exited with {proc.returncode} early:\n{err.decode()}")
     return line.decode().strip()
-
-
-async def next_event(watch: Watch, within: float = 10.0) -> WatchEvent:
-    async with asyncio.timeout(within):
-        return await anext(watch)
-
-
-def fold(state: dict[str, bytes], event: WatchEvent) -> None:
-    if isinstance(event, Resync):
-        state.clear()
-        state.update({e.key: e.value for e in event.entries})
-    elif isinstance(event, Put):
-        state[event.key] = event.entry.value
-    else:
-        state.pop(event.key, None)
 
 
 def newest_journal(store_dir: Path) -> Path:

@@ -39,8 +39,8 @@ from dynamod.store.nats import (
     parse_url,
     subject_filters,
 )
-from tests.conformance.test_store_contract import fold, next_event
 from tests.servers import NatsServer, free_port
+from tests.streams import fold, next_event
 
 pytestmark = [pytest.mark.nats, pytest.mark.timeout(60)]
 
