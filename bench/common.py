@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dynamod.aio import cancel_and_wait
 from tests.servers import EtcdServer, NatsServer, etcd_binary, nats_binary
 
 SERVER_BACKENDS = ("etcd", "nats")
@@ -166,13 +167,7 @@ async def owned(coro: Coroutine[Any, Any, None], name: str) -> AsyncIterator[asy
     try:
         yield task
     finally:
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
+        await cancel_and_wait(task)
 
 
 def interruptible(main: Callable[[], int]) -> int:
