@@ -14,7 +14,7 @@ and then dynamoctl:
 * ``--help`` — start-up and the command tree (no gRPC, no rich);
 * Tab completion of a command name — what every Tab costs;
 * ``workers ls`` against a dynamod holding 100 and 1,000 workers (records registered
-  straight into the file store with ``dynamod.discovery.registry.register``), as a table
+  straight into the file store with ``dynamod.discovery.records.register``), as a table
   and as JSON;
 * ``taints set ID TAINT`` — start-up, one compare-and-swap write through dynamod to the
   file store, and the output (alternating two values, so every run writes).
@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Stats, header, interruptible, ms, render_table, stats_json, write_json
-from dynamod.api.client import Client
-from dynamod.discovery.registry import register
+from dynamod.client import AsyncClient
+from dynamod.discovery.records import register
 from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store import open_store
+from dynamod.taints import TaintUpdate
 from tests.procs import daemon_argv, dynamoctl, env
 from tests.servers import EtcdServer, etcd_binary
 
@@ -136,12 +137,12 @@ def timed(argv: list[str], runs: int, environ: dict[str, str] | None = None) -> 
     return Stats.of(samples)
 
 
-def timed_calls(call: Callable[[Client], Any], endpoint: str, runs: int) -> Stats:
+def timed_calls(call: Callable[[AsyncClient], Any], endpoint: str, runs: int) -> Stats:
     """The same API call from one warm client: the daemon and the wire, no start-up."""
 
     async def measure() -> list[int]:
         samples = []
-        async with Client(endpoint) as client:
+        async with AsyncClient(endpoint) as client:
             for index in range(WARMUP + runs):
                 started = time.perf_counter_ns()
                 await call(client)
@@ -210,7 +211,9 @@ def taint_rows(endpoint: str, runs: int, pycache: Path) -> list[Row]:
             samples.append(time.perf_counter_ns() - started)
     rounds = iter(range(10**9))
     rpc = timed_calls(
-        lambda c: c.update_taints("replace", [f"bench/rpc={next(rounds) % 2}"], worker=target),
+        lambda c: c.update_taints(
+            TaintUpdate.replace([f"bench/rpc={next(rounds) % 2}"]), worker=target
+        ),
         endpoint,
         runs,
     )

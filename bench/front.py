@@ -45,9 +45,10 @@ from bench.common import (
 )
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
+from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
-from dynamod.worker.openai import WORKER_ID_HEADER
+from dynamod.tokenizers import SimpleTokenizer
 from tests.procs import Proc, running, worker
 
 WARMUP = 50
@@ -68,7 +69,7 @@ async def front_on_loopback(store: Store) -> AsyncIterator[tuple[str, WorkerView
     router = Router(RouterConfig(), registry=CollectorRegistry())
     view = WorkerView(store)
     view.listen(router.apply)
-    async with owned(view.run(), "worker view"), Frontend(router, view) as front:
+    async with owned(view.run(), "worker view"), Frontend(router, view, SimpleTokenizer()) as front:
         app = web.Application()
         front.add_to(app)
         runner = web.AppRunner(app, handler_cancellation=True)

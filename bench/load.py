@@ -70,12 +70,12 @@ from bench.common import (
     write_json,
 )
 from dynamod.aio import cancel_and_wait
-from dynamod.api.client import Client
+from dynamod.client import AsyncClient
 from dynamod.discovery.view import WorkerView
+from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.model import DiscoveryEvent, ViewResync, WorkerRemoved
 from dynamod.store import Store, open_store
 from dynamod.taints import RoutingConstraints, caller_taints, key_of, matches
-from dynamod.worker.openai import WORKER_ID_HEADER
 from tests.procs import Proc, daemon, worker
 
 MODEL = "load"
@@ -509,7 +509,7 @@ def judge(outcomes: Sequence[Outcome], log: TaintLog, *, slack_ms: float) -> Jud
 # -- the end state ---------------------------------------------------------------------------
 
 
-async def daemon_caught_up(client: Client, revision: int) -> None:
+async def daemon_caught_up(client: AsyncClient, revision: int) -> None:
     """Wait until the daemon's view has reached ``revision`` (its event stream says so)."""
     # Closed at once, not left to the garbage collector: the stream ends while quiet.
     async with asyncio.timeout(SETTLE_TIMEOUT), contextlib.aclosing(client.tail_events()) as tail:
@@ -518,7 +518,7 @@ async def daemon_caught_up(client: Client, revision: int) -> None:
                 return
 
 
-async def lost_updates(client: Client, log: TaintLog, flips: Flips) -> list[str]:
+async def lost_updates(client: AsyncClient, log: TaintLog, flips: Flips) -> list[str]:
     """Where the daemon's view, this view and the last acknowledged flips disagree."""
     store_state = log.current()
     await daemon_caught_up(client, max(c.revision for c in log.changes))
@@ -642,7 +642,7 @@ async def measure(cfg: Config, url: str, scratch: Path) -> tuple[list[Phase], li
         store = await stack.enter_async_context(await open_store(url))
         log, view = await stack.enter_async_context(taint_log(store))
         await view.wait_for(lambda v: len(v) == cfg.workers, within=SETTLE_TIMEOUT)
-        client = await stack.enter_async_context(Client(f"unix://{scratch / 'dynamod.sock'}"))
+        client = await stack.enter_async_context(AsyncClient(f"unix://{scratch / 'dynamod.sock'}"))
         front, targets = dynamod.field("http"), [Target.of(p) for p in procs]
         steady = await phase("steady", cfg, front, log, targets, flip=False)
         flipping = await phase("flipping", cfg, front, log, targets, flip=True)

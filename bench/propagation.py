@@ -57,10 +57,11 @@ from bench.common import (
     write_json,
 )
 from dynamod.aio import race
-from dynamod.discovery.registry import TaintOp, register, update_taints
+from dynamod.discovery.records import register, update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.model import DiscoveryEvent, TaintsUpdated
 from dynamod.store import Put, Resync, Store, keep_alive, open_store
+from dynamod.taints import TaintUpdate
 from tests.factories import make_record
 
 BACKENDS = ("memory", "file", "etcd", "nats")
@@ -260,7 +261,7 @@ class Series:
 
 
 async def one_update(store: Store, key: str, sightings: Sightings, round_: int) -> tuple[int, ...]:
-    op = TaintOp.replace([f"bench/round={round_}"])
+    op = TaintUpdate.replace([f"bench/round={round_}"])
     start = time.monotonic_ns()
     result = await update_taints(store, key, op)
     returned = time.monotonic_ns()

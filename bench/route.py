@@ -29,9 +29,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from dynamod.errors import ShuttingDownError
+from dynamod.load import IDLE
 from dynamod.model import ModelCard, RuntimeConfig, TaintsUpdated, ViewResync, WorkerRecord
 from dynamod.router import (
-    IDLE,
     Assignment,
     Router,
     RouterConfig,

@@ -57,13 +57,14 @@ from bench.common import (
     versions,
     write_json,
 )
-from dynamod.api.client import Client
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
-from dynamod.discovery.registry import TaintOp, register, update_taints
+from dynamod.client import AsyncClient
+from dynamod.discovery.records import register, update_taints
 from dynamod.errors import DynamoError
 from dynamod.model import WORKERS_PREFIX
 from dynamod.store import Lease, Store, open_store
+from dynamod.taints import TaintUpdate
 from tests.factories import make_record
 from tests.procs import Proc, daemon, running, worker
 
@@ -197,7 +198,7 @@ class Config:
 
 async def list_workers(socket: Path, repeat: int) -> tuple[Stats, bool, str]:
     """ListWorkers through the product's client; through a raw channel if it refuses."""
-    async with Client(f"unix://{socket}", timeout=120) as client:
+    async with AsyncClient(f"unix://{socket}", timeout=120) as client:
         try:
             return await timed(lambda: client.list_workers(model=MODEL), repeat), False, ""
         except DynamoError as exc:
@@ -215,13 +216,13 @@ async def propagation(store: Store, socket: Path, probes: list[str], rounds: int
     client's 4 MB receive limit at 10,000 workers."""
     samples = []
     async with (
-        Client(f"unix://{socket}", timeout=60) as client,
+        AsyncClient(f"unix://{socket}", timeout=60) as client,
         contextlib.aclosing(client.tail_events(selector=PROBE)) as events,
     ):
         await anext(events)  # the snapshot
         for index in range(rounds):
             which = index % len(probes)
-            op = TaintOp.replace([*fleet_taints(which), f"bench/round={index}"])
+            op = TaintUpdate.replace([*fleet_taints(which), f"bench/round={index}"])
             key = probes[which]
             revision = (await update_taints(store, key, op)).revision
             returned = time.monotonic_ns()

@@ -11,7 +11,7 @@ from dynamoctl.options import Options
 from dynamod.errors import ConfigError
 
 if TYPE_CHECKING:
-    from dynamod.api.client import Client
+    from dynamod.client import AsyncClient
 
 
 def _read(path: Path, flag: str) -> bytes:
@@ -28,10 +28,10 @@ def read_token(path: Path) -> str:
     return token
 
 
-def connect(options: Options, *, timeout: float | None = None) -> Client:
+def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
     """A client for ``options``' endpoint; use it as ``async with connect(options) as c``.
     Unreadable credential files raise ``ConfigError`` naming the flag and the file."""
-    from dynamod.api.client import Client, Credentials
+    from dynamod.client import AsyncClient, Credentials
 
     if (options.cert is None) != (options.cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
@@ -42,7 +42,7 @@ def connect(options: Options, *, timeout: float | None = None) -> Client:
         cert=_read(options.cert, "--cert") if options.cert else None,
         key=_read(options.cert_key, "--cert-key") if options.cert_key else None,
     )
-    return Client(
+    return AsyncClient(
         options.target(),
         credentials=credentials,
         timeout=options.timeout if timeout is None else timeout,

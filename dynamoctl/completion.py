@@ -28,7 +28,7 @@ from typer._click.shell_completion import (
 )
 
 if TYPE_CHECKING:
-    from dynamod.api.types import WorkerInfo
+    from dynamod.reports import WorkerInfo
 
 PROG = "dynamoctl"
 COMPLETE_VAR = "_DYNAMOCTL_COMPLETE"

@@ -37,9 +37,9 @@ from dynamod.errors import ConfigError, DynamoError, UnreachableError
 from dynamod.lifecycle import run, wait_any
 
 if TYPE_CHECKING:
-    from dynamod.api.client import Client
+    from dynamod.client import AsyncClient
 
-Body = Callable[["Client", Printer], Awaitable[int]]
+Body = Callable[["AsyncClient", Printer], Awaitable[int]]
 
 
 def execute(

@@ -1,7 +1,8 @@
 """Which workers a command acts on: one id (a unique prefix is enough), the workers a
 selector matches (``-l``), or all of them (``--all``). The options are declared here once
-and shared by every command that takes them; ``target()`` checks the combination (a usage
-error) and ``check_selector()`` the selector itself, both before anything is sent.
+and shared by every command that takes them; ``scope()`` checks the combination (a usage
+error) and ``check_selector()`` the selector itself, both before anything is sent: the
+CLI side's one check of each (the daemon checks its own side).
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ WorkerId = Annotated[
 
 
 @dataclass(frozen=True)
-class Target:
+class Scope:
+    """The workers named on the command line."""
+
     worker: str | None = None
     selector: str | None = None
     all: bool = False
@@ -72,15 +75,15 @@ class Target:
         return f"workers matching {self.selector!r}" if self.selector is not None else "all workers"
 
 
-def target(worker: str | None, selector: str | None, all_workers: bool) -> Target:
-    """The one target named, or a usage error saying what to name."""
+def scope(worker: str | None, selector: str | None, all_workers: bool) -> Scope:
+    """The one scope named, or a usage error saying what to name."""
     named = [worker is not None, selector is not None, all_workers]
     if named.count(True) != 1:
         what = "both" if named.count(True) > 1 else "none"
         raise UsageError(
             f"name the workers with exactly one of ID, -l SELECTOR or --all (got {what})"
         )
-    return Target(worker, selector, all_workers)
+    return Scope(worker, selector, all_workers)
 
 
 def check_selector(text: str | None) -> None:
@@ -92,7 +95,7 @@ def check_selector(text: str | None) -> None:
         parse(text)
 
 
-def check_all(chosen: Target, dry_run: bool, yes: bool) -> None:
+def check_all(chosen: Scope, dry_run: bool, yes: bool) -> None:
     """--all changes every worker: it needs --yes, or a terminal to ask on."""
     if chosen.all and not (yes or dry_run or sys.stdin.isatty()):
         raise UsageError(

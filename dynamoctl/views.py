@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dynamod.taints import caller_taints
 
 if TYPE_CHECKING:
-    from dynamod.api.types import (
+    from dynamod.reports import (
         CandidateInfo,
         EventInfo,
         ExplainInfo,
@@ -119,8 +119,8 @@ def worker_object(info: WorkerInfo) -> dict[str, Any]:
         "started_at": record.started_at,
         "load": {
             "active_requests": load.active_requests,
-            "active_prompt_tokens": load.active_prompt_tokens,
-            "active_kv_blocks": load.active_kv_blocks,
+            "active_prompt_tokens": load.prefill_tokens,
+            "active_kv_blocks": load.kv_blocks,
         },
         "model_card": record.model_card.to_json(),
     }
@@ -142,7 +142,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Host", f"{record.host or NONE} (pid {record.pid})"),
         ("Version", record.version or NONE),
         ("Age", started_age(record.started_at)),
-        ("Load", f"{info.load.active_requests} requests, {info.load.active_kv_blocks} KV blocks"),
+        ("Load", f"{info.load.active_requests} requests, {info.load.kv_blocks} KV blocks"),
         ("Engine", card.engine),
         ("KV blocks", f"{card.total_kv_blocks} of {card.kv_block_size} tokens"),
         ("Context length", str(card.context_length)),

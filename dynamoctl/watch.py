@@ -17,7 +17,7 @@ from dynamoctl import views
 from dynamoctl.output import Printer
 
 if TYPE_CHECKING:
-    from dynamod.api.types import EventInfo, WorkerInfo
+    from dynamod.reports import EventInfo, WorkerInfo
 
 EVENT_STYLES = {"ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan"}
 EVENT_WIDTH = max(len(k) for k in EVENT_STYLES)  # so the EVENT column never shifts

@@ -1,6 +1,6 @@
 """The audit log: one JSON line per mutation, appended and flushed at once.
 
-Each line: ``time`` (RFC 3339, UTC), ``caller``, ``operation``, ``taints``, ``worker``,
+Each line: ``time`` (RFC 3339, UTC), ``caller``, ``action``, ``taints``, ``keys``, ``worker``,
 ``before``, ``after``, ``revision``, ``outcome`` (``ok``, ``unchanged``, or the error
 code) and, on failure, ``error``. A dry run is not a mutation and is not logged.
 """

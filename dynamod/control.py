@@ -1,9 +1,12 @@
-"""What the operator API does, without gRPC: list and find workers, change taints on one
-worker or many, and describe the daemon. ``api/service.py`` only converts around these.
+"""What the operator API does, without gRPC: list and find workers, update taints on one
+worker or many, explain a routing decision, and describe the daemon. ``api/service.py``
+only converts around these.
 
-Taint changes go through ``discovery.registry.update_taints`` (compare-and-swap at the read
+Taint updates go through ``discovery.records.update_taints`` (compare-and-swap at the read
 revision, bounded retries), are checked against the caller's rights on the taints they
-actually add or remove, and are written to the audit log, one line per worker.
+actually add or remove, and are written to the audit log, one line per worker. A bulk
+update fans out here, and only here: 16 workers at a time, each outcome handed on as soon
+as it is known, so a client can show progress.
 """
 
 from __future__ import annotations
@@ -11,41 +14,60 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from dynamod import __version__
-from dynamod.api.types import Failure, Load, StatusInfo, TaintChange, WorkerInfo
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
-from dynamod.discovery.registry import TaintOp, update_taints
+from dynamod.discovery.records import update_taints
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import DynamoError, InvalidInputError, StoreUnavailableError
+from dynamod.errors import DynamoError, InvalidInputError, StoreUnavailableError, code_name
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import WorkerRecord
-from dynamod.router import Router
+from dynamod.reports import (
+    CandidateInfo,
+    ChangeError,
+    DaemonState,
+    ExplainInfo,
+    StatusInfo,
+    TaintChange,
+    WorkerInfo,
+)
+from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.selectors import Selector, parse
-from dynamod.status import code_name
 from dynamod.store import Store
-from dynamod.taints import apply_caller_taints, caller_taints
+from dynamod.taints import RoutingConstraints, TaintUpdate
+from dynamod.tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
 BULK_CONCURRENCY = 16
+DEFAULT_BLOCK_SIZE = 16
+"""The block size ``explain`` hashes a prompt with when the model has no worker."""
+
+Progress = Callable[[TaintChange], Awaitable[None]]
 
 
 @dataclass(frozen=True)
 class Target:
-    """Which workers an operation is for: one (id, key or unique prefix), those a
-    selector matches, or all of them."""
+    """Which workers an update is for: one (id, key or unique prefix), those a selector
+    matches, or all of them. ``expect_revision`` (one worker only) is the caller's
+    optimistic lock: the update fails unless the record is still at that revision.
+    Checked once, here, on construction."""
 
     worker: str | None = None
     selector: str | None = None
     all: bool = False
+    expect_revision: int | None = None
+    matcher: Selector = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if [self.worker is not None, self.selector is not None, self.all].count(True) != 1:
             raise InvalidInputError("name exactly one target: a worker id, a selector, or all")
+        if self.expect_revision is not None and self.worker is None:
+            raise InvalidInputError("an expected revision needs a single worker, not a selector")
+        object.__setattr__(self, "matcher", parse(self.selector or ""))
 
 
 @dataclass
@@ -55,17 +77,15 @@ class Control:
     router: Router
     audit: AuditLog
     replica_id: str
+    tokenizer: Tokenizer
+    """The one tokenizer the front uses too: ``explain`` counts and hashes prompts as the
+    front would."""
     metrics: DaemonMetrics | None = None
     started: float = field(default_factory=time.monotonic)
-    state: str = "starting"
+    state: DaemonState = DaemonState.STARTING
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
-        load = self.router.load(record.key)
-        return WorkerInfo(
-            record,
-            self.view.revision_of(record.key),
-            Load(load.active_requests, load.prefill_tokens, load.kv_blocks),
-        )
+        return WorkerInfo(record, self.view.revision_of(record.key), self.router.load(record.key))
 
     def list_workers(
         self,
@@ -93,22 +113,23 @@ class Control:
     def targets(self, target: Target) -> list[WorkerRecord]:
         if target.worker is not None:
             return [self.view.find(target.worker)]
-        selector = parse(target.selector or "") if target.selector is not None else Selector()
-        return [r for r in self.view.records() if selector.matches(r)]
+        return [r for r in self.view.records() if target.matcher.matches(r)]
 
     async def update_taints(
         self,
         target: Target,
-        op: TaintOp,
+        update: TaintUpdate,
         *,
         caller: Principal,
-        expect_revision: int | None = None,
         dry_run: bool = False,
+        progress: Progress | None = None,
     ) -> list[TaintChange]:
-        """Apply ``op`` to every targeted worker. With one named worker, errors raise;
-        with a selector or all, each worker's failure is reported in its change."""
-        if expect_revision is not None and target.worker is None:
-            raise InvalidInputError("an expected revision needs a single worker, not a selector")
+        """Apply ``update`` to every targeted worker; return the outcomes in target order.
+
+        ``progress`` (when given) is awaited with each outcome as soon as it is known. With
+        one named worker, its error raises. With a selector or all, 16 workers are updated
+        at a time and each failure is reported in its change. Who may write, and which
+        workers are meant, is settled before the first worker is touched."""
         caller.require_write()
         records = self.targets(target)
         single = target.worker is not None
@@ -116,50 +137,49 @@ class Control:
 
         async def one(record: WorkerRecord) -> TaintChange:
             async with gate:
-                return await self._update_one(record, op, caller, expect_revision, dry_run, single)
+                try:
+                    change = await self._update_one(record, update, caller, target, dry_run)
+                except DynamoError as exc:
+                    if single:
+                        raise
+                    change = _failed(record, exc)
+            if progress is not None:
+                await progress(change)
+            return change
 
-        return list(await asyncio.gather(*(one(r) for r in records)))
+        if single:
+            return [await one(records[0])]
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(r)) for r in records]
+        return [t.result() for t in tasks]
 
     async def _update_one(
         self,
         record: WorkerRecord,
-        op: TaintOp,
+        update: TaintUpdate,
         caller: Principal,
-        expect_revision: int | None,
+        target: Target,
         dry_run: bool,
-        single: bool,
     ) -> TaintChange:
+        if dry_run:
+            return self._preview(record, update, caller)
         try:
-            if dry_run:
-                return self._preview(record, op, caller)
-            result = await update_taints(
+            change = await update_taints(
                 self.store,
                 record.key,
-                op,
-                expect_revision=expect_revision,
+                update,
+                expect_revision=target.expect_revision,
                 check=lambda before, after: caller.check_taints(_changed(before, after)),
             )
         except DynamoError as exc:
-            if not dry_run:
-                self._audit(caller, op, record, record.taints, None, None, exc)
-            if single:
-                raise
-            return TaintChange(
-                record.instance_id, record.key, record.taints, record.taints, 0,
-                Failure(code_name(exc), str(exc)),
-            )  # fmt: skip
-        change = TaintChange(
-            record.instance_id,
-            record.key,
-            result.before.taints,
-            result.after.taints,
-            result.revision,
-        )
-        self._audit(caller, op, record, change.before, change.after, change.revision, None)
+            self._audit(caller, update, record, record.taints, None, None, exc)
+            raise
+        self._audit(caller, update, record, change.before, change.after, change.revision, None)
         return change
 
-    def _preview(self, record: WorkerRecord, op: TaintOp, caller: Principal) -> TaintChange:
-        after = apply_caller_taints(record, op.apply(caller_taints(record.taints)))
+    def _preview(self, record: WorkerRecord, update: TaintUpdate, caller: Principal) -> TaintChange:
+        after = record.updated(update)
         caller.check_taints(_changed(record, after))
         return TaintChange(
             record.instance_id,
@@ -172,7 +192,7 @@ class Control:
     def _audit(
         self,
         caller: Principal,
-        op: TaintOp,
+        update: TaintUpdate,
         record: WorkerRecord,
         before: Iterable[str],
         after: Iterable[str] | None,
@@ -188,9 +208,9 @@ class Control:
                 self.metrics.wrote(record.key, revision)
         self.audit.record(
             caller=caller.name,
-            operation=op.kind,
-            taints=list(op.taints),
-            keys=list(op.keys),
+            action=update.action,
+            taints=list(update.taints),
+            keys=list(update.keys),
             worker=record.instance_id,
             key=record.key,
             before=list(before),
@@ -198,6 +218,44 @@ class Control:
             revision=revision,
             outcome=outcome,
             **({"error": str(error)} if error is not None else {}),
+        )
+
+    def explain(self, model: str, constraints: RoutingConstraints, prompt: str) -> ExplainInfo:
+        """The router's decision for a hypothetical request, as data. The prompt is
+        tokenized and its blocks hashed as the front would, so prefix overlap shows up
+        exactly as a real request would see it."""
+        tokens = self.tokenizer.encode(prompt) if prompt else []
+        card = self.router.card(model)
+        block_size = card.kv_block_size if card is not None else DEFAULT_BLOCK_SIZE
+        result = self.router.explain(
+            RouteRequest.for_prompt(model, constraints, tokens, block_size)
+        )
+        candidates = tuple(self._candidate(row) for row in result.workers)
+        chosen = next((c.worker.id for c in candidates if c.rank == 1), "")
+        summary = (
+            result.reason or f"would route to {chosen} ({len(candidates)} workers of {model!r})"
+        )
+        return ExplainInfo(candidates, chosen, summary)
+
+    def _candidate(self, row: WorkerExplanation) -> CandidateInfo:
+        terms = row.terms
+        if row.ineligible is not None:
+            reason = row.ineligible.reason(row.worker)
+        elif row.busy is not None:
+            reason = f"busy ({row.busy.value} at capacity)"
+        else:
+            reason = ""
+        return CandidateInfo(
+            worker=self.info(row.worker),
+            eligible=row.eligible,
+            reason=reason,
+            load_cost=terms.load_cost,
+            overlap_credit=terms.overlap_credit,
+            overlap_blocks=terms.overlap_blocks,
+            preference=terms.preference,
+            multiplier=terms.multiplier,
+            cost=terms.cost,
+            rank=row.rank or 0,
         )
 
     async def status(self, version: str = __version__) -> StatusInfo:
@@ -219,6 +277,12 @@ class Control:
             revision=self.view.revision,
             state=self.state,
         )
+
+
+def _failed(record: WorkerRecord, error: DynamoError) -> TaintChange:
+    """One worker's failed part of a bulk update: its taints as they were, and why."""
+    failure = ChangeError(code_name(error), str(error))
+    return TaintChange(record.instance_id, record.key, record.taints, record.taints, 0, failure)
 
 
 def _changed(before: WorkerRecord, after: WorkerRecord) -> set[str]:

@@ -28,7 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from dynamod import __version__, logs, systemd
 from dynamod.aio import cancel_and_wait
 from dynamod.api import server as grpc_server
-from dynamod.api.service import Api
+from dynamod.api.service import ServiceContext
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
 from dynamod.config import Settings, parse_hostport
@@ -36,11 +36,13 @@ from dynamod.control import Control
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
 from dynamod.frontend import Frontend
+from dynamod.http.server import serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.metrics import DaemonMetrics
+from dynamod.reports import DaemonState
 from dynamod.router import Router
 from dynamod.store import Store, open_store
-from dynamod.worker.runtime import serve_app
+from dynamod.tokenizers import SimpleTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +93,14 @@ class Daemon:
         router = Router(settings.router, registry=self.registry)
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
+        # The workers' tokenizer: the front and explain must count and hash prompts alike.
+        tokenizer = SimpleTokenizer()
         control = Control(
-            store, view, router, self.audit, settings.replica_id, metrics=self.metrics
+            store, view, router, self.audit, settings.replica_id, tokenizer, metrics=self.metrics
         )
-        self.api = Api(control, Tokens.load(settings.tokens_file), self.registry, self.metrics)
+        self.api = ServiceContext(
+            control, Tokens.load(settings.tokens_file), self.registry, self.metrics
+        )
         self.router = router
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")
@@ -103,10 +109,12 @@ class Daemon:
                 watcher.cancel()
                 return EX_OK
             grpc = await grpc_server.start(self.api, settings)
-            front = await stack.enter_async_context(Frontend(router, view, registry=self.registry))
+            front = await stack.enter_async_context(
+                Frontend(router, view, tokenizer, registry=self.registry)
+            )
             http = await self._start_http(stack, front)
             await grpc.serving(True)
-            control.state = "serving"
+            control.state = DaemonState.SERVING
             self.http_url = http
             self._announce(grpc.addresses, http, store.url, len(view))
             self.ready.set()
@@ -140,7 +148,7 @@ class Daemon:
             raise ConfigError(
                 f"cannot listen on http {self.settings.http}: {exc.strerror}"
             ) from None
-        return f"http://{bound_host}:{bound_port}"
+        return url(bound_host, bound_port)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -149,7 +157,8 @@ class Daemon:
 
     async def _health(self, request: web.Request) -> web.Response:
         state = self.api.control.state
-        return web.json_response({"status": state}, status=200 if state == "serving" else 503)
+        serving = state is DaemonState.SERVING
+        return web.json_response({"status": str(state)}, status=200 if serving else 503)
 
     def _announce(self, grpc: list[str], http: str, store: str, workers: int) -> None:
         systemd.notify("READY=1", f"STATUS=serving {workers} workers")
@@ -171,7 +180,7 @@ class Daemon:
     ) -> int:
         grace = self.settings.grace
         systemd.notify("STOPPING=1", "STATUS=draining")
-        control.state = "draining"
+        control.state = DaemonState.DRAINING
         await grpc.serving(False)
         self.api.end_tails()
         front.begin_drain()

@@ -3,8 +3,9 @@
 Every error the product raises on purpose is a ``DynamoError``. Each also subclasses the
 builtin a caller would naturally catch, so ``except ValueError`` still works::
 
-    DynamoError
-    ├── InvalidInputError (ValueError)          the caller sent something we refuse
+    DynamoError                                                     status code
+    ├── InvalidInputError (ValueError)          the caller sent      INVALID_ARGUMENT
+    │   │                                       something we refuse
     │   ├── TaintError                          a taint breaks the grammar or is reserved
     │   ├── TopologyError                       topology / kv-transfer metadata is invalid
     │   ├── ConstraintError                     routing constraints are malformed
@@ -12,27 +13,34 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   ├── SelectorError                       a worker selector does not parse
     │   ├── InvalidKeyError                     a store key a backend cannot hold
     │   └── ConfigError                         settings, flags or config file are invalid
-    ├── NotFoundError (LookupError)
+    ├── NotFoundError (LookupError)                                  NOT_FOUND
     │   ├── KeyNotFoundError                    store: the key does not exist
     │   └── WorkerNotFoundError                 no worker has that id / prefix
     │       └── AmbiguousWorkerError            the prefix names several workers
-    ├── RevisionMismatchError                   store CAS lost, or the caller's
-    │                                           expected revision is stale (has .actual)
-    ├── ConflictError                           lost every compare-and-swap attempt;
-    │                                           retryable
+    ├── RevisionMismatchError                   store CAS lost, or   FAILED_PRECONDITION
+    │                                           the caller's expected revision is stale
+    ├── ConflictError                           lost every CAS       ABORTED
+    │                                           attempt; retryable
     ├── StoreError
-    │   ├── StoreUnavailableError (ConnectionError)   timeout / server down; retryable
+    │   ├── StoreUnavailableError (ConnectionError)  down; retryable UNAVAILABLE
     │   ├── StoreClosedError                    used after aclose(): a bug, not a fault
     │   └── LeaseExpiredError                   the lease is gone; re-register
     ├── RoutingError
-    │   ├── NoEligibleWorkerError               no worker satisfies the constraints
-    │   ├── QueueTimeoutError (TimeoutError)    waited too long for a worker
-    │   ├── QueueFullError                      the pending queue is at capacity
-    │   └── ShuttingDownError                   the router is draining
+    │   ├── NoEligibleWorkerError               no worker satisfies  FAILED_PRECONDITION
+    │   ├── QueueTimeoutError (TimeoutError)    waited too long      DEADLINE_EXCEEDED
+    │   ├── QueueFullError                      the queue is full    RESOURCE_EXHAUSTED
+    │   └── ShuttingDownError                   draining; retryable  UNAVAILABLE
     ├── AccessError (PermissionError)
-    │   ├── UnauthenticatedError                no or unknown credentials
-    │   └── PermissionDeniedError               credentials lack the right
+    │   ├── UnauthenticatedError                no or unknown        UNAUTHENTICATED
+    │   │                                       credentials
+    │   └── PermissionDeniedError               credentials lack     PERMISSION_DENIED
+    │                                           the right
     └── UnreachableError (ConnectionError)      the daemon cannot be reached at all
+
+Each class's ``code`` is the gRPC status code name it travels as (``code_name``); a class
+without one in the column above inherits its parent's, and the root's is ``INTERNAL``.
+``api/status.py`` maps these names to gRPC's own codes; the tables of the HTTP surfaces
+live beside them.
 
 "You closed it" (``StoreClosedError``) and "it broke under you"
 (``StoreUnavailableError``) are different classes on purpose: only the second is worth a
@@ -46,10 +54,19 @@ class DynamoError(Exception):
     """Base of every error raised on purpose by this project."""
 
     retryable: bool = False
+    code: str = "INTERNAL"
+    """The gRPC status code name this error travels as (see the tree above)."""
+
+
+def code_name(error: BaseException) -> str:
+    """The status code name for ``error``; ``INTERNAL`` for anything not ours."""
+    return error.code if isinstance(error, DynamoError) else "INTERNAL"
 
 
 class InvalidInputError(DynamoError, ValueError):
     """The input is refused; nothing was changed."""
+
+    code = "INVALID_ARGUMENT"
 
 
 def shown(value: str, limit: int = 300) -> str:
@@ -99,6 +116,8 @@ class ConfigError(InvalidInputError):
 class NotFoundError(DynamoError, LookupError):
     """Something named by the caller does not exist."""
 
+    code = "NOT_FOUND"
+
 
 class KeyNotFoundError(NotFoundError):
     """The store has no such key."""
@@ -132,6 +151,8 @@ class AmbiguousWorkerError(WorkerNotFoundError):
 class RevisionMismatchError(DynamoError):
     """A compare-and-swap found the key at another revision than expected."""
 
+    code = "FAILED_PRECONDITION"
+
     def __init__(self, key: str, expected: int, actual: int) -> None:
         super().__init__(f"{key!r} is at revision {actual}, not the expected revision {expected}")
         self.key = key
@@ -142,6 +163,7 @@ class RevisionMismatchError(DynamoError):
 class ConflictError(DynamoError):
     """Every compare-and-swap attempt lost a race with another writer. Retry the call."""
 
+    code = "ABORTED"
     retryable = True
 
 
@@ -152,6 +174,7 @@ class StoreError(DynamoError):
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store did not answer in time or is down. Retryable."""
 
+    code = "UNAVAILABLE"
     retryable = True
 
 
@@ -170,20 +193,26 @@ class RoutingError(DynamoError):
 class NoEligibleWorkerError(RoutingError):
     """No worker of the model satisfies the request's constraints."""
 
+    code = "FAILED_PRECONDITION"
+
 
 class QueueTimeoutError(RoutingError, TimeoutError):
     """The request waited for an eligible worker until its deadline."""
+
+    code = "DEADLINE_EXCEEDED"
 
 
 class QueueFullError(RoutingError):
     """The pending queue is full; retry later."""
 
+    code = "RESOURCE_EXHAUSTED"
     retryable = True
 
 
 class ShuttingDownError(RoutingError):
     """The process is draining and takes no new work."""
 
+    code = "UNAVAILABLE"
     retryable = True
 
 
@@ -194,9 +223,13 @@ class AccessError(DynamoError, PermissionError):
 class UnauthenticatedError(AccessError):
     """No credentials, or credentials nobody issued."""
 
+    code = "UNAUTHENTICATED"
+
 
 class PermissionDeniedError(AccessError):
     """Valid credentials without the needed right."""
+
+    code = "PERMISSION_DENIED"
 
 
 class UnreachableError(DynamoError, ConnectionError):

@@ -18,12 +18,21 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dynamod.errors import ImmutableFieldError, InvalidInputError
-from dynamod.taints import is_topology, topology_taints
+from dynamod.errors import ImmutableFieldError, InvalidInputError, TaintError, TopologyError
+from dynamod.taints import (
+    TaintUpdate,
+    caller_taints,
+    is_topology,
+    topology_taint,
+    topology_taints,
+    validate,
+    validate_caller_taints,
+    with_topology,
+)
 
 WORKERS_PREFIX = "v1/workers"
 
@@ -218,6 +227,23 @@ class WorkerRecord:
     def to_bytes(self) -> bytes:
         return canonical_json(self.to_json())
 
+    def with_caller_taints(self, taints: Iterable[str]) -> WorkerRecord:
+        """This record with its caller taints replaced by ``taints``.
+
+        The only way a record's taints change. ``taints`` are validated (a reserved or
+        invalid one raises ``TaintError`` and nothing changes); the topology taints are
+        regenerated from the immutable ``topology_domains``, so no input can add, drop or
+        alter them.
+        """
+        caller = validate_caller_taints(taints)
+        config = self.runtime_config
+        merged = with_topology(caller, config.topology_domains)
+        return replace(self, runtime_config=replace(config, taints=merged))
+
+    def updated(self, update: TaintUpdate) -> WorkerRecord:
+        """This record after ``update``, computed on its current caller taints."""
+        return self.with_caller_taints(update.apply(caller_taints(self.taints)))
+
     @classmethod
     def from_json(cls, obj: object) -> WorkerRecord:
         r = _Reader(obj, "worker")
@@ -280,6 +306,75 @@ def _first_difference(a: object, b: object, path: str) -> str | None:
                 return found
         return None
     return None if a == b else path
+
+
+ENFORCEMENTS = ("required", "preferred")
+
+
+def validate_topology(config: RuntimeConfig) -> None:
+    """Check topology domains and kv-transfer settings; raise ``TopologyError`` if invalid.
+
+    The messages are Dynamo's own, word for word."""
+    for domain, value in config.topology_domains.items():
+        _check_domain(domain, value)
+    _check_transfer(config)
+
+
+def _check_domain(domain: str, value: str) -> None:
+    if not domain.strip():
+        raise TopologyError("topology_domains keys must be non-empty")
+    if domain != domain.strip():
+        raise TopologyError(
+            f'topology_domains key "{domain}" must not contain leading or trailing whitespace'
+        )
+    if not value.strip():
+        raise TopologyError(f'topology_domains value for "{domain}" must be non-empty')
+    if value != value.strip():
+        raise TopologyError(
+            f'topology_domains value for "{domain}" must not contain leading or trailing whitespace'
+        )
+    try:
+        validate(topology_taint(domain, value), allow_reserved=True)
+    except TaintError as exc:
+        raise TopologyError(
+            f'topology_domains entry "{domain}"="{value}" does not make a valid taint: {exc}'
+        ) from None
+
+
+def _check_transfer(config: RuntimeConfig) -> None:
+    domain = config.kv_transfer_domain
+    enforcement = config.kv_transfer_enforcement
+    weight = config.kv_transfer_preferred_weight
+    if domain is not None:
+        if not domain.strip():
+            raise TopologyError("kv_transfer_domain must be non-empty when set")
+        if domain != domain.strip():
+            raise TopologyError(
+                "kv_transfer_domain must not contain leading or trailing whitespace"
+            )
+        if domain not in config.topology_domains:
+            raise TopologyError(
+                f'kv_transfer_domain "{domain}" must reference a key in topology_domains'
+            )
+    if enforcement is not None:
+        if enforcement not in ENFORCEMENTS:
+            raise TopologyError(
+                f"kv_transfer_enforcement must be 'required' or 'preferred', got {enforcement!r}"
+            )
+        if domain is None:
+            raise TopologyError("kv_transfer_enforcement requires kv_transfer_domain")
+    if enforcement == "preferred" and weight is None:
+        raise TopologyError(
+            "kv_transfer_preferred_weight is required when kv_transfer_enforcement is preferred"
+        )
+    if weight is not None:
+        if enforcement != "preferred":
+            raise TopologyError(
+                "kv_transfer_preferred_weight can only be set when kv_transfer_enforcement "
+                "is preferred"
+            )
+        if not 0.0 <= weight <= 1.0:
+            raise TopologyError(f"kv_transfer_preferred_weight must be from 0 to 1, got {weight}")
 
 
 # Discovery events: what a watcher of the worker view sees. Every event carries the store

@@ -22,22 +22,23 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK | os.X_OK)
 
 
+def _systemd_or(variable: str, system: Path) -> Path | None:
+    """The directory systemd hands over in ``variable``, else ``system`` when writable."""
+    return _first(variable) or (system if _writable(system) else None)
+
+
 def runtime_dir() -> Path:
-    found = _first("RUNTIME_DIRECTORY")
+    found = _systemd_or("RUNTIME_DIRECTORY", Path("/run/dynamod"))
     if found:
         return found
-    if _writable(Path("/run/dynamod")):
-        return Path("/run/dynamod")
     xdg = _first("XDG_RUNTIME_DIR")
     return xdg / "dynamod" if xdg else Path(f"/tmp/dynamod-{os.getuid()}")
 
 
 def state_dir() -> Path:
-    found = _first("STATE_DIRECTORY")
+    found = _systemd_or("STATE_DIRECTORY", Path("/var/lib/dynamod"))
     if found:
         return found
-    if _writable(Path("/var/lib/dynamod")):
-        return Path("/var/lib/dynamod")
     xdg = _first("XDG_STATE_HOME")
     return (xdg or Path.home() / ".local" / "state") / "dynamod"
 

@@ -10,8 +10,9 @@ A taint is a routing label on a worker, written ``[prefix/]name[=value]``:
 
 A worker's taints are a set, stored sorted and de-duplicated, so order never matters.
 Taints under ``dynamo.topology/`` are reserved: they are generated from the record's
-``topology_domains`` and no caller may add or remove them. Everything here is pure and
-synchronous.
+``topology_domains`` and no caller may add or remove them. A ``TaintUpdate`` is one change
+to a worker's caller-managed taints. Everything here is pure and synchronous, and works on
+strings alone (``model.py`` applies taints to records).
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Literal
 
-from dynamod.errors import ConstraintError, TaintError, TopologyError
-
-if TYPE_CHECKING:
-    from dynamod.model import RuntimeConfig, WorkerRecord
+from dynamod.errors import ConstraintError, InvalidInputError, TaintError
 
 TOPOLOGY_PREFIX = "dynamo.topology/"
 CORDONED = "dynamo.io/cordoned"
@@ -132,84 +130,75 @@ def with_topology(caller: Iterable[str], domains: Mapping[str, str]) -> tuple[st
     return normalize((*caller_taints(caller), *topology_taints(domains)))
 
 
-def apply_caller_taints(record: WorkerRecord, taints: Iterable[str]) -> WorkerRecord:
-    """Return ``record`` with its caller taints replaced by ``taints``.
+UpdateAction = Literal["replace", "add", "remove", "clear"]
+ACTIONS: tuple[UpdateAction, ...] = ("replace", "add", "remove", "clear")
 
-    The only way a record's taints change. ``taints`` are validated (a reserved or invalid
-    one raises ``TaintError`` and nothing changes); the topology taints are regenerated from
-    the record's immutable ``topology_domains``, so no input can add, drop or alter them.
+
+@dataclass(frozen=True)
+class TaintUpdate:
+    """One change to a worker's caller-managed taints, from the CLI down to the store.
+
+    ``action`` is one of ``ACTIONS``: ``replace`` sets the caller taints (empty clears; the
+    CLI's ``taints set``, Dynamo's route), ``add`` / ``remove`` name exact taints,
+    ``remove`` also drops every taint whose key (``[prefix/]name``) is in ``keys``, and
+    ``clear`` removes them all. Everything is checked when the update is built, before any
+    read: a reserved or malformed taint raises ``TaintError``, ``add`` / ``remove`` need at
+    least one taint. Duplicates collapse.
     """
-    caller = validate_caller_taints(taints)
-    config = record.runtime_config
-    merged = with_topology(caller, config.topology_domains)
-    return replace(record, runtime_config=replace(config, taints=merged))
 
+    action: UpdateAction
+    taints: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
 
-ENFORCEMENTS = ("required", "preferred")
-
-
-def validate_topology(config: RuntimeConfig) -> None:
-    """Check topology domains and kv-transfer settings; raise ``TopologyError`` if invalid."""
-    for domain, value in config.topology_domains.items():
-        _check_domain(domain, value)
-    _check_transfer(config)
-
-
-def _check_domain(domain: str, value: str) -> None:
-    if not domain.strip():
-        raise TopologyError("topology_domains keys must be non-empty")
-    if domain != domain.strip():
-        raise TopologyError(
-            f'topology_domains key "{domain}" must not contain leading or trailing whitespace'
-        )
-    if not value.strip():
-        raise TopologyError(f'topology_domains value for "{domain}" must be non-empty')
-    if value != value.strip():
-        raise TopologyError(
-            f'topology_domains value for "{domain}" must not contain leading or trailing whitespace'
-        )
-    try:
-        validate(topology_taint(domain, value), allow_reserved=True)
-    except TaintError as exc:
-        raise TopologyError(
-            f'topology_domains entry "{domain}"="{value}" does not make a valid taint: {exc}'
-        ) from None
-
-
-def _check_transfer(config: RuntimeConfig) -> None:
-    domain = config.kv_transfer_domain
-    enforcement = config.kv_transfer_enforcement
-    weight = config.kv_transfer_preferred_weight
-    if domain is not None:
-        if not domain.strip():
-            raise TopologyError("kv_transfer_domain must be non-empty when set")
-        if domain != domain.strip():
-            raise TopologyError(
-                "kv_transfer_domain must not contain leading or trailing whitespace"
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise InvalidInputError(
+                f"taint update action {self.action!r} is unknown; use replace, add, remove or clear"
             )
-        if domain not in config.topology_domains:
-            raise TopologyError(
-                f'kv_transfer_domain "{domain}" must reference a key in topology_domains'
-            )
-    if enforcement is not None:
-        if enforcement not in ENFORCEMENTS:
-            raise TopologyError(
-                f"kv_transfer_enforcement must be 'required' or 'preferred', got {enforcement!r}"
-            )
-        if domain is None:
-            raise TopologyError("kv_transfer_enforcement requires kv_transfer_domain")
-    if enforcement == "preferred" and weight is None:
-        raise TopologyError(
-            "kv_transfer_preferred_weight is required when kv_transfer_enforcement is preferred"
-        )
-    if weight is not None:
-        if enforcement != "preferred":
-            raise TopologyError(
-                "kv_transfer_preferred_weight can only be set when kv_transfer_enforcement "
-                "is preferred"
-            )
-        if not 0.0 <= weight <= 1.0:
-            raise TopologyError(f"kv_transfer_preferred_weight must be from 0 to 1, got {weight}")
+        if self.action == "clear" and self.taints:
+            raise InvalidInputError("clear takes no taints; use remove to drop some of them")
+        if self.keys and self.action != "remove":
+            raise InvalidInputError("taint keys can only be given to remove")
+        if self.action in ("add", "remove") and not (self.taints or self.keys):
+            raise InvalidInputError(f"{self.action} needs at least one taint")
+        object.__setattr__(self, "taints", normalize(validate(t) for t in self.taints))
+        object.__setattr__(self, "keys", normalize(_valid_key(k) for k in self.keys))
+
+    @classmethod
+    def replace(cls, taints: Iterable[str]) -> TaintUpdate:
+        return cls("replace", tuple(taints))
+
+    @classmethod
+    def add(cls, taints: Iterable[str]) -> TaintUpdate:
+        return cls("add", tuple(taints))
+
+    @classmethod
+    def remove(cls, taints: Iterable[str], keys: Iterable[str] = ()) -> TaintUpdate:
+        """Remove exact ``taints``, and every taint whose key is in ``keys``."""
+        return cls("remove", tuple(taints), tuple(keys))
+
+    @classmethod
+    def clear(cls) -> TaintUpdate:
+        return cls("clear")
+
+    def apply(self, current: Iterable[str]) -> tuple[str, ...]:
+        """The caller taints after this update, given the caller taints read just now."""
+        held = set(current)
+        if self.action == "add":
+            held |= set(self.taints)
+        elif self.action == "remove":
+            held -= set(self.taints)
+            held = {t for t in held if key_of(t) not in self.keys}
+        else:
+            held = set(self.taints)
+        return normalize(held)
+
+
+def _valid_key(key: str) -> str:
+    validate(key)
+    if "=" in key:
+        raise InvalidInputError(f"taint key {key!r} must not contain '='; give the key alone")
+    return key
 
 
 @dataclass(frozen=True)

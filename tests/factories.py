@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from dynamod.discovery.registry import new_instance_id
+from dynamod.discovery.records import new_instance_id
 from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.taints import with_topology
 

@@ -11,7 +11,7 @@ from dynamoctl.targets import Selector
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
-    from dynamod.api.client import Client
+    from dynamod.client import AsyncClient
 
 app = typer.Typer(
     no_args_is_help=True, help="Discovery events: workers added, removed, their taints changed."
@@ -43,7 +43,7 @@ def tail(
     per line. Ctrl-C ends it (exit status 0)."""
     from dynamoctl.session import execute
 
-    async def body(client: Client, printer: Printer) -> int:
+    async def body(client: AsyncClient, printer: Printer) -> int:
         from dynamoctl.targets import check_selector
         from dynamoctl.watch import EventTail
 

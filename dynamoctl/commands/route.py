@@ -10,8 +10,8 @@ from dynamoctl import completion, exits, views
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
-    from dynamod.api.client import Client
-    from dynamod.api.types import ExplainInfo
+    from dynamod.client import AsyncClient
+    from dynamod.reports import ExplainInfo
 
 app = typer.Typer(no_args_is_help=True, help="Explain routing decisions.")
 
@@ -77,7 +77,7 @@ def explain(
     preferred = parse_preferences(prefer or [])
     required = list(require or [])
 
-    async def body(client: Client, printer: Printer) -> int:
+    async def body(client: AsyncClient, printer: Printer) -> int:
         from dynamod.taints import RoutingConstraints
 
         RoutingConstraints(frozenset(required), preferred)  # the daemon's checks, first

@@ -10,7 +10,7 @@ from dynamoctl import exits, views
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
-    from dynamod.api.client import Client
+    from dynamod.client import AsyncClient
 
 STATUS_FORMATS = ("table", "wide", "json", "yaml")
 
@@ -23,7 +23,7 @@ def status(ctx: typer.Context) -> None:
     from dynamoctl.session import execute
     from dynamod import __version__
 
-    async def body(client: Client, printer: Printer) -> int:
+    async def body(client: AsyncClient, printer: Printer) -> int:
         info = await client.status()
         if printer.output in ("json", "yaml"):
             obj = views.status_object(info, client.endpoint, __version__)

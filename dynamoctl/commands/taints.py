@@ -18,15 +18,15 @@ from dynamoctl.targets import (
     AllWorkers,
     DryRun,
     IfRevision,
+    Scope,
     Selector,
-    Target,
     Yes,
     check_all,
-    target,
+    scope,
 )
 
 if TYPE_CHECKING:
-    from dynamod.discovery.registry import OpKind
+    from dynamod.taints import UpdateAction
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -64,8 +64,8 @@ Keys = Annotated[
 
 def _change(
     ctx: typer.Context,
-    kind: OpKind,
-    chosen: Target,
+    action: UpdateAction,
+    chosen: Scope,
     taints: list[str],
     *,
     keys: list[str] | None = None,
@@ -73,25 +73,27 @@ def _change(
     dry_run: bool = False,
     yes: bool = False,
 ) -> None:
-    if kind in ("add", "remove") and not (taints or keys):
-        what = "TAINT or --key KEY" if kind == "remove" else "TAINT"
+    if action in ("add", "remove") and not (taints or keys):
+        what = "TAINT or --key KEY" if action == "remove" else "TAINT"
         raise UsageError(f"give at least one {what}")
     if if_revision is not None and chosen.bulk:
         raise UsageError("--if-revision needs a single worker ID, not -l or --all")
     check_all(chosen, dry_run, yes)
     from dynamoctl import changes
 
-    request = changes.Request(kind, tuple(taints), tuple(keys or ()))
-    changes.run(ctx, request, chosen, if_revision=if_revision, dry_run=dry_run, yes=yes)
+    changes.run(
+        ctx, action, chosen, taints, keys=keys or (),
+        if_revision=if_revision, dry_run=dry_run, yes=yes,
+    )  # fmt: skip
 
 
 def _split(
     worker: str | None, taints: list[str] | None, selector: str | None, all_workers: bool
-) -> tuple[Target, list[str]]:
+) -> tuple[Scope, list[str]]:
     """With -l or --all there is no ID: the first argument is a taint too."""
     if (selector is not None or all_workers) and worker is not None:
-        return target(None, selector, all_workers), [worker, *(taints or [])]
-    return target(worker, selector, all_workers), list(taints or [])
+        return scope(None, selector, all_workers), [worker, *(taints or [])]
+    return scope(worker, selector, all_workers), list(taints or [])
 
 
 @app.command("set")
@@ -164,5 +166,5 @@ def clear(
     """Remove every taint of workers.
 
     Every caller-managed taint; the dynamo.topology/ taints stay."""
-    chosen = target(worker, selector, all_workers)
+    chosen = scope(worker, selector, all_workers)
     _change(ctx, "clear", chosen, [], if_revision=if_revision, dry_run=dry_run, yes=yes)

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dynamoctl import completion, exits, views
-from dynamoctl.targets import AllWorkers, DryRun, Selector, Yes, check_all, target
+from dynamoctl.targets import AllWorkers, DryRun, Selector, Yes, check_all, scope
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
-    from dynamod.api.client import Client
-    from dynamod.api.types import TaintChange, WorkerInfo
-    from dynamod.discovery.registry import OpKind
+    from dynamod.client import AsyncClient
+    from dynamod.reports import TaintChange, WorkerInfo
+    from dynamod.taints import UpdateAction
 
 app = typer.Typer(no_args_is_help=True, help="List and inspect workers; cordon and uncordon.")
 
@@ -56,7 +56,7 @@ def ls(
     happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get -w."""
     from dynamoctl.session import execute
 
-    async def body(client: Client, printer: Printer) -> int:
+    async def body(client: AsyncClient, printer: Printer) -> int:
         from dynamoctl.targets import check_selector
 
         check_selector(selector)
@@ -97,7 +97,7 @@ def _structured(printer: Printer, obj: object) -> None:
         printer.yaml(obj)
 
 
-async def _watch(client: Client, printer: Printer, selector: str) -> int:
+async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
     from dynamoctl.watch import WorkerWatch
 
     watch = WorkerWatch(printer)
@@ -124,7 +124,7 @@ def get(
     Its record, taints, topology, revision, load and model card."""
     from dynamoctl.session import execute
 
-    async def body(client: Client, printer: Printer) -> int:
+    async def body(client: AsyncClient, printer: Printer) -> int:
         info = await client.get_worker(worker)
         if printer.output in ("json", "yaml"):
             _structured(printer, views.worker_object(info))
@@ -140,7 +140,7 @@ def get(
 
 def _cordon(
     ctx: typer.Context,
-    kind: OpKind,
+    action: UpdateAction,
     worker: str | None,
     selector: str | None,
     all_workers: bool,
@@ -150,19 +150,18 @@ def _cordon(
     from dynamoctl import changes
     from dynamod.taints import CORDONED
 
-    chosen = target(worker, selector, all_workers)
+    chosen = scope(worker, selector, all_workers)
     check_all(chosen, dry_run, yes)
     done, already = (
-        ("cordoned", "already cordoned") if kind == "add" else ("uncordoned", "not cordoned")
+        ("cordoned", "already cordoned") if action == "add" else ("uncordoned", "not cordoned")
     )
 
-    def describe(change: TaintChange, dry_run: bool) -> str:
+    def describe(change: TaintChange) -> str:
         if not change.changed:
             return already
         return f"would be {done}" if dry_run else done
 
-    request = changes.Request(kind, (CORDONED,))
-    changes.run(ctx, request, chosen, dry_run=dry_run, yes=yes, describe=describe)
+    changes.run(ctx, action, chosen, (CORDONED,), dry_run=dry_run, yes=yes, describe=describe)
 
 
 @app.command()

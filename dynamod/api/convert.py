@@ -1,24 +1,35 @@
-"""Between the API's dataclasses (``api/types.py``) and the wire messages. Both directions
-live here, so the server and the client cannot disagree."""
+"""Between the daemon's reports (``dynamod/reports.py``) and the wire messages. Both
+directions live here, so the server and the client cannot disagree."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 
-from dynamod.api.types import (
+from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.load import Load
+from dynamod.model import WorkerRecord, canonical_json
+from dynamod.reports import (
     CandidateInfo,
+    ChangeError,
+    DaemonState,
     EventInfo,
     EventKind,
     ExplainInfo,
-    Failure,
-    Load,
     StatusInfo,
     TaintChange,
     WorkerInfo,
 )
-from dynamod.api.v1 import dynamo_pb2 as pb
-from dynamod.model import WorkerRecord, canonical_json
+from dynamod.taints import UpdateAction
+
+ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
+    "replace": pb.TAINT_ACTION_REPLACE,
+    "add": pb.TAINT_ACTION_ADD,
+    "remove": pb.TAINT_ACTION_REMOVE,
+    "clear": pb.TAINT_ACTION_CLEAR,
+}
+ACTION_NAMES = {number: name for name, number in ACTIONS.items()}
 
 KINDS: dict[EventKind, int] = {
     "ADDED": pb.Event.ADDED,
@@ -50,8 +61,8 @@ def worker_to_pb(info: WorkerInfo) -> pb.Worker:
         version=record.version,
         load=pb.Load(
             active_requests=info.load.active_requests,
-            active_prompt_tokens=info.load.active_prompt_tokens,
-            active_kv_blocks=info.load.active_kv_blocks,
+            active_prompt_tokens=info.load.prefill_tokens,
+            active_kv_blocks=info.load.kv_blocks,
         ),
         record_json=canonical_json(record.to_json()).decode(),
     )
@@ -61,8 +72,8 @@ def worker_from_pb(message: pb.Worker) -> WorkerInfo:
     record = WorkerRecord.from_json(json.loads(message.record_json))
     load = Load(
         active_requests=message.load.active_requests,
-        active_prompt_tokens=message.load.active_prompt_tokens,
-        active_kv_blocks=message.load.active_kv_blocks,
+        prefill_tokens=message.load.active_prompt_tokens,
+        kv_blocks=message.load.active_kv_blocks,
     )
     return WorkerInfo(record, message.revision, load)
 
@@ -85,7 +96,9 @@ def change_to_pb(change: TaintChange) -> pb.TaintChange:
 
 def change_from_pb(message: pb.TaintChange) -> TaintChange:
     error = (
-        Failure(message.error.code, message.error.message) if message.HasField("error") else None
+        ChangeError(message.error.code, message.error.message)
+        if message.HasField("error")
+        else None
     )
     return TaintChange(
         worker=message.worker,
@@ -131,19 +144,13 @@ def explain_to_pb(info: ExplainInfo) -> pb.ExplainResponse:
     )
 
 
+# A candidate's fields besides its worker carry the same names on both sides.
+_CANDIDATE_TERMS = tuple(f.name for f in dataclasses.fields(CandidateInfo) if f.name != "worker")
+
+
 def _candidate_to_pb(c: CandidateInfo) -> pb.Candidate:
-    return pb.Candidate(
-        worker=worker_to_pb(c.worker),
-        eligible=c.eligible,
-        reason=c.reason,
-        load_cost=c.load_cost,
-        overlap_credit=c.overlap_credit,
-        overlap_blocks=c.overlap_blocks,
-        preference=c.preference,
-        multiplier=c.multiplier,
-        cost=c.cost,
-        rank=c.rank,
-    )
+    terms = {name: getattr(c, name) for name in _CANDIDATE_TERMS}
+    return pb.Candidate(worker=worker_to_pb(c.worker), **terms)
 
 
 def explain_from_pb(message: pb.ExplainResponse) -> ExplainInfo:
@@ -155,37 +162,17 @@ def explain_from_pb(message: pb.ExplainResponse) -> ExplainInfo:
 
 
 def _candidate_from_pb(c: pb.Candidate) -> CandidateInfo:
-    return CandidateInfo(
-        worker=worker_from_pb(c.worker),
-        eligible=c.eligible,
-        reason=c.reason,
-        load_cost=c.load_cost,
-        overlap_credit=c.overlap_credit,
-        overlap_blocks=c.overlap_blocks,
-        preference=c.preference,
-        multiplier=c.multiplier,
-        cost=c.cost,
-        rank=c.rank,
-    )
+    terms = {name: getattr(c, name) for name in _CANDIDATE_TERMS}
+    return CandidateInfo(worker=worker_from_pb(c.worker), **terms)
 
 
 def status_to_pb(info: StatusInfo) -> pb.StatusResponse:
-    return pb.StatusResponse(**info.__dict__)
+    return pb.StatusResponse(**{**info.__dict__, "state": str(info.state)})
 
 
 def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
-    return StatusInfo(
-        version=message.version,
-        store_url=message.store_url,
-        store_healthy=message.store_healthy,
-        store_error=message.store_error,
-        workers=message.workers,
-        uptime_seconds=message.uptime_seconds,
-        replica_id=message.replica_id,
-        queue_depth=message.queue_depth,
-        revision=message.revision,
-        state=message.state,
-    )
+    values = {f.name: getattr(message, f.name) for f in dataclasses.fields(StatusInfo)}
+    return StatusInfo(**{**values, "state": DaemonState(message.state)})
 
 
 def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:

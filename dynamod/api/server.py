@@ -19,7 +19,7 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from dynamod.api.service import Api, add_services
+from dynamod.api.service import ServiceContext, add_services
 from dynamod.config import Settings, parse_hostport
 from dynamod.errors import ConfigError
 
@@ -68,7 +68,7 @@ class GrpcServer:
                 path.unlink()
 
 
-async def start(api: Api, settings: Settings) -> GrpcServer:
+async def start(api: ServiceContext, settings: Settings) -> GrpcServer:
     server = aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),

@@ -1,12 +1,16 @@
 """The gRPC servicers: identify the caller, convert, call ``Control``, convert back.
 
 Every call is authenticated (``auth.Tokens.identify``), counted in the API metrics by
-method and status code, and every ``DynamoError`` leaves as its status code (see
-``dynamod/status.py``) with the domain message and the error class in trailing metadata.
+method and status code, and every ``DynamoError`` leaves as its status code (the error
+tree in ``dynamod/errors.py``) with the domain message and the error class in trailing
+metadata. Requests become our values here (``TaintUpdate``, ``Target``,
+``RoutingConstraints``), whose constructors check them: that is the server side's one
+check of each rule.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,40 +21,26 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter
 
 from dynamod.api import convert
-from dynamod.api.errors import ERROR_KEY, status_of
-from dynamod.api.types import EventInfo, ExplainInfo
+from dynamod.api.status import ERROR_KEY, status_of
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal, Tokens
 from dynamod.control import Control, Target
-from dynamod.discovery.registry import TaintOp
 from dynamod.discovery.view import Subscription
-from dynamod.errors import (
-    DynamoError,
-    InvalidInputError,
-    ShuttingDownError,
-    StoreUnavailableError,
-)
-from dynamod.explain import explain
+from dynamod.errors import DynamoError, ShuttingDownError, StoreUnavailableError
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
+from dynamod.reports import EventInfo, TaintChange
 from dynamod.selectors import Selector, parse
-from dynamod.taints import RoutingConstraints
+from dynamod.taints import RoutingConstraints, TaintUpdate
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 Context = aio.ServicerContext[Any, Any]
 
-OPERATIONS = {
-    pb.TAINT_OPERATION_REPLACE: "replace",
-    pb.TAINT_OPERATION_ADD: "add",
-    pb.TAINT_OPERATION_REMOVE: "remove",
-    pb.TAINT_OPERATION_CLEAR: "clear",
-}
 
-
-class Api:
+class ServiceContext:
     """Shared by the servicers: the control plane, the caller's identity, the metrics."""
 
     def __init__(
@@ -80,7 +70,7 @@ class Api:
             cert_name=cert,
         )  # fmt: skip
 
-    async def unary(
+    async def call(
         self, method: str, context: Context, body: Callable[[Principal], Awaitable[R]]
     ) -> R:
         try:
@@ -115,7 +105,7 @@ def _fit(message: str) -> str:
 
 
 class WorkerService(rpc.WorkerServiceServicer):
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ServiceContext) -> None:
         self.api = api
 
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Context) -> Any:
@@ -128,55 +118,74 @@ class WorkerService(rpc.WorkerServiceServicer):
                 workers=[convert.worker_to_pb(w) for w in workers], revision=revision
             )
 
-        return await self.api.unary("ListWorkers", context, body)
+        return await self.api.call("ListWorkers", context, body)
 
     async def GetWorker(self, request: pb.GetWorkerRequest, context: Context) -> Any:
         async def body(_: Principal) -> pb.GetWorkerResponse:
             worker = self.api.control.get_worker(request.id)
             return pb.GetWorkerResponse(worker=convert.worker_to_pb(worker))
 
-        return await self.api.unary("GetWorker", context, body)
+        return await self.api.call("GetWorker", context, body)
 
 
 class TaintService(rpc.TaintServiceServicer):
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ServiceContext) -> None:
         self.api = api
 
     async def UpdateTaints(self, request: pb.UpdateTaintsRequest, context: Context) -> Any:
         async def body(caller: Principal) -> pb.UpdateTaintsResponse:
-            if self.api.draining:
-                raise ShuttingDownError("dynamod is shutting down; retry on another replica")
-            changes = await self.api.control.update_taints(
-                _target(request), _op(request), caller=caller, dry_run=request.dry_run,
-                expect_revision=(
-                    request.expect_revision if request.HasField("expect_revision") else None
-                ),
-            )  # fmt: skip
+            changes = await self._update(request, caller)
             return pb.UpdateTaintsResponse(results=[convert.change_to_pb(c) for c in changes])
 
-        return await self.api.unary("UpdateTaints", context, body)
+        return await self.api.call("UpdateTaints", context, body)
+
+    # grpc.aio lets a server-streaming handler write with context.write() and return None;
+    # the generated stubs know only the generator form. Writing from the update's own
+    # tasks keeps every task owned by Control.update_taints.
+    async def StreamUpdateTaints(  # type: ignore[override]
+        self, request: pb.UpdateTaintsRequest, context: Context
+    ) -> None:
+        writing = asyncio.Lock()  # the bulk update reports from several tasks at once
+
+        async def sent(change: TaintChange) -> None:
+            async with writing:
+                await context.write(convert.change_to_pb(change))
+
+        async def body(caller: Principal) -> None:
+            await self._update(request, caller, progress=sent)
+
+        await self.api.call("StreamUpdateTaints", context, body)
+
+    async def _update(
+        self,
+        request: pb.UpdateTaintsRequest,
+        caller: Principal,
+        progress: Callable[[TaintChange], Awaitable[None]] | None = None,
+    ) -> list[TaintChange]:
+        if self.api.draining:
+            raise ShuttingDownError("dynamod is shutting down; retry on another replica")
+        update = TaintUpdate(
+            convert.ACTION_NAMES.get(request.action, ""),  # type: ignore[arg-type]
+            tuple(request.taints),
+            tuple(request.keys),
+        )
+        return await self.api.control.update_taints(
+            _target(request), update, caller=caller, dry_run=request.dry_run, progress=progress
+        )
 
 
 def _target(request: pb.UpdateTaintsRequest) -> Target:
     which = request.WhichOneof("target")
-    if which == "worker":
-        return Target(worker=request.worker)
-    if which == "selector":
-        return Target(selector=request.selector)
-    if which == "all" and request.all:
-        return Target(all=True)
-    raise InvalidInputError("name a target: a worker id, a selector, or all")
-
-
-def _op(request: pb.UpdateTaintsRequest) -> TaintOp:
-    kind = OPERATIONS.get(request.operation)
-    if kind is None:
-        raise InvalidInputError("name an operation: replace, add, remove or clear")
-    return TaintOp(kind, tuple(request.taints), tuple(request.keys))  # type: ignore[arg-type]
+    return Target(
+        worker=request.worker if which == "worker" else None,
+        selector=request.selector if which == "selector" else None,
+        all=which == "all" and request.all,
+        expect_revision=request.expect_revision if request.HasField("expect_revision") else None,
+    )
 
 
 class EventService(rpc.EventServiceServicer):
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ServiceContext) -> None:
         self.api = api
 
     async def TailEvents(self, request: pb.TailEventsRequest, context: Context) -> Any:
@@ -242,7 +251,7 @@ def _infos(control: Control, event: DiscoveryEvent, selector: Selector) -> list[
 
 
 class RouterService(rpc.RouterServiceServicer):
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ServiceContext) -> None:
         self.api = api
 
     async def Explain(self, request: pb.ExplainRequest, context: Context) -> Any:
@@ -251,26 +260,24 @@ class RouterService(rpc.RouterServiceServicer):
                 required_taints=frozenset(request.required_taints),
                 preferred_taints=dict(request.preferred_taints),
             )
-            info: ExplainInfo = explain(
-                self.api.control, request.model, constraints, request.prompt
-            )
+            info = self.api.control.explain(request.model, constraints, request.prompt)
             return convert.explain_to_pb(info)
 
-        return await self.api.unary("Explain", context, body)
+        return await self.api.call("Explain", context, body)
 
 
 class StatusService(rpc.StatusServiceServicer):
-    def __init__(self, api: Api) -> None:
+    def __init__(self, api: ServiceContext) -> None:
         self.api = api
 
     async def GetStatus(self, request: pb.StatusRequest, context: Context) -> Any:
         async def body(_: Principal) -> pb.StatusResponse:
             return convert.status_to_pb(await self.api.control.status())
 
-        return await self.api.unary("GetStatus", context, body)
+        return await self.api.call("GetStatus", context, body)
 
 
-def add_services(server: aio.Server, api: Api) -> list[str]:
+def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
     """Register every servicer on ``server``; return their full service names."""
     rpc.add_WorkerServiceServicer_to_server(WorkerService(api), server)
     rpc.add_TaintServiceServicer_to_server(TaintService(api), server)

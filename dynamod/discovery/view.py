@@ -22,7 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from dynamod.discovery.watcher import Classifier
+from dynamod.discovery.translate import EventTranslator
 from dynamod.errors import AmbiguousWorkerError, WorkerNotFoundError
 from dynamod.model import WORKERS_PREFIX, DiscoveryEvent, ViewResync, WorkerRecord
 from dynamod.store import Store
@@ -83,7 +83,7 @@ class WorkerView:
         self.store = store
         self.prefix = prefix
         self.ready = asyncio.Event()
-        self._classifier = Classifier()
+        self._translator = EventTranslator()
         self._listeners: list[Listener] = []
         self._subscriptions: set[Subscription] = set()
         self._history: deque[DiscoveryEvent] = deque(maxlen=history)
@@ -91,30 +91,30 @@ class WorkerView:
 
     @property
     def revision(self) -> int:
-        return self._classifier.revision
+        return self._translator.revision
 
     @property
     def refused(self) -> int:
         """How many store changes were refused (unreadable or immutable-field changes)."""
-        return self._classifier.refused
+        return self._translator.refused
 
     def records(self) -> list[WorkerRecord]:
-        known = self._classifier.known
+        known = self._translator.known
         return [known[k] for k in sorted(known)]
 
     def get(self, key: str) -> WorkerRecord | None:
-        return self._classifier.known.get(key)
+        return self._translator.known.get(key)
 
     def revision_of(self, key: str) -> int:
         """The store revision of the worker's record as the view last saw it (0 if unknown)."""
-        return self._classifier.revisions.get(key, 0)
+        return self._translator.revisions.get(key, 0)
 
     def __len__(self) -> int:
-        return len(self._classifier.known)
+        return len(self._translator.known)
 
     def find(self, ref: str) -> WorkerRecord:
         """A worker by store key, instance id, or a unique prefix of its instance id."""
-        known = self._classifier.known
+        known = self._translator.known
         if ref in known:
             return known[ref]
         matches = [r for r in known.values() if r.instance_id.startswith(ref)] if ref else []
@@ -165,7 +165,7 @@ class WorkerView:
         try:
             async with self.store.watch(self.prefix) as watch:
                 async for store_event in watch:
-                    for event in self._classifier.feed(store_event):
+                    for event in self._translator.feed(store_event):
                         self._publish(event)
         finally:
             self._stopped = True

@@ -2,7 +2,7 @@
 
 Use::
 
-    async with Frontend(router, view, registry=registry) as front:
+    async with Frontend(router, view, tokenizer, registry=registry) as front:
         app = web.Application()
         front.add_to(app)
         runner = web.AppRunner(app, handler_cancellation=True)
@@ -57,20 +57,21 @@ from prometheus_client import CollectorRegistry
 
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import RoutingError
-from dynamod.frontend.body import CHAT, COMPLETIONS, Api, Inbound, read_inbound
+from dynamod.frontend.inbound import Inbound, read_inbound
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
-from dynamod.frontend.relay import Failure, carries_output, relay_stream, relay_whole, send
-from dynamod.frontend.replies import (
-    FORWARDED_REQUEST_HEADERS,
-    error_response,
-    routing_error_response,
+from dynamod.frontend.relay import (
+    UpstreamFailure,
+    carries_output,
+    relay_stream,
+    relay_whole,
+    send,
 )
-from dynamod.inflight import InFlight
+from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
+from dynamod.http.inflight import Drains, InFlight
+from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
 from dynamod.model import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
-from dynamod.worker.engines.base import Tokenizer
-from dynamod.worker.request_body import FieldError
-from dynamod.worker.tokenizer import SimpleTokenizer
+from dynamod.tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -80,26 +81,25 @@ DEFAULT_CLIENT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
-class Frontend:
+class Frontend(Drains):
     """The OpenAI-compatible HTTP front; see the module docstring.
 
     ``client_timeout``: the longest a worker may stay silent (to answer, and between the
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
-    a connection to a worker may take. ``tokenizer`` must be the workers' own (the
-    mocker's ``SimpleTokenizer`` by default), or token counts and block hashes mean
-    nothing. The front owns one ``aiohttp.ClientSession``, opened by ``start()`` and
-    closed by ``aclose()`` (or ``async with``).
+    a connection to a worker may take. ``tokenizer`` must be the workers' own, or token
+    counts and block hashes mean nothing. The front owns one ``aiohttp.ClientSession``,
+    opened by ``start()`` and closed by ``aclose()`` (or ``async with``).
     """
 
     def __init__(
         self,
         router: Router,
         view: WorkerView,
+        tokenizer: Tokenizer,
         *,
         registry: CollectorRegistry | None = None,
         client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        tokenizer: Tokenizer | None = None,
     ) -> None:
         self._router = router
         self._view = view
@@ -107,17 +107,9 @@ class Frontend:
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=client_timeout
         )
-        self._tokenizer = tokenizer if tokenizer is not None else SimpleTokenizer()
+        self._tokenizer = tokenizer
         self._session: aiohttp.ClientSession | None = None
         self._requests = InFlight(self._metrics.in_flight)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._requests)
-
-    @property
-    def draining(self) -> bool:
-        return self._requests.draining
 
     async def start(self) -> None:
         """Open the session to the workers. Call once, before serving."""
@@ -149,18 +141,6 @@ class Frontend:
         app.router.add_post(CHAT.path, self._chat)
         app.router.add_get("/v1/models", self._models)
 
-    def begin_drain(self) -> None:
-        """Refuse new inference requests (503); those in flight run to their end."""
-        self._requests.begin_drain()
-
-    async def wait_idle(self) -> None:
-        """Return once no inference request is in flight (at once if none is).
-
-        Call ``begin_drain`` first, or new requests may start right after; bound the wait
-        with ``asyncio.timeout`` for a grace period.
-        """
-        await self._requests.wait_idle()
-
     # -- routes
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -185,7 +165,7 @@ class Frontend:
         ]
         return web.json_response({"object": "list", "data": data})
 
-    async def _serve(self, request: web.Request, api: Api) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         if self._requests.draining:
             message = "the front is draining and takes no new requests"
             response: web.StreamResponse = error_response(503, message, "draining")
@@ -201,32 +181,31 @@ class Frontend:
 
     # -- one request
 
-    async def _answer(self, request: web.Request, api: Api) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         started = time.perf_counter()
         try:
             inbound = await read_inbound(request, api, self._tokenizer)
         except FieldError as exc:
             return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
-        table = self._router.table
-        workers = table.workers(inbound.model)
-        if not workers:
-            message = table.unsatisfiable(inbound.model, inbound.constraints)
+        card = self._router.card(inbound.model)
+        if card is None:
+            message = self._router.unserved(inbound.model)
             return error_response(404, message, "model_not_found", param="model")
-        route = inbound.route_request(workers[0].model_card.kv_block_size)
+        route = inbound.route_request(card.kv_block_size)
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
         return await self._dispatch(_Call(request, inbound, headers, started), route)
 
     async def _dispatch(self, call: _Call, route: RouteRequest) -> web.StreamResponse:
         """Route and forward; a failure before the worker's first byte is retried once on
         another eligible worker (the failed one excluded)."""
-        failure: Failure | None = None
+        failure: UpstreamFailure | None = None
         for attempt in range(1, ATTEMPTS + 1):
             try:
                 async with self._router.route(route) as assignment:
                     outcome = await self._attempt(call, assignment)
             except RoutingError as exc:
                 return failure.response(exc) if failure else routing_error_response(exc)
-            if not isinstance(outcome, Failure):
+            if not isinstance(outcome, UpstreamFailure):
                 return outcome
             failure = outcome
             if attempt < ATTEMPTS:
@@ -236,12 +215,14 @@ class Frontend:
         assert failure is not None
         return failure.response()
 
-    async def _attempt(self, call: _Call, assignment: Assignment) -> web.StreamResponse | Failure:
+    async def _attempt(
+        self, call: _Call, assignment: Assignment
+    ) -> web.StreamResponse | UpstreamFailure:
         if self._session is None:
             raise RuntimeError("Frontend.start() must be called before serving requests")
         worker = assignment.worker
         upstream = await send(self._session, worker, call.inbound, call.headers)
-        if isinstance(upstream, Failure):
+        if isinstance(upstream, UpstreamFailure):
             return upstream
         async with upstream:
             if upstream.content_type == "text/event-stream":

@@ -3,7 +3,7 @@
 The line that matters is the worker's *first byte* (its response status and headers):
 
 * before it, a failure (refused or reset connection, a timeout, a 5xx status) is a
-  ``Failure``: nothing has reached the client, so the request may be tried once more on
+  ``UpstreamFailure``: nothing has reached the client, so the request may be tried once more on
   another worker;
 * after it, the answer is the client's: a whole response is passed on as it is; a stream
   of server-sent events is passed on event by event, and a failure ends it with one error
@@ -25,13 +25,9 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from dynamod.frontend.body import Inbound
-from dynamod.frontend.replies import (
-    DONE_EVENT,
-    error_event,
-    error_response,
-    passed_headers,
-)
+from dynamod.frontend.inbound import Inbound
+from dynamod.frontend.replies import DONE_EVENT, passed_headers
+from dynamod.http.openai import error_event, error_response
 from dynamod.model import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -42,7 +38,7 @@ MAX_EVENT = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class Failure:
+class UpstreamFailure:
     """A worker that failed before its first byte, and how to tell the client.
 
     ``reason`` is the metric label: ``unreachable``, ``timeout`` or ``status`` (a 5xx).
@@ -69,7 +65,7 @@ async def send(
     worker: WorkerRecord,
     inbound: Inbound,
     headers: Mapping[str, str],
-) -> aiohttp.ClientResponse | Failure:
+) -> aiohttp.ClientResponse | UpstreamFailure:
     """POST ``inbound`` to ``worker``; its response once the status line is in, or why not.
 
     The caller owns a returned response and must release it (``async with``).
@@ -82,14 +78,16 @@ async def send(
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
-        return Failure(worker, "timeout", 504, said)
+        return UpstreamFailure(worker, "timeout", 504, said)
     except aiohttp.ClientError as exc:
-        return Failure(worker, "unreachable", 502, f"{name} is unreachable: {_why(exc)}")
+        return UpstreamFailure(worker, "unreachable", 502, f"{name} is unreachable: {_why(exc)}")
     if upstream.status < 500:
         return upstream
     async with upstream:
         said = await _error_text(upstream)
-    return Failure(worker, "status", upstream.status, f"{name} answered {upstream.status}: {said}")
+    return UpstreamFailure(
+        worker, "status", upstream.status, f"{name} answered {upstream.status}: {said}"
+    )
 
 
 async def _error_text(upstream: aiohttp.ClientResponse) -> str:

@@ -1,16 +1,10 @@
-"""What the front answers with itself: OpenAI-shaped errors, SSE error events, and the
-worker's response headers as they are passed on.
-
-An error is ``{"error": {"message", "type", "param", "code"}}``, the shape the worker
-uses. ``type`` is ``invalid_request_error`` below 500 (``rate_limit_error`` for 429) and
-``server_error`` from 500. Every answer given after a worker was chosen carries
-``x-dynamo-worker-id``; one given before any choice does not.
+"""What the front answers with itself: routing errors in OpenAI's shape
+(``http/openai.py``, the worker's shape too), and the worker's response headers as they are
+passed on. Every answer given after a worker was chosen carries ``x-dynamo-worker-id``; one
+given before any choice does not.
 """
 
 from __future__ import annotations
-
-import json
-from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -22,7 +16,7 @@ from dynamod.errors import (
     RoutingError,
     ShuttingDownError,
 )
-from dynamod.worker.openai import WORKER_ID_HEADER
+from dynamod.http.openai import WORKER_ID_HEADER, error_response
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -57,40 +51,12 @@ _ROUTING: tuple[tuple[type[RoutingError], int, str], ...] = (
 )
 
 
-def error_body(status: int, message: str, code: str, param: str | None = None) -> dict[str, Any]:
-    if status == 429:
-        kind = "rate_limit_error"
-    else:
-        kind = "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def error_response(
-    status: int,
-    message: str,
-    code: str,
-    *,
-    param: str | None = None,
-    worker_id: str | None = None,
-) -> web.Response:
-    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else None
-    return web.json_response(
-        error_body(status, message, code, param), status=status, headers=headers
-    )
-
-
 def routing_error_response(exc: RoutingError) -> web.Response:
     """The answer for a request the router refused: 503, or 429 for a full queue."""
     for kind, status, code in _ROUTING:
         if isinstance(exc, kind):
             return error_response(status, str(exc), code)
     return error_response(503, str(exc), "routing_failed")
-
-
-def error_event(message: str, code: str) -> bytes:
-    """One SSE event holding an error, as the worker sends when a stream breaks."""
-    body = json.dumps(error_body(500, message, code), separators=(",", ":"))
-    return f"data: {body}\n\n".encode()
 
 
 def passed_headers(upstream: CIMultiDictProxy[str], worker_id: str) -> CIMultiDict[str]:

@@ -4,21 +4,12 @@ Nothing here does I/O: the router learns workers from discovery events (``apply`
 hands out assignments; the caller talks to the worker.
 """
 
+from dynamod.router.config import RouterConfig
 from dynamod.router.metrics import RouterMetrics
+from dynamod.router.prefix import PrefixIndex, prefix_hashes
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
 from dynamod.router.router import Router
-from dynamod.router.scoring import (
-    IDLE,
-    Busy,
-    CostTerms,
-    Load,
-    PrefixIndex,
-    RouterConfig,
-    cost_terms,
-    hash_blocks,
-    probabilities,
-    select,
-)
+from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
 from dynamod.router.table import Ineligible, RoutingTable, why_not
 from dynamod.router.types import (
     Assignment,
@@ -29,13 +20,10 @@ from dynamod.router.types import (
 )
 
 __all__ = [
-    "IDLE",
     "Assignment",
-    "Busy",
     "CostTerms",
     "Explanation",
     "Ineligible",
-    "Load",
     "Outcome",
     "PendingQueue",
     "PrefixIndex",
@@ -48,7 +36,7 @@ __all__ = [
     "Waiter",
     "WorkerExplanation",
     "cost_terms",
-    "hash_blocks",
+    "prefix_hashes",
     "probabilities",
     "select",
     "why_not",

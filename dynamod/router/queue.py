@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dynamod.router.scoring import RouterConfig
+from dynamod.router.config import RouterConfig
 
 if TYPE_CHECKING:
     from dynamod.router.types import Assignment, RouteRequest

@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import time
 from collections.abc import AsyncIterator, Collection, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
@@ -49,33 +50,35 @@ from dynamod.errors import (
     RoutingError,
     ShuttingDownError,
 )
-from dynamod.model import DiscoveryEvent, WorkerRecord
+from dynamod.load import IDLE, Busy, Load
+from dynamod.model import DiscoveryEvent, ModelCard, WorkerRecord
+from dynamod.router.config import RouterConfig
 from dynamod.router.metrics import RouterMetrics
+from dynamod.router.prefix import PrefixIndex
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
-from dynamod.router.scoring import (
-    IDLE,
-    Busy,
-    CostTerms,
-    Load,
-    PrefixIndex,
-    RouterConfig,
-    cost_terms,
-    probabilities,
-    select,
-)
+from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
 from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
 from dynamod.router.types import (
     Assignment,
     Explanation,
     Outcome,
-    Reservation,
     RouteRequest,
     WorkerExplanation,
 )
-from dynamod.taints import preference
+from dynamod.taints import RoutingConstraints, preference
 
 _Candidate = tuple[str, WorkerRecord, Load]
 """An eligible, non-busy worker: its key, its record, its load."""
+
+
+@dataclass
+class _Reservation:
+    """The load one assignment holds on its worker, until released."""
+
+    key: str
+    prefill_tokens: int
+    kv_blocks: int
+    prefilling: bool = True
 
 
 class Router:
@@ -97,6 +100,8 @@ class Router:
         self._rng = rng if rng is not None else random.Random()
         self._table = RoutingTable()
         self._loads: dict[str, Load] = {}
+        self._held: dict[int, _Reservation] = {}
+        self._tickets = itertools.count()
         self._prefix = PrefixIndex(self.config.prefix_ttl, self.config.prefix_capacity)
         self._metrics = RouterMetrics(self.registry)
         self._queue = PendingQueue(self.config.max_queue, self._metrics.depth_changed)
@@ -118,6 +123,14 @@ class Router:
 
     def depth(self, model: str) -> int:
         return self._queue.depth(model)
+
+    def card(self, model: str) -> ModelCard | None:
+        """The model card of ``model``'s workers, or None when no worker serves it."""
+        return self._table.card(model)
+
+    def unserved(self, model: str) -> str:
+        """The sentence for a request naming a model no worker serves."""
+        return self._table.unsatisfiable(model, RoutingConstraints())
 
     def load(self, key: str) -> Load:
         """What this router has in flight on the worker ``key``."""
@@ -151,18 +164,17 @@ class Router:
 
     def release(self, assignment: Assignment) -> None:
         """Give the assignment's load back and offer its worker to the waiters. Idempotent."""
-        held = assignment._reservation
-        if held.released:
+        held = self._held.pop(assignment.ticket, None)
+        if held is None:
             return
-        held.released = True
         prefill = held.prefill_tokens if held.prefilling else 0
         self._unload(held.key, Load(1, prefill, held.kv_blocks))
         self._offer_worker(held.key)
 
     def prefill_done(self, assignment: Assignment) -> None:
         """The worker finished the prompt: its prefill tokens stop counting. Idempotent."""
-        held = assignment._reservation
-        if held.released or not held.prefilling:
+        held = self._held.get(assignment.ticket)
+        if held is None or not held.prefilling:
             return
         held.prefilling = False
         self._unload(held.key, Load(0, held.prefill_tokens, 0))
@@ -221,10 +233,10 @@ class Router:
         terms = self._costs(request, candidates)
         chosen = select([t.cost for t in terms], self.config.temperature, self._rng)
         key, worker, _ = candidates[chosen]
-        held = self._reserve(worker, request, terms[chosen])
+        ticket = self._reserve(worker, request, terms[chosen])
         if self.config.overlap_score_credit > 0:
             self._prefix.record(key, request.block_hashes)
-        return Assignment(worker, waited, terms[chosen], len(candidates), held)
+        return Assignment(worker, waited, terms[chosen], len(candidates), ticket)
 
     def _costs(self, request: RouteRequest, candidates: list[_Candidate]) -> list[CostTerms]:
         """The cost terms of each candidate.
@@ -266,15 +278,16 @@ class Router:
             preference=weight,
         )
 
-    def _reserve(
-        self, worker: WorkerRecord, request: RouteRequest, terms: CostTerms
-    ) -> Reservation:
+    def _reserve(self, worker: WorkerRecord, request: RouteRequest, terms: CostTerms) -> int:
+        """Hold the request's load on ``worker``; return the ticket that names it."""
         # The cached prefix is not prefilled again (Dynamo's assume-kv-reuse).
         cached = terms.overlap_blocks * worker.model_card.kv_block_size
-        held = Reservation(worker.key, max(0, request.prompt_tokens - cached), terms.new_blocks)
+        held = _Reservation(worker.key, max(0, request.prompt_tokens - cached), terms.new_blocks)
         load = self._loads.get(worker.key, IDLE)
         self._loads[worker.key] = load.plus(held.prefill_tokens, held.kv_blocks)
-        return held
+        ticket = next(self._tickets)
+        self._held[ticket] = held
+        return ticket
 
     def _unload(self, key: str, amount: Load) -> None:
         load = self._loads[key].minus(amount)

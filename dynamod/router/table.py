@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from dynamod.model import (
     DiscoveryEvent,
+    ModelCard,
     TaintsUpdated,
     ViewResync,
     WorkerAdded,
@@ -54,6 +55,10 @@ class Ineligible:
 
     def describe(self, record: WorkerRecord) -> str:
         """``a1b2 has capacity/slow (missing capacity/fast)``, ``c3d4 is cordoned``."""
+        return f"{record.instance_id} {self.reason(record)}"
+
+    def reason(self, record: WorkerRecord) -> str:
+        """``has capacity/slow (missing capacity/fast)``: ``describe`` without the id."""
         parts = []
         if self.excluded:
             parts.append("is excluded by the request")
@@ -62,7 +67,7 @@ class Ineligible:
         if self.missing:
             held = ", ".join(record.taints) or "no taints"
             parts.append(f"has {held} (missing {', '.join(self.missing)})")
-        return f"{record.instance_id} {' and '.join(parts)}"
+        return " and ".join(parts)
 
 
 class _ModelIndex:
@@ -128,6 +133,11 @@ class RoutingTable:
         """Every worker of ``model``, eligible or not, in a stable order."""
         index = self._models.get(model)
         return list(index.workers.values()) if index else []
+
+    def card(self, model: str) -> ModelCard | None:
+        """The model card of ``model`` (its first worker's), or None when none serves it."""
+        index = self._models.get(model)
+        return next(iter(index.workers.values())).model_card if index else None
 
     def holders(self, model: str, taint: str) -> int:
         """How many workers of ``model`` hold ``taint``."""

@@ -7,8 +7,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from dynamod.errors import InvalidInputError
+from dynamod.load import Busy, Load
 from dynamod.model import WorkerRecord
-from dynamod.router.scoring import Busy, CostTerms, Load, hash_blocks
+from dynamod.router.prefix import prefix_hashes
+from dynamod.router.scoring import CostTerms
 from dynamod.router.table import Ineligible
 from dynamod.taints import RoutingConstraints
 
@@ -17,7 +19,7 @@ from dynamod.taints import RoutingConstraints
 class RouteRequest:
     """One request to route.
 
-    ``block_hashes``: chained hashes of the prompt's blocks (``scoring.hash_blocks`` with
+    ``block_hashes``: chained hashes of the prompt's blocks (``prefix.prefix_hashes`` with
     the model's KV block size), for prefix reuse. ``max_wait``: seconds this request may
     wait, replacing the router's limits. ``exclude``: worker keys (``WorkerRecord.key``)
     not to use, e.g. the worker a first attempt failed on.
@@ -57,20 +59,9 @@ class RouteRequest:
             model,
             constraints,
             prompt_tokens=len(prompt_ids),
-            block_hashes=hash_blocks(prompt_ids, block_size),
+            block_hashes=prefix_hashes(prompt_ids, block_size),
             max_wait=max_wait,
         )
-
-
-@dataclass
-class Reservation:
-    """The load one assignment holds on its worker, until released."""
-
-    key: str
-    prefill_tokens: int
-    kv_blocks: int
-    prefilling: bool = True
-    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,7 +75,8 @@ class Assignment:
     """The chosen worker's cost terms at the moment of the decision."""
     candidates: int
     """How many eligible, non-busy workers were scored."""
-    _reservation: Reservation = field(repr=False, compare=False)
+    ticket: int = field(repr=False, compare=False)
+    """Names the load the router holds for this assignment (its own bookkeeping)."""
 
 
 class Outcome(enum.Enum):

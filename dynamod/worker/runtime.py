@@ -29,16 +29,17 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dynamod import __version__
-from dynamod.discovery.registry import Registration, new_instance_id
+from dynamod.discovery.records import Registration, new_instance_id
 from dynamod.errors import ConfigError, InvalidKeyError
+from dynamod.http.server import serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
-from dynamod.model import RuntimeConfig, WorkerRecord
+from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
-from dynamod.taints import validate_caller_taints, validate_topology, with_topology
+from dynamod.taints import validate_caller_taints, with_topology
 from dynamod.worker.engines.base import Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
-from dynamod.worker.openai import InferenceRoutes
+from dynamod.worker.inference import InferenceRoutes
 from dynamod.worker.system import SystemServer
 
 log = logging.getLogger(__name__)
@@ -125,25 +126,6 @@ class EngineCollector(Collector):
             ("prefix_cache_hits", "KV blocks found in the prefix cache.", stats.prefix_cache_hits),
         ]:
             yield GaugeMetricFamily(f"dynamo_worker_{name}", doc, value=value)
-
-
-async def serve_app(
-    stack: contextlib.AsyncExitStack, app: web.Application, host: str, port: int
-) -> tuple[str, int]:
-    """Bind ``app`` on ``host:port`` (0 picks one); cleaned up when ``stack`` closes."""
-    runner = web.AppRunner(
-        app, access_log=None, shutdown_timeout=1.0, handle_signals=False, handler_cancellation=True
-    )
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    bound: int = runner.addresses[0][1]
-    return host, bound
-
-
-def url(host: str, port: int) -> str:
-    return f"http://{host}:{port}"
 
 
 def make_engine(settings: WorkerSettings) -> Engine:

@@ -31,14 +31,14 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from dynamod.discovery.registry import Registration, TaintOp, update_taints
+from dynamod.discovery.records import Registration, update_taints
 from dynamod.errors import (
     ConflictError,
     InvalidInputError,
     StoreUnavailableError,
     WorkerNotFoundError,
 )
-from dynamod.taints import caller_taints
+from dynamod.taints import TaintUpdate, caller_taints
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class SystemServer:
             self._updates.labels("unauthorized").inc()
             return denied
         try:
-            op = TaintOp.replace(_taints_of(await _json(request)))
+            update = TaintUpdate.replace(_taints_of(await _json(request)))
         except InvalidInputError as exc:
             self._updates.labels("invalid").inc()
             return error(400, "Bad request", str(exc))
@@ -105,11 +105,11 @@ class SystemServer:
                 "Unavailable",
                 f"engine administrative routes are unavailable while the worker is {self.state}",
             )
-        return await self._apply(self.registration, op)
+        return await self._apply(self.registration, update)
 
-    async def _apply(self, registration: Registration, op: TaintOp) -> web.Response:
+    async def _apply(self, registration: Registration, update: TaintUpdate) -> web.Response:
         try:
-            result = await update_taints(registration.store, registration.record.key, op)
+            change = await update_taints(registration.store, registration.record.key, update)
         except ConflictError as exc:
             self._updates.labels("conflict").inc()
             return error(409, "Conflict", str(exc))
@@ -117,10 +117,8 @@ class SystemServer:
             self._updates.labels("unavailable").inc()
             return error(503, "Unavailable", str(exc))
         self._updates.labels("ok").inc()
-        log.info("taints of %s set to %s", registration.record.instance_id, result.after.taints)
-        return web.json_response(
-            {"status": "ok", "taints": list(caller_taints(result.after.taints))}
-        )
+        log.info("taints of %s set to %s", registration.record.instance_id, change.after)
+        return web.json_response({"status": "ok", "taints": list(caller_taints(change.after))})
 
     def _check_token(self, request: web.Request) -> web.Response | None:
         if self.token is None:

@@ -40,7 +40,7 @@ from bench.load import (
     taint_log,
     verdict,
 )
-from dynamod.api.client import Client
+from dynamod.client import AsyncClient
 from dynamod.discovery.view import WorkerView
 from dynamod.store import open_store
 from tests.procs import Proc, daemon_argv, worker
@@ -73,7 +73,7 @@ class Cluster:
     dynamod: Proc
     log: TaintLog
     view: WorkerView
-    client: Client
+    client: AsyncClient
     extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -137,7 +137,7 @@ async def cluster(
         store = await stack.enter_async_context(await open_store(store_url))
         log, view = await stack.enter_async_context(taint_log(store))
         await view.wait_for(lambda v: len(v) == workers, within=SETTLE)
-        client = await stack.enter_async_context(Client(f"unix://{socket}", timeout=5))
+        client = await stack.enter_async_context(AsyncClient(f"unix://{socket}", timeout=5))
         port = int(first.field("http").rpartition(":")[2])
         found = Cluster(store_url, socket, port, procs, first, log, view, client, dict(env))
         stack.push_async_callback(lambda: found.dynamod.kill())  # the one after restarts

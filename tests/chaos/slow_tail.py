@@ -18,8 +18,8 @@ import sys
 from collections.abc import AsyncIterator
 
 from dynamod.aio import race
-from dynamod.api.client import Client
-from dynamod.api.types import EventInfo
+from dynamod.client import AsyncClient
+from dynamod.reports import EventInfo
 
 
 def line_of(event: EventInfo) -> str:
@@ -42,7 +42,7 @@ async def drain(events: AsyncIterator[EventInfo]) -> None:
 
 async def main(endpoint: str) -> None:
     stdin = await stdin_lines()
-    async with Client(endpoint) as client:
+    async with AsyncClient(endpoint) as client:
         events = aiter(client.tail_events())
         print(line_of(await anext(events)), flush=True)
         await stdin.readline()  # stuck until told: the slow part

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.load import daemon_caught_up
-from dynamod.api.client import Client
+from dynamod.client import AsyncClient
 from dynamod.model import WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import caller_taints
@@ -68,7 +68,7 @@ async def test_sixteen_concurrent_dynamoctl_processes_lose_no_update(
             entry = await store.get(key)
         assert entry is not None
         assert set(caller_taints(WorkerRecord.from_bytes(entry.value).taints)) == expected
-        async with Client(f"unix://{socket}") as client:
+        async with AsyncClient(f"unix://{socket}") as client:
             await daemon_caught_up(client, entry.revision)
             info = await client.get_worker(worker_id)
         assert set(info.caller_taints) == expected

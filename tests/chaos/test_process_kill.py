@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.load import daemon_caught_up
-from dynamod.api.client import Client
-from dynamod.api.types import WorkerInfo
+from dynamod.client import AsyncClient
 from dynamod.errors import UnreachableError
+from dynamod.reports import WorkerInfo
 from tests.chaos.harness import (
     RETRY,
     SETTLE,
@@ -74,7 +74,7 @@ async def test_worker_sigkilled_during_load_leaves_the_view_and_gets_no_more_req
         figures.record(name, count)
 
 
-async def reconnected(client: Client) -> list[WorkerInfo]:
+async def reconnected(client: AsyncClient) -> list[WorkerInfo]:
     """``ListWorkers`` through a client made before the daemon died. gRPC reconnects on the
     next call; one made while the new daemon is still binding fails, so retry briefly."""
     for _ in range(int(SETTLE / RETRY)):

@@ -19,9 +19,10 @@ import pytest
 
 from bench.common import owned
 from bench.load import daemon_caught_up
-from dynamod.api.client import Client
-from dynamod.discovery.registry import TaintOp, register, update_taints
+from dynamod.client import AsyncClient
+from dynamod.discovery.records import register, update_taints
 from dynamod.store import Store, keep_alive, open_store
+from dynamod.taints import TaintUpdate
 from tests.chaos.harness import SETTLE, Figures
 from tests.factories import make_record
 from tests.procs import ROOT, Proc, daemon, env, running
@@ -48,7 +49,7 @@ async def flood(store: Store, keys: list[str], start: int) -> int:
 
     async def writer(key: str) -> None:
         for n in range(start, start + FLOOD // len(keys)):
-            result = await update_taints(store, key, TaintOp.replace(taints(n)))
+            result = await update_taints(store, key, TaintUpdate.replace(taints(n)))
             revisions.append(result.revision)
 
     async with asyncio.TaskGroup() as group:
@@ -96,7 +97,7 @@ async def slow_tail(socket: Path) -> AsyncIterator[SlowTail]:
             await process.wait()
 
 
-async def probe(client: Client, seconds: list[float]) -> None:
+async def probe(client: AsyncClient, seconds: list[float]) -> None:
     """Status calls one after another until cancelled, each timed."""
     while True:
         started = time.perf_counter()
@@ -121,7 +122,7 @@ def fold(lines: list[dict[str, Any]]) -> dict[str, list[str]]:
 @contextlib.asynccontextmanager
 async def fleet_and_daemon(
     url: str, tmp_path: Path
-) -> AsyncIterator[tuple[Store, list[str], Proc, Client]]:
+) -> AsyncIterator[tuple[Store, list[str], Proc, AsyncClient]]:
     """``FLEET`` registered records with ``TAINTS`` taints each, a dynamod over them with a
     small replay ring, and a client of it."""
     socket = tmp_path / "dynamod.sock"
@@ -131,7 +132,7 @@ async def fleet_and_daemon(
         async with owned(keep_alive(store, lease), "fleet lease"):
             records = [make_record(taints=taints(0)) for _ in range(FLEET)]
             keys = [(await register(store, r, lease))[0].key for r in records]
-            async with running(proc), Client(f"unix://{socket}", timeout=5) as client:
+            async with running(proc), AsyncClient(f"unix://{socket}", timeout=5) as client:
                 yield store, keys, proc, client
 
 
@@ -169,7 +170,7 @@ async def test_a_stuck_events_tail_neither_blocks_the_daemon_nor_grows_it(
             lines = await tail.until(last)
             # One more change after the catch-up: whatever the stream still held comes
             # before it, so reading up to it reads everything.
-            marker = await update_taints(store, keys[0], TaintOp.replace(taints(0)))
+            marker = await update_taints(store, keys[0], TaintUpdate.replace(taints(0)))
             lines += await tail.until(marker.revision)
         workers, _ = await client.list_workers()
     kinds = [line["kind"] for line in lines]

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from dynamod.api.client import Client
+from dynamod.client import AsyncClient
+from dynamod.taints import TaintUpdate
 from tests.cli.conftest import Cluster, Lines
 from tests.procs import BAD_STDERR, dynamoctl
 
@@ -48,10 +49,13 @@ class Churn:
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="churn")
 
     async def _run(self) -> None:
-        async with Client(self.endpoint) as client:
+        async with AsyncClient(self.endpoint) as client:
             while not self.stopping.is_set():
-                op = "add" if self.changes % 2 == 0 else "remove"
-                await client.update_taints(op, ["churn/on"], worker=self.worker)
+                churn = ["churn/on"]
+                update = (
+                    TaintUpdate.add(churn) if self.changes % 2 == 0 else TaintUpdate.remove(churn)
+                )
+                await client.update_taints(update, worker=self.worker)
                 self.changes += 1
                 await asyncio.sleep(0.02)  # pacing, not polling: one change per 20 ms
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from dynamod.api.client import Client
+from dynamod.client import AsyncClient
 from dynamod.errors import TaintError
+from dynamod.taints import TaintUpdate
 from tests.cli.conftest import Cli, Cluster, on_terminal, start_cluster
 from tests.procs import dynamoctl
 from tests.servers import free_port
@@ -121,9 +122,9 @@ def daemon_message(fleet: Fleet, taint: str) -> str:
     """What dynamod itself answers when asked to add ``taint`` (no CLI in between)."""
 
     async def ask() -> str:
-        async with Client(fleet.cli.endpoint) as client:
+        async with AsyncClient(fleet.cli.endpoint) as client:
             try:
-                await client.update_taints("add", [taint], worker=fleet.solo)
+                await client.update_taints(TaintUpdate.add([taint]), worker=fleet.solo)
             except TaintError as exc:
                 return str(exc)
         raise AssertionError(f"dynamod accepted {taint!r}")

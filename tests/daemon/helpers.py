@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from dynamod.api.client import Client, Credentials
+from dynamod.client import AsyncClient, Credentials
 from dynamod.config import Settings
 from dynamod.daemon import Daemon
-from dynamod.discovery.registry import register
+from dynamod.discovery.records import register
 from dynamod.model import WorkerRecord
 from dynamod.store import Store
 from tests.factories import make_record
@@ -52,8 +52,10 @@ async def running_daemon(store: Store, settings: Settings) -> AsyncIterator[Daem
 
 def client_for(
     settings: Settings, *, endpoint: str | None = None, token: str | None = None
-) -> Client:
-    return Client(endpoint or settings.listen[0], credentials=Credentials(token=token), timeout=10)
+) -> AsyncClient:
+    return AsyncClient(
+        endpoint or settings.listen[0], credentials=Credentials(token=token), timeout=10
+    )
 
 
 async def add_worker(store: Store, **kwargs: Any) -> WorkerRecord:

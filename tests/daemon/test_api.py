@@ -13,8 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from dynamod.api.client import Client
-from dynamod.api.types import EventInfo
+from dynamod.client import AsyncClient
 from dynamod.daemon import Daemon
 from dynamod.errors import (
     AmbiguousWorkerError,
@@ -26,9 +25,11 @@ from dynamod.errors import (
     WorkerNotFoundError,
 )
 from dynamod.model import WorkerRecord
+from dynamod.reports import EventInfo
 from dynamod.store import Store, open_store
 from dynamod.store.base import LeaseArg
 from dynamod.store.memory import MemoryStore
+from dynamod.taints import TaintUpdate
 from tests.conftest import backend_url
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
 
@@ -66,12 +67,12 @@ async def daemon(
 
 
 @pytest.fixture
-async def client(daemon: Daemon) -> AsyncIterator[Client]:
+async def client(daemon: Daemon) -> AsyncIterator[AsyncClient]:
     async with client_for(daemon.settings) as opened:
         yield opened
 
 
-async def test_list_workers_with_filters(client: Client, fleet: list[WorkerRecord]) -> None:
+async def test_list_workers_with_filters(client: AsyncClient, fleet: list[WorkerRecord]) -> None:
     workers, revision = await client.list_workers()
     assert [w.id for w in workers] == ["aa01", "aa02", "bb01"]
     assert revision >= max(w.revision for w in workers) > 0
@@ -85,12 +86,14 @@ async def test_list_workers_with_filters(client: Client, fleet: list[WorkerRecor
     assert (await client.list_workers(namespace="elsewhere"))[0] == []
 
 
-async def test_bad_selector_is_invalid_argument(client: Client) -> None:
+async def test_bad_selector_is_invalid_argument(client: AsyncClient) -> None:
     with pytest.raises(SelectorError, match="has an empty term"):
         await client.list_workers(selector="a,,b")
 
 
-async def test_get_worker_by_id_prefix_and_key(client: Client, fleet: list[WorkerRecord]) -> None:
+async def test_get_worker_by_id_prefix_and_key(
+    client: AsyncClient, fleet: list[WorkerRecord]
+) -> None:
     assert (await client.get_worker("aa01")).record == fleet[0]
     assert (await client.get_worker("bb")).id == "bb01"
     assert (await client.get_worker(fleet[1].key)).id == "aa02"
@@ -100,16 +103,16 @@ async def test_get_worker_by_id_prefix_and_key(client: Client, fleet: list[Worke
         await client.get_worker("zz")
 
 
-async def test_update_taints_on_one_worker(client: Client, api_store: Store) -> None:
-    (change,) = await client.update_taints("add", ["pool=b"], worker="aa01")
+async def test_update_taints_on_one_worker(client: AsyncClient, api_store: Store) -> None:
+    (change,) = await client.update_taints(TaintUpdate.add(["pool=b"]), worker="aa01")
     assert change.after == ("capacity/fast", "dynamo.topology/zone=a", "pool=b")
     assert (change.added, change.removed) == (("pool=b",), ())
-    (change,) = await client.update_taints("replace", ["x"], worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.replace(["x"]), worker="aa01")
     assert change.after == ("dynamo.topology/zone=a", "x")
     assert set(change.removed) == {"capacity/fast", "pool=b"}
-    (change,) = await client.update_taints("remove", [], keys=["x"], worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.remove([], ["x"]), worker="aa01")
     assert change.after == ("dynamo.topology/zone=a",)
-    (change,) = await client.update_taints("clear", worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.clear(), worker="aa01")
     assert not change.changed
     entry = await api_store.get(change.key)
     assert entry is not None
@@ -118,64 +121,70 @@ async def test_update_taints_on_one_worker(client: Client, api_store: Store) -> 
 
 
 async def test_invalid_and_reserved_taints_are_invalid_argument(
-    client: Client, api_store: Store
+    client: AsyncClient, api_store: Store
 ) -> None:
     before = await api_store.list("")
     with pytest.raises(TaintError) as caught:
-        await client.update_taints("add", ["dynamo.topology/zone=b"], worker="aa01")
+        await client.update_taints(TaintUpdate.add(["dynamo.topology/zone=b"]), worker="aa01")
     assert str(caught.value) == RESERVED
     with pytest.raises(TaintError, match="has name 'bad taint' with character ' '"):
-        await client.update_taints("replace", ["bad taint"], selector="model=llama")
+        await client.update_taints(TaintUpdate.replace(["bad taint"]), selector="model=llama")
     with pytest.raises(InvalidInputError, match="add needs at least one taint"):
-        await client.update_taints("add", [], worker="aa01")
+        await client.update_taints(TaintUpdate.add([]), worker="aa01")
     assert (await api_store.list(""))[0] == before[0]
 
 
-async def test_unknown_worker_is_not_found(client: Client) -> None:
+async def test_unknown_worker_is_not_found(client: AsyncClient) -> None:
     with pytest.raises(WorkerNotFoundError):
-        await client.update_taints("add", ["a"], worker="ffff")
+        await client.update_taints(TaintUpdate.add(["a"]), worker="ffff")
 
 
-async def test_stale_expected_revision_is_failed_precondition(client: Client) -> None:
+async def test_stale_expected_revision_is_failed_precondition(client: AsyncClient) -> None:
     worker = await client.get_worker("aa01")
-    await client.update_taints("add", ["a"], worker="aa01")
+    await client.update_taints(TaintUpdate.add(["a"]), worker="aa01")
     with pytest.raises(RevisionMismatchError, match=f"not the expected revision {worker.revision}"):
-        await client.update_taints("add", ["b"], worker="aa01", expect_revision=worker.revision)
+        await client.update_taints(
+            TaintUpdate.add(["b"]), worker="aa01", expect_revision=worker.revision
+        )
     fresh = await client.get_worker("aa01")
     (change,) = await client.update_taints(
-        "add", ["b"], worker="aa01", expect_revision=fresh.revision
+        TaintUpdate.add(["b"]), worker="aa01", expect_revision=fresh.revision
     )
     assert "b" in change.after
 
 
-async def test_bulk_update_by_selector_and_all(client: Client) -> None:
-    changes = await client.update_taints("add", ["maint"], selector="capacity/fast")
+async def test_bulk_update_by_selector_and_all(client: AsyncClient) -> None:
+    changes = await client.update_taints(TaintUpdate.add(["maint"]), selector="capacity/fast")
     assert sorted(c.worker for c in changes) == ["aa01", "bb01"]
     assert all(c.error is None and c.added == ("maint",) for c in changes)
-    changes = await client.update_taints("remove", ["maint"], all_workers=True)
+    changes = await client.update_taints(TaintUpdate.remove(["maint"]), all_workers=True)
     assert sorted(c.worker for c in changes) == ["aa01", "aa02", "bb01"]
     assert sum(c.changed for c in changes) == 2
     with pytest.raises(InvalidInputError, match="needs a single worker"):
-        await client.update_taints("add", ["a"], selector="capacity/fast", expect_revision=1)
+        await client.update_taints(
+            TaintUpdate.add(["a"]), selector="capacity/fast", expect_revision=1
+        )
 
 
-async def test_dry_run_writes_nothing(client: Client, api_store: Store) -> None:
+async def test_dry_run_writes_nothing(client: AsyncClient, api_store: Store) -> None:
     before = await api_store.list("")
-    (change,) = await client.update_taints("replace", ["new"], worker="aa02", dry_run=True)
+    (change,) = await client.update_taints(
+        TaintUpdate.replace(["new"]), worker="aa02", dry_run=True
+    )
     assert change.after == ("new",)
     assert change.removed == ("capacity/slow", "pool=batch")
     assert (await api_store.list(""))[0] == before[0]
 
 
-async def test_every_mutation_writes_one_audit_line(client: Client, daemon: Daemon) -> None:
-    await client.update_taints("add", ["a"], worker="aa01")
-    await client.update_taints("add", ["b"], selector="model=llama")
-    await client.update_taints("add", ["c"], worker="aa01", dry_run=True)
+async def test_every_mutation_writes_one_audit_line(client: AsyncClient, daemon: Daemon) -> None:
+    await client.update_taints(TaintUpdate.add(["a"]), worker="aa01")
+    await client.update_taints(TaintUpdate.add(["b"]), selector="model=llama")
+    await client.update_taints(TaintUpdate.add(["c"]), worker="aa01", dry_run=True)
     with pytest.raises(TaintError):
-        await client.update_taints("add", ["bad taint"], worker="aa01")
+        await client.update_taints(TaintUpdate.add(["bad taint"]), worker="aa01")
     assert daemon.settings.audit_log is not None
     lines = [json.loads(line) for line in daemon.settings.audit_log.read_text().splitlines()]
-    summary = [(line["worker"], line["operation"], line["taints"]) for line in lines]
+    summary = [(line["worker"], line["action"], line["taints"]) for line in lines]
     assert summary[0] == ("aa01", "add", ["a"])
     # the two workers of one bulk operation are updated concurrently, in either order
     assert sorted(summary[1:]) == [("aa01", "add", ["b"]), ("aa02", "add", ["b"])]
@@ -188,7 +197,7 @@ async def test_every_mutation_writes_one_audit_line(client: Client, daemon: Daem
     assert first["time"].endswith("+00:00")
 
 
-async def test_tail_events_live_and_replayed(client: Client) -> None:
+async def test_tail_events_live_and_replayed(client: AsyncClient) -> None:
     _, revision = await client.list_workers()
     events: list[EventInfo] = []
     started = asyncio.Event()
@@ -204,8 +213,8 @@ async def test_tail_events_live_and_replayed(client: Client) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(tail())
             await started.wait()
-            await client.update_taints("add", ["other"], worker="bb01")
-            await client.update_taints("add", ["live"], worker="aa02")
+            await client.update_taints(TaintUpdate.add(["other"]), worker="bb01")
+            await client.update_taints(TaintUpdate.add(["live"]), worker="aa02")
     assert events[0].kind == "RESYNC"
     assert [w.id for w in events[0].workers] == ["aa01", "aa02"]
     assert (events[-1].kind, events[-1].added, events[-1].worker and events[-1].worker.id) == (
@@ -220,7 +229,7 @@ async def test_tail_events_live_and_replayed(client: Client) -> None:
     assert [e.kind for e in old] == ["RESYNC"]
 
 
-async def test_explain_ranks_and_excludes(client: Client) -> None:
+async def test_explain_ranks_and_excludes(client: AsyncClient) -> None:
     info = await client.explain("llama", required=["capacity/fast"], prompt="hello world")
     assert info.chosen == "aa01"
     by_id = {c.worker.id: c for c in info.candidates}
@@ -233,7 +242,7 @@ async def test_explain_ranks_and_excludes(client: Client) -> None:
     assert "capacity/none" in nothing.summary
 
 
-async def test_status_reports_the_daemon(client: Client, api_store: Store) -> None:
+async def test_status_reports_the_daemon(client: AsyncClient, api_store: Store) -> None:
     status = await client.status()
     assert status.workers == 3
     assert status.store_url == api_store.url
@@ -283,8 +292,8 @@ async def test_lost_races_are_aborted(tmp_path: Path) -> None:
     async with running_daemon(store, settings), client_for(settings) as client:
         store.racing = True
         with pytest.raises(ConflictError, match="8 attempts"):
-            await client.update_taints("add", ["a"], worker="cc01")
-        (change,) = await client.update_taints("add", ["a"], selector="model=llama")
+            await client.update_taints(TaintUpdate.add(["a"]), worker="cc01")
+        (change,) = await client.update_taints(TaintUpdate.add(["a"]), selector="model=llama")
         assert change.error is not None
         assert change.error.code == "ABORTED"
     await store.aclose()

@@ -14,8 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dynamod.api.client import Client, Credentials
+from dynamod.client import AsyncClient, Credentials
 from dynamod.errors import PermissionDeniedError, UnauthenticatedError, UnreachableError
+from dynamod.taints import TaintUpdate
 from tests.procs import daemon, running, worker
 from tests.servers import free_port
 
@@ -187,25 +188,29 @@ async def test_access_control_over_tcp(shared_store_url: str, tmp_path: Path) ->
     async with running(worker(shared_store_url, "--taint", "pool=a")) as w, running(proc):
         wid = w.field("id")
         endpoint = f"127.0.0.1:{port}"
-        async with Client(endpoint) as anonymous:
+        async with AsyncClient(endpoint) as anonymous:
             with pytest.raises(UnauthenticatedError, match="a bearer token is required on TCP"):
-                await anonymous.update_taints("add", ["capacity/x"], worker=wid)
+                await anonymous.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
             with pytest.raises(UnauthenticatedError):
                 await anonymous.list_workers()
-        async with Client(endpoint, credentials=Credentials(token="nope-nope")) as wrong:
+        async with AsyncClient(endpoint, credentials=Credentials(token="nope-nope")) as wrong:
             with pytest.raises(UnauthenticatedError, match="not valid"):
                 await wrong.list_workers()
-        async with Client(endpoint, credentials=Credentials(token="viewer-secret-1")) as viewer:
+        async with AsyncClient(
+            endpoint, credentials=Credentials(token="viewer-secret-1")
+        ) as viewer:
             assert len((await viewer.list_workers())[0]) == 1
             with pytest.raises(PermissionDeniedError, match="'viewer' has read-only access"):
-                await viewer.update_taints("add", ["capacity/x"], worker=wid)
-        async with Client(endpoint, credentials=Credentials(token="scaler-secret-1")) as scaler:
-            (change,) = await scaler.update_taints("add", ["capacity/x"], worker=wid)
+                await viewer.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
+        async with AsyncClient(
+            endpoint, credentials=Credentials(token="scaler-secret-1")
+        ) as scaler:
+            (change,) = await scaler.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
             assert "capacity/x" in change.after
             with pytest.raises(PermissionDeniedError, match="'pool=a' is outside them"):
-                await scaler.update_taints("replace", ["capacity/y"], worker=wid)
-        async with Client(endpoint, credentials=Credentials(token="admin-secret-1")) as admin:
-            (change,) = await admin.update_taints("replace", ["capacity/y"], worker=wid)
+                await scaler.update_taints(TaintUpdate.replace(["capacity/y"]), worker=wid)
+        async with AsyncClient(endpoint, credentials=Credentials(token="admin-secret-1")) as admin:
+            (change,) = await admin.update_taints(TaintUpdate.replace(["capacity/y"]), worker=wid)
             assert change.after == ("capacity/y",)
         assert await proc.stop() == 0
     lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
@@ -224,7 +229,7 @@ async def test_tcp_listener_without_credentials_is_a_config_error(tmp_path: Path
 
 
 async def test_unreachable_daemon_names_the_endpoint(tmp_path: Path) -> None:
-    async with Client(f"unix://{tmp_path}/none.sock") as client:
+    async with AsyncClient(f"unix://{tmp_path}/none.sock") as client:
         with pytest.raises(
             UnreachableError, match=f"cannot reach dynamod at unix://{tmp_path}/none.sock"
         ):
@@ -247,17 +252,17 @@ async def test_two_replicas_on_one_etcd_both_see_a_taint_change_and_route_by_it(
         running(replicas[0]),
         running(replicas[1]),
     ):
-        async with Client(f"unix://{socks[0]}") as client:
-            await client.update_taints("replace", ["capacity/fast"], worker=w.field("id"))
+        async with AsyncClient(f"unix://{socks[0]}") as client:
+            await client.update_taints(TaintUpdate.replace(["capacity/fast"]), worker=w.field("id"))
         for replica, sock in zip(replicas, socks, strict=True):
-            async with Client(f"unix://{sock}") as client, asyncio.timeout(10):
+            async with AsyncClient(f"unix://{sock}") as client, asyncio.timeout(10):
                 await _wait_taint(client, w.field("id"), "capacity/fast")
             async with http.post(replica.field("http") + "/v1/completions", json=body) as r:
                 assert r.status == 200
                 assert r.headers["x-dynamo-worker-id"] == w.field("id")
 
 
-async def _wait_taint(client: Client, worker_id: str, taint: str) -> None:
+async def _wait_taint(client: AsyncClient, worker_id: str, taint: str) -> None:
     async for event in client.tail_events():
         workers = (
             event.workers if event.kind == "RESYNC" else (event.worker,) if event.worker else ()
@@ -281,7 +286,7 @@ async def test_exit_is_clean_over_many_cycles(shared_store_url: str, tmp_path: P
             sock = sock_path(tmp_path, f"c{cycle % 2}.sock")
             proc = daemon(shared_store_url, sock, "--grace", "5")
             await proc.start()
-            async with Client(f"unix://{sock}") as client:
+            async with AsyncClient(f"unix://{sock}") as client:
                 events = client.tail_events()
                 await anext(events)
                 body = {"model": "llama", "prompt": "x", "max_tokens": 20, "stream": True}

@@ -12,9 +12,10 @@ import asyncio
 import json
 import sys
 
-from dynamod.discovery.registry import TaintOp, update_taints
+from dynamod.discovery.records import update_taints
 from dynamod.errors import ConflictError
 from dynamod.store import open_store
+from dynamod.taints import TaintUpdate
 
 
 async def main(url: str, key: str, index: int, rounds: int) -> int:
@@ -22,9 +23,9 @@ async def main(url: str, key: str, index: int, rounds: int) -> int:
     try:
         for r in range(rounds):
             taint = f"c{index}/r{r}"
-            ops = [("add", TaintOp.add([taint]))]
+            ops = [("add", TaintUpdate.add([taint]))]
             if r % 2:
-                ops.append(("remove", TaintOp.remove([taint])))
+                ops.append(("remove", TaintUpdate.remove([taint])))
             for name, op in ops:
                 try:
                     await update_taints(store, key, op)

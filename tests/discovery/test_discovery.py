@@ -16,10 +16,9 @@ from typing import cast
 
 import pytest
 
-from dynamod.discovery.registry import (
+from dynamod.discovery.records import (
     MAX_ATTEMPTS,
     Registration,
-    TaintOp,
     register,
     update_taints,
 )
@@ -44,6 +43,7 @@ from dynamod.model import (
 )
 from dynamod.store import KEEP, Entry, Store
 from dynamod.store.base import LeaseArg
+from dynamod.taints import TaintUpdate
 from tests.factories import make_record
 from tests.streams import next_event
 
@@ -108,7 +108,7 @@ async def test_eight_lost_races_raise_a_retryable_conflict(store: Store) -> None
     worker = await registered(store, taints=["a"])
     racing = RacingStore(store)
     with pytest.raises(ConflictError) as caught:
-        await update_taints(cast(Store, racing), worker.key, TaintOp.add(["b"]))
+        await update_taints(cast(Store, racing), worker.key, TaintUpdate.add(["b"]))
     assert racing.cas_attempts == MAX_ATTEMPTS == 8
     assert caught.value.retryable
     assert "8 attempts" in str(caught.value)
@@ -120,15 +120,15 @@ async def test_update_replace_add_remove_clear(store: Store) -> None:
     worker = await registered(store, taints=["a"], topology={"zone": "z1"})
     topo = "dynamo.topology/zone=z1"
     steps = [
-        (TaintOp.replace(["b", "c"]), ("b", "c", topo)),
-        (TaintOp.add(["d", "b"]), ("b", "c", "d", topo)),
-        (TaintOp.remove(["c", "absent"]), ("b", "d", topo)),
-        (TaintOp.clear(), (topo,)),
-        (TaintOp.replace([]), (topo,)),
+        (TaintUpdate.replace(["b", "c"]), ("b", "c", topo)),
+        (TaintUpdate.add(["d", "b"]), ("b", "c", "d", topo)),
+        (TaintUpdate.remove(["c", "absent"]), ("b", "d", topo)),
+        (TaintUpdate.clear(), (topo,)),
+        (TaintUpdate.replace([]), (topo,)),
     ]
     for op, expected in steps:
         result = await update_taints(store, worker.key, op)
-        assert result.after.taints == expected
+        assert result.after == expected
         stored = WorkerRecord.from_bytes(await stored_bytes(store, worker.key))
         assert stored.taints == expected
         assert mdcsum(stored.model_card) == mdcsum(worker.model_card)
@@ -138,7 +138,7 @@ async def test_update_replace_add_remove_clear(store: Store) -> None:
 async def test_unchanged_update_writes_nothing(store: Store) -> None:
     worker = await registered(store, taints=["a", "b"])
     before = await store.get(worker.key)
-    result = await update_taints(store, worker.key, TaintOp.replace(["b", "a", "a"]))
+    result = await update_taints(store, worker.key, TaintUpdate.replace(["b", "a", "a"]))
     assert not result.changed
     assert await store.get(worker.key) == before
 
@@ -147,28 +147,28 @@ async def test_unchanged_update_writes_nothing(store: Store) -> None:
     ("build", "error", "message"),
     [
         (
-            lambda: TaintOp.add(["dynamo.topology/zone=b"]),
+            lambda: TaintUpdate.add(["dynamo.topology/zone=b"]),
             TaintError,
             "taint 'dynamo.topology/zone=b' uses reserved prefix 'dynamo.topology/'; topology "
             "taints are generated from the worker's topology_domains",
         ),
         (
-            lambda: TaintOp.remove(["dynamo.topology/zone=a"]),
+            lambda: TaintUpdate.remove(["dynamo.topology/zone=a"]),
             TaintError,
             "taint 'dynamo.topology/zone=a' uses reserved prefix 'dynamo.topology/'; topology "
             "taints are generated from the worker's topology_domains",
         ),
         (
-            lambda: TaintOp.replace(["ok", "bad taint"]),
+            lambda: TaintUpdate.replace(["ok", "bad taint"]),
             TaintError,
             "taint 'bad taint' has name 'bad taint' with character ' '; allowed are letters, "
             "digits, '-', '_' and '.'",
         ),
-        (lambda: TaintOp.replace([""]), TaintError, "taint '' is empty"),
-        (lambda: TaintOp.add([]), InvalidInputError, "add needs at least one taint"),
-        (lambda: TaintOp.remove([]), InvalidInputError, "remove needs at least one taint"),
+        (lambda: TaintUpdate.replace([""]), TaintError, "taint '' is empty"),
+        (lambda: TaintUpdate.add([]), InvalidInputError, "add needs at least one taint"),
+        (lambda: TaintUpdate.remove([]), InvalidInputError, "remove needs at least one taint"),
         (
-            lambda: TaintOp("clear", ("a",)),
+            lambda: TaintUpdate("clear", ("a",)),
             InvalidInputError,
             "clear takes no taints; use remove to drop some of them",
         ),
@@ -190,29 +190,31 @@ async def test_bad_input_is_refused_and_the_record_is_untouched(
 
 
 def test_duplicate_taints_in_one_op_collapse() -> None:
-    assert TaintOp.add(["b", "a", "b"]).taints == ("a", "b")
+    assert TaintUpdate.add(["b", "a", "b"]).taints == ("a", "b")
 
 
 async def test_expected_revision_is_an_optimistic_lock(store: Store) -> None:
     worker = await registered(store, taints=["a"])
     entry = await store.get(worker.key)
     assert entry is not None
-    await update_taints(store, worker.key, TaintOp.add(["b"]))
+    await update_taints(store, worker.key, TaintUpdate.add(["b"]))
     before = await stored_bytes(store, worker.key)
     with pytest.raises(RevisionMismatchError) as caught:
-        await update_taints(store, worker.key, TaintOp.add(["c"]), expect_revision=entry.revision)
+        await update_taints(
+            store, worker.key, TaintUpdate.add(["c"]), expect_revision=entry.revision
+        )
     assert caught.value.expected == entry.revision
     assert caught.value.actual > entry.revision
     assert await stored_bytes(store, worker.key) == before
     result = await update_taints(
-        store, worker.key, TaintOp.add(["c"]), expect_revision=caught.value.actual
+        store, worker.key, TaintUpdate.add(["c"]), expect_revision=caught.value.actual
     )
-    assert result.after.taints == ("a", "b", "c")
+    assert result.after == ("a", "b", "c")
 
 
 async def test_unknown_worker_is_not_found(store: Store) -> None:
     with pytest.raises(WorkerNotFoundError, match="no worker is registered"):
-        await update_taints(store, "v1/workers/n/c/e/feed", TaintOp.clear())
+        await update_taints(store, "v1/workers/n/c/e/feed", TaintUpdate.clear())
 
 
 # --- registration ---
@@ -224,7 +226,7 @@ async def test_replayed_registration_keeps_the_latest_taints_and_emits_nothing(
     record = make_record(taints=["initial"])
     lease = await store.grant(30)
     await register(store, record, lease)
-    await update_taints(store, record.key, TaintOp.replace(["updated"]))
+    await update_taints(store, record.key, TaintUpdate.replace(["updated"]))
     await view.wait_for(lambda v: (v.get(record.key) or record).taints == ("updated",))
     with view.subscribe(since=view.revision) as events:
         stored, _ = await register(store, record, await store.grant(30))
@@ -249,9 +251,9 @@ async def test_identical_update_emits_nothing_and_two_updates_emit_two(
     worker = await registered(store, taints=["a"])
     await view.wait_for(lambda v: v.get(worker.key) is not None)
     with view.subscribe(since=view.revision) as events:
-        await update_taints(store, worker.key, TaintOp.replace(["a"]))
-        await update_taints(store, worker.key, TaintOp.add(["b"]))
-        await update_taints(store, worker.key, TaintOp.replace(["c"]))
+        await update_taints(store, worker.key, TaintUpdate.replace(["a"]))
+        await update_taints(store, worker.key, TaintUpdate.add(["b"]))
+        await update_taints(store, worker.key, TaintUpdate.replace(["c"]))
         first, second = await next_event(events), await next_event(events)
     assert isinstance(first, TaintsUpdated)
     assert (first.taints, first.added, first.removed) == (("a", "b"), ("b",), ())
@@ -282,7 +284,7 @@ async def test_registration_deregisters_on_exit_and_survives_a_deleted_key(
     record = make_record(taints=["a"])
     async with Registration(store, record, ttl=5) as registration:
         await view.wait_for(lambda v: v.get(record.key) is not None)
-        await update_taints(store, record.key, TaintOp.add(["b"]))
+        await update_taints(store, record.key, TaintUpdate.add(["b"]))
         await view.wait_for(lambda v: (v.get(record.key) or record).taints == ("a", "b"))
         await store.delete(record.key)
         await view.wait_for(lambda v: v.get(record.key) is not None)
@@ -328,7 +330,7 @@ async def test_a_slow_subscriber_gets_a_resync_and_never_blocks(
     await view.wait_for(lambda v: len(v) == 1)
     with view.subscribe(since=view.revision, maxsize=2) as events:
         for i in range(6):
-            await update_taints(store, worker.key, TaintOp.replace([f"t{i}"]))
+            await update_taints(store, worker.key, TaintUpdate.replace([f"t{i}"]))
         await view.wait_for(lambda v: (v.get(worker.key) or worker).taints == ("t5",))
         event = await next_event(events)
         assert isinstance(event, ViewResync)
@@ -414,7 +416,7 @@ async def _client_in_process(store: Store, key: str, index: int, rounds: int) ->
     for r in range(rounds):
         taint = f"c{index}/r{r}"
         for name in ["add", "remove"] if r % 2 else ["add"]:
-            op = TaintOp.add([taint]) if name == "add" else TaintOp.remove([taint])
+            op = TaintUpdate.add([taint]) if name == "add" else TaintUpdate.remove([taint])
             try:
                 await update_taints(store, key, op)
                 lines.append(json.dumps({"op": name, "taint": taint, "ok": True, "error": None}))

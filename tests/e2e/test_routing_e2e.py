@@ -16,9 +16,10 @@ import aiohttp
 import openai
 import pytest
 
-from dynamod.discovery.registry import TaintOp, update_taints
+from dynamod.discovery.records import update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.store import Store, open_store
+from dynamod.taints import TaintUpdate
 from tests.integration.test_front import MODEL, FrontStack, serve_front, workers
 from tests.procs import Proc
 
@@ -74,7 +75,7 @@ async def test_required_and_preferred_taints_route_and_a_change_moves_the_next_r
         # The zoned worker gains capacity/fast through its own route, and the first fast
         # worker loses it through the discovery update: fast requests move to the zoned one.
         await set_taints_by_route(s.http, zoned, ["capacity/fast"])
-        await update_taints(etcd, fast.field("key"), TaintOp.clear())
+        await update_taints(etcd, fast.field("key"), TaintUpdate.clear())
         await s.view.wait_for(holds(zoned, "capacity/fast", "dynamo.topology/zone=a"))
         await s.view.wait_for(holds(fast))
         for _ in range(3):

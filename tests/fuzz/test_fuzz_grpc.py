@@ -25,7 +25,7 @@ from tests.fuzz.strategies import any_taint, bad_taint_lists, invalid, nasty_tex
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TIMEOUT = 10.0
-OPERATIONS = (pb.TAINT_OPERATION_REPLACE, pb.TAINT_OPERATION_ADD, pb.TAINT_OPERATION_REMOVE)
+ACTIONS = (pb.TAINT_ACTION_REPLACE, pb.TAINT_ACTION_ADD, pb.TAINT_ACTION_REMOVE)
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,9 @@ def test_refused_taints_are_invalid_argument_and_never_written(stack: Stack, api
     before = stack.record()
 
     @FUZZ
-    @given(taints=bad_taint_lists, operation=st.sampled_from(OPERATIONS))
-    def refused(taints: list[str], operation: pb.TaintOperation.ValueType) -> None:
-        request = pb.UpdateTaintsRequest(operation=operation, taints=taints, worker=stack.key)
+    @given(taints=bad_taint_lists, action=st.sampled_from(ACTIONS))
+    def refused(taints: list[str], action: pb.TaintAction.ValueType) -> None:
+        request = pb.UpdateTaintsRequest(action=action, taints=taints, worker=stack.key)
         error = refusal(api.taints.UpdateTaints, request)
         assert code(error) == grpc.StatusCode.INVALID_ARGUMENT, details(error)
         first = next(t for t in taints if invalid(t))
@@ -97,22 +97,22 @@ def test_refused_taints_are_invalid_argument_and_never_written(stack: Stack, api
     assert_untouched(stack, api, before)
 
 
-def test_requests_without_an_operation_or_a_target_are_refused(stack: Stack, api: Api) -> None:
+def test_requests_without_an_action_or_a_target_are_refused(stack: Stack, api: Api) -> None:
     before = stack.record()
-    unknown_operations = st.sampled_from((pb.TAINT_OPERATION_UNSPECIFIED, 5, 99, -1))
+    unknown_actions = st.sampled_from((pb.TAINT_ACTION_UNSPECIFIED, 5, 99, -1))
 
     @FUZZ
     @given(
-        operation=unknown_operations | st.sampled_from(OPERATIONS),
+        action=unknown_actions | st.sampled_from(ACTIONS),
         taints=st.lists(any_taint, max_size=3),
         target=st.sampled_from(("worker", "selector", "all", "none")),
         text=nasty_text,
     )
-    def refused(operation: int, taints: list[str], target: str, text: str) -> None:
-        kind = cast("pb.TaintOperation.ValueType", operation)
-        request = pb.UpdateTaintsRequest(operation=kind, taints=taints)
-        if operation in OPERATIONS:
-            target = "none"  # a known operation must then lack its target
+    def refused(action: int, taints: list[str], target: str, text: str) -> None:
+        kind = cast("pb.TaintAction.ValueType", action)
+        request = pb.UpdateTaintsRequest(action=kind, taints=taints)
+        if action in ACTIONS:
+            target = "none"  # a known action must then lack its target
         if target == "worker":
             request.worker = text or stack.key
         elif target == "selector":
@@ -136,9 +136,7 @@ def test_remove_by_malformed_keys_is_refused(stack: Stack, api: Api) -> None:
     @FUZZ
     @given(keys=keys)
     def refused(keys: list[str]) -> None:
-        request = pb.UpdateTaintsRequest(
-            operation=pb.TAINT_OPERATION_REMOVE, keys=keys, worker=stack.key
-        )
+        request = pb.UpdateTaintsRequest(action=pb.TAINT_ACTION_REMOVE, keys=keys, worker=stack.key)
         error = refusal(api.taints.UpdateTaints, request)
         assert code(error) == grpc.StatusCode.INVALID_ARGUMENT, details(error)
 
@@ -149,7 +147,7 @@ def test_remove_by_malformed_keys_is_refused(stack: Stack, api: Api) -> None:
 def test_a_message_over_the_size_limit_is_refused_whole(stack: Stack, api: Api) -> None:
     before = stack.record()
     request = pb.UpdateTaintsRequest(
-        operation=pb.TAINT_OPERATION_ADD, taints=["a" * (5 * 2**20)], worker=stack.key
+        action=pb.TAINT_ACTION_ADD, taints=["a" * (5 * 2**20)], worker=stack.key
     )
     error = refusal(api.taints.UpdateTaints, request)
     assert code(error) in (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT)
@@ -210,7 +208,7 @@ def test_a_huge_taint_is_refused_with_a_message_of_bounded_size(stack: Stack, ap
     huge = "a" * 20_000
     calls = (
         (api.taints.UpdateTaints, pb.UpdateTaintsRequest(
-            operation=pb.TAINT_OPERATION_ADD, taints=[huge], worker=stack.key)),
+            action=pb.TAINT_ACTION_ADD, taints=[huge], worker=stack.key)),
         (api.router.Explain, pb.ExplainRequest(model=MODEL, required_taints=[huge])),
         (api.workers.ListWorkers, pb.ListWorkersRequest(selector=huge)),
     )  # fmt: skip

@@ -24,15 +24,17 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from dynamod.discovery.registry import Registration, new_instance_id
+from dynamod.discovery.records import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
 from dynamod.frontend.relay import carries_output
+from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.model import WorkerRecord
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
+from dynamod.tokenizers import SimpleTokenizer
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
-from dynamod.worker.openai import WORKER_ID_HEADER, InferenceRoutes
+from dynamod.worker.inference import InferenceRoutes
 from tests.factories import make_record
 from tests.procs import Proc, worker
 
@@ -111,7 +113,9 @@ async def serve_front(store: Store, *, client_timeout: float = 60.0) -> AsyncIte
         try:
             async with asyncio.timeout(10):
                 await view.ready.wait()
-            front = Frontend(router, view, registry=registry, client_timeout=client_timeout)
+            front = Frontend(
+                router, view, SimpleTokenizer(), registry=registry, client_timeout=client_timeout
+            )
             app = web.Application()
             front.add_to(app)
             async with AsyncExitStack() as stack:

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from dynamod.discovery.registry import TaintOp, register, update_taints
+from dynamod.discovery.records import register, update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.router import Router, RouteRequest
 from dynamod.store import Store
-from dynamod.taints import RoutingConstraints
+from dynamod.taints import RoutingConstraints, TaintUpdate
 from tests.factories import make_record
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,7 +38,7 @@ async def test_taint_update_dispatches_the_waiting_request(store: Store) -> None
         second = group.create_task(router.acquire(RouteRequest("llama", FAST, max_wait=30)))
         await asyncio.sleep(0)  # one turn of the loop: the task runs until it parks
         assert router.queue_depth == 1
-        await update_taints(store, slow.key, TaintOp.add(["capacity/fast"]))
+        await update_taints(store, slow.key, TaintUpdate.add(["capacity/fast"]))
         async with asyncio.timeout(10):
             assignment = await second
         assert assignment.worker.instance_id == "s0"

@@ -15,9 +15,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from dynamod.http.openai import WORKER_ID_HEADER
+from dynamod.tokenizers import SimpleTokenizer
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
-from dynamod.worker.openai import WORKER_ID_HEADER, InferenceRoutes
-from dynamod.worker.tokenizer import SimpleTokenizer
+from dynamod.worker.inference import InferenceRoutes
 
 MODEL = "mock-llm"
 WORKER_ID = "a1b2c3d4"

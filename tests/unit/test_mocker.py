@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
+from dynamod.tokenizers import ChatMessage, SimpleTokenizer
+from dynamod.tokenizers.simple import VOCABULARY
 from dynamod.worker.engines.base import Chunk, GenerateRequest
-from dynamod.worker.engines.mocker import KvCache, MockerConfig, MockerEngine, block_hashes
-from dynamod.worker.tokenizer import VOCABULARY, ChatMessage, SimpleTokenizer
+from dynamod.worker.engines.mocker import KvCache, MockerConfig, MockerEngine, cache_keys
 
 
 def config(**overrides: Any) -> MockerConfig:
@@ -69,15 +70,15 @@ def test_chat_template_ends_with_the_assistant_turn() -> None:
 
 
 def test_block_hashes_chain_full_blocks_only() -> None:
-    assert len(block_hashes(range(10), 4)) == 2, "the partial third block has no hash"
-    assert block_hashes(range(8), 4) == block_hashes(range(12), 4)[:2], "equal prefix, equal hashes"
-    same_block_other_prefix = block_hashes([9, 9, 9, 9, 4, 5, 6, 7], 4)[1]
-    assert same_block_other_prefix != block_hashes(range(8), 4)[1], "a hash covers its prefix"
+    assert len(cache_keys(range(10), 4)) == 2, "the partial third block has no hash"
+    assert cache_keys(range(8), 4) == cache_keys(range(12), 4)[:2], "equal prefix, equal hashes"
+    same_block_other_prefix = cache_keys([9, 9, 9, 9, 4, 5, 6, 7], 4)[1]
+    assert same_block_other_prefix != cache_keys(range(8), 4)[1], "a hash covers its prefix"
 
 
 def committed(cache: KvCache, tokens: range | list[int], extra_blocks: int = 0) -> list[Any]:
     """Allocate, prefill and commit ``tokens``; returns the held blocks."""
-    hashes = block_hashes(tokens, cache.block_size)
+    hashes = cache_keys(tokens, cache.block_size)
     allocation = cache.allocate(hashes, len(hashes) + extra_blocks)
     assert allocation is not None
     blocks, _ = allocation
@@ -91,7 +92,7 @@ def test_a_released_prefix_is_reused_by_the_next_request() -> None:
     cache.release(first)
     assert cache.used == 0 and cache.cached == 3
 
-    allocation = cache.allocate(block_hashes(range(8), 4), 3)
+    allocation = cache.allocate(cache_keys(range(8), 4), 3)
     assert allocation is not None
     blocks, reused = allocation
     assert reused == 2 and blocks[:2] == first[:2]
@@ -101,7 +102,7 @@ def test_a_released_prefix_is_reused_by_the_next_request() -> None:
 def test_shared_blocks_are_reference_counted() -> None:
     cache = KvCache(8, 4)
     a = committed(cache, range(8), extra_blocks=1)
-    allocation = cache.allocate(block_hashes(range(8), 4), 3)
+    allocation = cache.allocate(cache_keys(range(8), 4), 3)
     assert allocation is not None
     b, reused = allocation
     assert reused == 2 and cache.used == 4, "two shared blocks, one private block each"
@@ -114,7 +115,7 @@ def test_shared_blocks_are_reference_counted() -> None:
 
 def test_eviction_recycles_the_least_recently_freed_cached_block_tail_first() -> None:
     cache = KvCache(4, 2)
-    a_hashes, b_hashes = block_hashes([1, 2, 3, 4], 2), block_hashes([5, 6, 7, 8], 2)
+    a_hashes, b_hashes = cache_keys([1, 2, 3, 4], 2), cache_keys([5, 6, 7, 8], 2)
     cache.release(committed(cache, [1, 2, 3, 4]))
     cache.release(committed(cache, [5, 6, 7, 8]))
     assert cache.used == 0 and cache.cached == 4
@@ -127,14 +128,14 @@ def test_eviction_recycles_the_least_recently_freed_cached_block_tail_first() ->
 def test_an_allocation_that_does_not_fit_changes_nothing() -> None:
     cache = KvCache(4, 2)
     held = committed(cache, [1, 2, 3, 4])
-    assert cache.allocate(block_hashes([1, 2, 3, 4], 2), 5) is None
+    assert cache.allocate(cache_keys([1, 2, 3, 4], 2), 5) is None
     assert cache.used == 2 and (cache.hits, cache.queries) == (0, 2)
     assert [b.refs for b in held] == [1, 1]
 
 
 def test_a_prefix_computed_twice_keeps_one_cached_copy() -> None:
     cache = KvCache(8, 2)
-    hashes = block_hashes([1, 2, 3, 4], 2)
+    hashes = cache_keys([1, 2, 3, 4], 2)
     racing = [cache.allocate([], 2) for _ in range(2)]  # both miss: neither is committed yet
     assert racing[0] is not None and racing[1] is not None
     for blocks, _ in (racing[0], racing[1]):
@@ -147,7 +148,7 @@ def test_a_prefix_computed_twice_keeps_one_cached_copy() -> None:
 def test_without_prefix_caching_nothing_is_reused() -> None:
     cache = KvCache(8, 4, prefix_caching=False)
     cache.release(committed(cache, range(8)))
-    assert cache.cached == 0 and cache.match(block_hashes(range(8), 4)) == []
+    assert cache.cached == 0 and cache.match(cache_keys(range(8), 4)) == []
 
 
 # --- configuration ---------------------------------------------------------------------

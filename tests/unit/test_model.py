@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dynamod.errors import ImmutableFieldError, InvalidInputError
 from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, immutable_diff, mdcsum
-from dynamod.taints import apply_caller_taints, topology_taints
+from dynamod.taints import topology_taints
 
 MANY = settings(max_examples=1000, deadline=None)
 
@@ -58,7 +58,7 @@ def test_unknown_fields_are_kept_at_every_level() -> None:
     assert record.model_card.extra == {"tokenizer_sha": "abc"}
     assert record.runtime_config.extra == {"future_knob": 3}
     assert record.to_json() == obj
-    updated = apply_caller_taints(record, ["new"])
+    updated = record.with_caller_taints(["new"])
     assert updated.to_json()["model_card"]["tokenizer_sha"] == "abc"
 
 
@@ -137,7 +137,7 @@ cards = st.builds(
 @given(cards, st.lists(st.sampled_from(["a", "b", "pool=x", "capacity/fast"]), max_size=4))
 def test_mdcsum_is_unchanged_by_any_taint_change(card: ModelCard, taints: list[str]) -> None:
     record = make_record(model_card=card)
-    assert mdcsum(apply_caller_taints(record, taints).model_card) == mdcsum(card)
+    assert mdcsum(record.with_caller_taints(taints).model_card) == mdcsum(card)
 
 
 @MANY
@@ -158,7 +158,7 @@ def test_mdcsum_is_stable_across_processes() -> None:
 
 def test_a_taint_only_change_passes_the_boundary() -> None:
     old = make_record()
-    immutable_diff(old, apply_caller_taints(old, ["other", "pool=b"]))
+    immutable_diff(old, old.with_caller_taints(["other", "pool=b"]))
 
 
 @pytest.mark.parametrize(

@@ -22,8 +22,9 @@ from dynamod.errors import (
     RoutingError,
     ShuttingDownError,
 )
+from dynamod.load import IDLE
 from dynamod.model import WorkerAdded, WorkerRecord, WorkerRemoved
-from dynamod.router import IDLE, Assignment, Outcome, Router, RouterConfig, RouteRequest
+from dynamod.router import Assignment, Outcome, Router, RouterConfig, RouteRequest
 from dynamod.taints import CORDONED, RoutingConstraints
 from tests.unit.test_router_table import required, retaint, worker
 

@@ -10,19 +10,17 @@ from collections import Counter
 import pytest
 
 from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.load import IDLE, Busy, Load
 from dynamod.model import ModelCard, WorkerAdded, WorkerRecord
 from dynamod.router import (
-    IDLE,
     Assignment,
-    Busy,
-    Load,
     Outcome,
     PrefixIndex,
     Router,
     RouterConfig,
     RouteRequest,
     cost_terms,
-    hash_blocks,
+    prefix_hashes,
     probabilities,
     select,
 )
@@ -180,13 +178,13 @@ def test_the_prefix_index_keeps_at_most_capacity_pairs_dropping_the_oldest() -> 
 
 
 def test_block_hashes_are_chained_over_full_blocks() -> None:
-    one = hash_blocks([1, 2, 3, 4, 5, 6, 7], 2)
-    two = hash_blocks([1, 2, 3, 9, 5, 6], 2)
+    one = prefix_hashes([1, 2, 3, 4, 5, 6, 7], 2)
+    two = prefix_hashes([1, 2, 3, 9, 5, 6], 2)
     assert len(one) == 3  # token 7 is a partial block
     assert one[0] == two[0]
     assert one[1] != two[1] and one[2] != two[2]  # divergence spreads to every later block
     with pytest.raises(InvalidInputError, match="block_size must be at least 1, got 0"):
-        hash_blocks([1], 0)
+        prefix_hashes([1], 0)
 
 
 # -- the router's choices
@@ -202,7 +200,7 @@ async def test_a_repeated_prompt_goes_back_to_the_worker_that_has_its_prefix() -
     router = router_with(worker("a"), worker("b"), worker("c"))
     for prompt in range(20):
         tokens = [prompt] * 128
-        request = RouteRequest("m", prompt_tokens=128, block_hashes=hash_blocks(tokens, 16))
+        request = RouteRequest("m", prompt_tokens=128, block_hashes=prefix_hashes(tokens, 16))
         first = await decide(router, request)
         again = await decide(router, request)
         assert first.terms.overlap_blocks == 0
@@ -222,7 +220,7 @@ async def test_load_spreads_requests_evenly_over_equal_workers() -> None:
 
 async def test_load_outweighs_a_cached_prefix_once_a_worker_is_busy_enough() -> None:
     router = router_with(worker("a"), worker("b"))
-    request = RouteRequest("m", prompt_tokens=64, block_hashes=hash_blocks(list(range(64)), 16))
+    request = RouteRequest("m", prompt_tokens=64, block_hashes=prefix_hashes(list(range(64)), 16))
     first = await decide(router, request)
     held = [await router.acquire(RouteRequest("m", prompt_tokens=640)) for _ in range(2)]
     assert {a.worker.instance_id for a in held} == {"a", "b"}

@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamod.errors import ConstraintError, TaintError, TopologyError
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord
+from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.taints import (
     RoutingConstraints,
-    apply_caller_taints,
     caller_taints,
     is_topology,
     matches,
@@ -21,7 +20,6 @@ from dynamod.taints import (
     topology_taints,
     validate,
     validate_caller_taints,
-    validate_topology,
 )
 
 MANY = settings(max_examples=1000, deadline=None)
@@ -205,9 +203,9 @@ def test_topology_taints_are_generated_from_domains() -> None:
 
 def test_apply_caller_taints_keeps_topology_and_replaces_the_rest() -> None:
     worker = record({"zone": "a"}, ("old",))
-    updated = apply_caller_taints(worker, ["new", "capacity/fast"])
+    updated = worker.with_caller_taints(["new", "capacity/fast"])
     assert updated.taints == ("capacity/fast", "dynamo.topology/zone=a", "new")
-    cleared = apply_caller_taints(updated, [])
+    cleared = updated.with_caller_taints([])
     assert cleared.taints == ("dynamo.topology/zone=a",)
     assert cleared.model_card == worker.model_card
 
@@ -222,7 +220,7 @@ def test_no_input_can_add_drop_or_change_a_topology_taint(
 ) -> None:
     worker = record(domains)
     try:
-        updated = apply_caller_taints(worker, taints)
+        updated = worker.with_caller_taints(taints)
     except TaintError:
         return
     assert tuple(t for t in updated.taints if is_topology(t)) == topology_taints(domains)

@@ -30,30 +30,31 @@ else:
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class _TaintOperation:
+class _TaintAction:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
 
-class _TaintOperationEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaintOperation.ValueType], _builtins.type):
+class _TaintActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaintAction.ValueType], _builtins.type):
     DESCRIPTOR: _descriptor.EnumDescriptor
-    TAINT_OPERATION_UNSPECIFIED: _TaintOperation.ValueType  # 0
-    TAINT_OPERATION_REPLACE: _TaintOperation.ValueType  # 1
+    TAINT_ACTION_UNSPECIFIED: _TaintAction.ValueType  # 0
+    TAINT_ACTION_REPLACE: _TaintAction.ValueType  # 1
     """set the caller taints to `taints` (empty clears)"""
-    TAINT_OPERATION_ADD: _TaintOperation.ValueType  # 2
-    TAINT_OPERATION_REMOVE: _TaintOperation.ValueType  # 3
+    TAINT_ACTION_ADD: _TaintAction.ValueType  # 2
+    TAINT_ACTION_REMOVE: _TaintAction.ValueType  # 3
     """exact `taints`, plus every taint whose key is in `keys`"""
-    TAINT_OPERATION_CLEAR: _TaintOperation.ValueType  # 4
+    TAINT_ACTION_CLEAR: _TaintAction.ValueType  # 4
 
-class TaintOperation(_TaintOperation, metaclass=_TaintOperationEnumTypeWrapper): ...
+class TaintAction(_TaintAction, metaclass=_TaintActionEnumTypeWrapper):
+    """A taint update's action (dynamod.taints.TaintUpdate). The CLI's `taints set` is REPLACE."""
 
-TAINT_OPERATION_UNSPECIFIED: TaintOperation.ValueType  # 0
-TAINT_OPERATION_REPLACE: TaintOperation.ValueType  # 1
+TAINT_ACTION_UNSPECIFIED: TaintAction.ValueType  # 0
+TAINT_ACTION_REPLACE: TaintAction.ValueType  # 1
 """set the caller taints to `taints` (empty clears)"""
-TAINT_OPERATION_ADD: TaintOperation.ValueType  # 2
-TAINT_OPERATION_REMOVE: TaintOperation.ValueType  # 3
+TAINT_ACTION_ADD: TaintAction.ValueType  # 2
+TAINT_ACTION_REMOVE: TaintAction.ValueType  # 3
 """exact `taints`, plus every taint whose key is in `keys`"""
-TAINT_OPERATION_CLEAR: TaintOperation.ValueType  # 4
-Global___TaintOperation: _TypeAlias = TaintOperation  # noqa: Y015
+TAINT_ACTION_CLEAR: TaintAction.ValueType  # 4
+Global___TaintAction: _TypeAlias = TaintAction  # noqa: Y015
 
 @_typing.final
 class Worker(_message.Message):
@@ -290,7 +291,7 @@ Global___GetWorkerResponse: _TypeAlias = GetWorkerResponse  # noqa: Y015
 class UpdateTaintsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
-    OPERATION_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
     TAINTS_FIELD_NUMBER: _builtins.int
     WORKER_FIELD_NUMBER: _builtins.int
     SELECTOR_FIELD_NUMBER: _builtins.int
@@ -298,7 +299,7 @@ class UpdateTaintsRequest(_message.Message):
     EXPECT_REVISION_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
     KEYS_FIELD_NUMBER: _builtins.int
-    operation: Global___TaintOperation.ValueType
+    action: Global___TaintAction.ValueType
     worker: _builtins.str
     """id, key or unique id prefix"""
     selector: _builtins.str
@@ -318,7 +319,7 @@ class UpdateTaintsRequest(_message.Message):
     def __init__(
         self,
         *,
-        operation: Global___TaintOperation.ValueType = ...,
+        action: Global___TaintAction.ValueType = ...,
         taints: _abc.Iterable[_builtins.str] | None = ...,
         worker: _builtins.str = ...,
         selector: _builtins.str = ...,
@@ -329,7 +330,7 @@ class UpdateTaintsRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_expect_revision", b"_expect_revision", "all", b"all", "expect_revision", b"expect_revision", "selector", b"selector", "target", b"target", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_revision", b"_expect_revision", "all", b"all", "dry_run", b"dry_run", "expect_revision", b"expect_revision", "keys", b"keys", "operation", b"operation", "selector", b"selector", "taints", b"taints", "target", b"target", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expect_revision", b"_expect_revision", "action", b"action", "all", b"all", "dry_run", b"dry_run", "expect_revision", b"expect_revision", "keys", b"keys", "selector", b"selector", "taints", b"taints", "target", b"target", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__expect_revision: _TypeAlias = _typing.Literal["expect_revision"]  # noqa: Y015
     _WhichOneofArgType__expect_revision: _TypeAlias = _typing.Literal["_expect_revision", b"_expect_revision"]  # noqa: Y015

@@ -154,6 +154,11 @@ class TaintServiceStub:
                 request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.SerializeToString,
                 response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsResponse.FromString,
                 _registered_method=True)
+        self.StreamUpdateTaints = channel.unary_stream(
+                '/dynamo.v1.TaintService/StreamUpdateTaints',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.TaintChange.FromString,
+                _registered_method=True)
 
 
 class TaintServiceServicer:
@@ -165,6 +170,14 @@ class TaintServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamUpdateTaints(self, request, context):
+        """The same update; each worker's outcome is sent as soon as it is known (in no set
+        order), so a client can show progress on a selector or all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaintServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +185,11 @@ def add_TaintServiceServicer_to_server(servicer, server):
                     servicer.UpdateTaints,
                     request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.FromString,
                     response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsResponse.SerializeToString,
+            ),
+            'StreamUpdateTaints': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamUpdateTaints,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.TaintChange.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -201,6 +219,33 @@ class TaintService:
             '/dynamo.v1.TaintService/UpdateTaints',
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.SerializeToString,
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamUpdateTaints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dynamo.v1.TaintService/StreamUpdateTaints',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.UpdateTaintsRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.TaintChange.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,11 +74,19 @@ class TaintServiceStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> TaintServiceAsyncStub: ...
     UpdateTaints: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.UpdateTaintsRequest, _dynamo_pb2.UpdateTaintsResponse]
+    StreamUpdateTaints: _grpc.UnaryStreamMultiCallable[_dynamo_pb2.UpdateTaintsRequest, _dynamo_pb2.TaintChange]
+    """The same update; each worker's outcome is sent as soon as it is known (in no set
+    order), so a client can show progress on a selector or all.
+    """
 
 @_typing.type_check_only
 class TaintServiceAsyncStub(TaintServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     UpdateTaints: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.UpdateTaintsRequest, _dynamo_pb2.UpdateTaintsResponse]  # type: ignore[assignment]
+    StreamUpdateTaints: _aio.UnaryStreamMultiCallable[_dynamo_pb2.UpdateTaintsRequest, _dynamo_pb2.TaintChange]  # type: ignore[assignment]
+    """The same update; each worker's outcome is sent as soon as it is known (in no set
+    order), so a client can show progress on a selector or all.
+    """
 
 class TaintServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -87,6 +95,16 @@ class TaintServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dynamo_pb2.UpdateTaintsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dynamo_pb2.UpdateTaintsResponse, _abc.Awaitable[_dynamo_pb2.UpdateTaintsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StreamUpdateTaints(
+        self,
+        request: _dynamo_pb2.UpdateTaintsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dynamo_pb2.TaintChange], _abc.AsyncIterator[_dynamo_pb2.TaintChange]]:
+        """The same update; each worker's outcome is sent as soon as it is known (in no set
+        order), so a client can show progress on a selector or all.
+        """
 
 def add_TaintServiceServicer_to_server(servicer: TaintServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

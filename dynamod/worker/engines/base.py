@@ -23,28 +23,15 @@ tokens. Its contract:
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from dynamod.model import ModelCard
-from dynamod.worker.tokenizer import ChatMessage
+from dynamod.tokenizers import Tokenizer
 
 FinishReason = Literal["stop", "length"]
-
-
-class Tokenizer(Protocol):
-    """Text to token ids and back, plus the model's chat template."""
-
-    @property
-    def vocab_size(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Iterable[int]) -> str: ...
-
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import Self
 
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
 from dynamod.model import ModelCard
+from dynamod.tokenizers import SimpleTokenizer
 from dynamod.worker.engines.base import (
     Chunk,
     EngineStats,
@@ -45,7 +46,6 @@ from dynamod.worker.engines.base import (
     Timing,
     Usage,
 )
-from dynamod.worker.tokenizer import SimpleTokenizer
 
 
 @dataclass(frozen=True)
@@ -141,11 +141,13 @@ def _check_field(name: str, value: object) -> None:
         raise ConfigError("mocker speedup_ratio must be greater than 0, got 0")
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained 64-bit hashes of the full blocks of ``token_ids`` (a partial tail has none).
+def cache_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The names the simulated cache gives the full blocks of ``token_ids`` (a partial tail
+    has none): chained 64-bit hashes, as vLLM names its blocks.
 
-    Block ``i``'s hash covers its own tokens and, through its parent's hash, every token
-    before it: equal hashes mean equal prefixes. Stable across processes (blake2b).
+    Block ``i``'s key covers its own tokens and, through its parent's key, every token
+    before it: equal keys mean equal prefixes. Stable across processes (blake2b). These are
+    the engine's names; a router computes its own (``router.prefix.prefix_hashes``).
     """
     hashes: list[int] = []
     parent = b""
@@ -309,10 +311,6 @@ class MockerEngine:
     def tokenizer(self) -> SimpleTokenizer:
         return self._tokenizer
 
-    @property
-    def kv_cache(self) -> KvCache:
-        return self._kv
-
     def model_card(self) -> ModelCard:
         return self.config.model_card()
 
@@ -365,7 +363,7 @@ class MockerEngine:
             request=request,
             budget=budget,
             finish="length" if request.max_tokens is not None else "stop",
-            hashes=block_hashes(request.prompt_ids, self.config.block_size),
+            hashes=cache_keys(request.prompt_ids, self.config.block_size),
             rng=random.Random(seed),
         )
 

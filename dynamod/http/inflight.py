@@ -47,3 +47,30 @@ class InFlight:
                 self._gauge.dec()
             if self._count == 0:
                 self._idle.set()
+
+
+class Drains:
+    """For a server that drains on shutdown: counts its requests in ``_requests`` and says
+    so. ``begin_drain()`` (new requests then get 503), ``wait_idle()``, ``in_flight``."""
+
+    _requests: InFlight
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
+
+    @property
+    def draining(self) -> bool:
+        return self._requests.draining
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (503); those in flight run to their end."""
+        self._requests.begin_drain()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight (at once if none is).
+
+        Call ``begin_drain`` first, or new requests may start right after; bound the wait
+        with ``asyncio.timeout`` for a grace period.
+        """
+        await self._requests.wait_idle()

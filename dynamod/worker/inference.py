@@ -22,32 +22,36 @@ mid-stream is noticed at the next write; closing the engine stream then frees it
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.errors import InvalidInputError, ShuttingDownError
-from dynamod.inflight import InFlight
-from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Tokenizer, Usage
-from dynamod.worker.request_body import (
+from dynamod.http.inflight import Drains, InFlight
+from dynamod.http.openai import (
+    CHAT,
+    COMPLETIONS,
+    WORKER_ID_HEADER,
     FieldError,
     Json,
+    OpenAIApi,
     brief,
     chat_prompt,
     completion_prompt,
+    error_body,
+    error_response,
     json_object,
     model_of,
+    sse_event,
 )
-
-WORKER_ID_HEADER = "x-dynamo-worker-id"
+from dynamod.tokenizers import Tokenizer
+from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ class _Metrics:
         self.completion_tokens.inc(usage.completion_tokens)
 
 
-class InferenceRoutes:
+class InferenceRoutes(Drains):
     """The inference routes of one worker, with drain support and metrics."""
 
     def __init__(
@@ -110,32 +114,12 @@ class InferenceRoutes:
         self._metrics = _Metrics(registry if registry is not None else CollectorRegistry())
         self._requests = InFlight(self._metrics.in_flight)
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._requests)
-
-    @property
-    def draining(self) -> bool:
-        return self._requests.draining
-
     def add_to(self, app: web.Application) -> None:
         """Mount the routes, and tag every response of ``app`` with the worker id."""
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post(COMPLETIONS.path, self._completions)
+        app.router.add_post(CHAT.path, self._chat)
         app.router.add_get("/v1/models", self._models)
         app.on_response_prepare.append(self._tag)
-
-    def begin_drain(self) -> None:
-        """Refuse new inference requests (503); those in flight run to their end."""
-        self._requests.begin_drain()
-
-    async def wait_idle(self) -> None:
-        """Return once no inference request is in flight (at once if none is).
-
-        Call ``begin_drain`` first, or new requests may start right after; bound the wait
-        with ``asyncio.timeout`` for a grace period.
-        """
-        await self._requests.wait_idle()
 
     async def _tag(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers[WORKER_ID_HEADER] = self._worker_id
@@ -152,33 +136,34 @@ class InferenceRoutes:
         return web.json_response({"object": "list", "data": [entry]})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _COMPLETIONS)
+        return await self._serve(request, COMPLETIONS)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._serve(request, _CHAT)
+        return await self._serve(request, CHAT)
 
-    async def _serve(self, request: web.Request, api: _Api) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         response: web.StreamResponse
         if self._requests.draining:
-            response = _error(503, "the worker is draining and takes no new requests", "draining")
+            message = "the worker is draining and takes no new requests"
+            response = error_response(503, message, "draining")
         else:
             with self._requests.request():
                 response = await self._answer(request, api)
         self._metrics.requests.labels(api.route, str(response.status)).inc()
         return response
 
-    async def _answer(self, request: web.Request, api: _Api) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         reply_id = api.new_id()
         try:
-            params = api.parse(await _json_body(request), self._engine.tokenizer)
+            params = _PARSERS[api.kind](await _json_body(request), self._engine.tokenizer)
             self._check_model(params.model)
             chunks = self._engine.generate(_generate_request(request, reply_id, params))
         except FieldError as exc:
-            return _error(400, str(exc), "invalid_value", param=exc.param)
+            return error_response(400, str(exc), "invalid_value", param=exc.param)
         except InvalidInputError as exc:
-            return _error(400, str(exc), "invalid_value")
+            return error_response(400, str(exc), "invalid_value")
         except _ModelNotFound as exc:
-            return _error(404, str(exc), "model_not_found")
+            return error_response(404, str(exc), "model_not_found")
         reply = _Reply(api, params.model, reply_id)
         if params.stream:
             return await self._stream(request, reply, params, chunks)
@@ -198,7 +183,7 @@ class InferenceRoutes:
                 async for chunk in chunks:
                     texts.append(chunk.text)
         except ShuttingDownError as exc:
-            return _error(503, str(exc), "engine_stopped")
+            return error_response(503, str(exc), "engine_stopped")
         last = _final(chunk)
         self._metrics.served(last.usage)
         return web.json_response(reply.whole("".join(texts), last))
@@ -237,7 +222,7 @@ class InferenceRoutes:
             async for chunk in chunks:
                 await _send(response, reply.delta(chunk, params.include_usage))
         except ShuttingDownError as exc:
-            await _send(response, _error_body(str(exc), "engine_stopped", "server_error"))
+            await _send(response, error_body(500, str(exc), "engine_stopped"))
             return
         last = _final(chunk)
         self._metrics.served(last.usage)
@@ -246,25 +231,10 @@ class InferenceRoutes:
 
 
 @dataclass(frozen=True)
-class _Api:
-    """What differs between the completions and the chat completions API."""
-
-    route: str
-    object_whole: str
-    object_chunk: str
-    id_prefix: str
-    parse: Callable[[Json, Tokenizer], _Params]
-    kind: Literal["text", "chat"]
-
-    def new_id(self) -> str:
-        return f"{self.id_prefix}-{uuid.uuid4().hex}"
-
-
-@dataclass(frozen=True)
 class _Reply:
     """Builds the JSON bodies of one response."""
 
-    api: _Api
+    api: OpenAIApi
     model: str
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
@@ -324,17 +294,7 @@ def _usage(usage: Usage) -> Json:
 
 
 async def _send(response: web.StreamResponse, data: Json | str) -> None:
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    await response.write(f"data: {text}\n\n".encode())
-
-
-def _error_body(message: str, code: str, kind: str, param: str | None = None) -> Json:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def _error(status: int, message: str, code: str, *, param: str | None = None) -> web.Response:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.json_response(_error_body(message, code, kind, param), status=status)
+    await response.write(sse_event(data))
 
 
 async def _json_body(request: web.Request) -> Json:
@@ -421,9 +381,7 @@ def _parse_chat(body: Json, tokenizer: Tokenizer) -> _Params:
     return _common(body, prompt_ids, "max_completion_tokens" if newer else "max_tokens")
 
 
-_COMPLETIONS = _Api(
-    "completions", "text_completion", "text_completion", "cmpl", _parse_completion, "text"
-)
-_CHAT = _Api(
-    "chat_completions", "chat.completion", "chat.completion.chunk", "chatcmpl", _parse_chat, "chat"
-)
+_PARSERS: dict[str, Callable[[Json, Tokenizer], _Params]] = {
+    "text": _parse_completion,
+    "chat": _parse_chat,
+}

@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+from dynamod.tokenizers.base import ChatMessage
 
 VOCAB_SIZE = 50_000
 
@@ -42,14 +43,6 @@ VOCABULARY: tuple[str, ...] = tuple(_WORDS.split())
 
 _PIECES = re.compile(r"\w+|[^\w\s]")
 _INDEX = {word: i for i, word in enumerate(VOCABULARY)}
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One turn of a chat: ``role`` (system, user, assistant, ...) and its text."""
-
-    role: str
-    content: str
 
 
 class SimpleTokenizer:

@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
 
 from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import (
     ConflictError,
-    InvalidInputError,
     KeyNotFoundError,
     LeaseExpiredError,
     RevisionMismatchError,
@@ -26,98 +23,18 @@ from dynamod.errors import (
     WorkerNotFoundError,
 )
 from dynamod.model import WorkerRecord, immutable_diff
+from dynamod.reports import TaintChange
 from dynamod.store import KEEP, Delete, Lease, Put, Resync, Store, keep_alive
-from dynamod.taints import apply_caller_taints, caller_taints, key_of, normalize, validate
+from dynamod.taints import TaintUpdate, caller_taints
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
 
-OpKind = Literal["replace", "add", "remove", "clear"]
-
 
 def new_instance_id() -> str:
     """A fresh id for one process incarnation: 16 hex digits."""
     return secrets.token_hex(8)
-
-
-@dataclass(frozen=True)
-class TaintOp:
-    """One change to a worker's caller-managed taints.
-
-    ``replace`` sets them (empty clears), ``add`` / ``remove`` name exact taints, ``clear``
-    removes all. Taints are validated when the op is built, before any read: a reserved or
-    malformed taint raises ``TaintError``; ``add`` / ``remove`` need at least one taint.
-    Duplicates collapse.
-    """
-
-    kind: OpKind
-    taints: tuple[str, ...] = ()
-    keys: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("replace", "add", "remove", "clear"):
-            raise InvalidInputError(
-                f"taint operation {self.kind!r} is unknown; use replace, add, remove or clear"
-            )
-        if self.kind == "clear" and self.taints:
-            raise InvalidInputError("clear takes no taints; use remove to drop some of them")
-        if self.keys and self.kind != "remove":
-            raise InvalidInputError("taint keys can only be given to remove")
-        if self.kind in ("add", "remove") and not (self.taints or self.keys):
-            raise InvalidInputError(f"{self.kind} needs at least one taint")
-        object.__setattr__(self, "taints", normalize(validate(t) for t in self.taints))
-        object.__setattr__(self, "keys", normalize(_valid_key(k) for k in self.keys))
-
-    @classmethod
-    def replace(cls, taints: Iterable[str]) -> TaintOp:
-        return cls("replace", tuple(taints))
-
-    @classmethod
-    def add(cls, taints: Iterable[str]) -> TaintOp:
-        return cls("add", tuple(taints))
-
-    @classmethod
-    def remove(cls, taints: Iterable[str], keys: Iterable[str] = ()) -> TaintOp:
-        """Remove exact ``taints``, and every taint whose key (``[prefix/]name``) is in
-        ``keys``."""
-        return cls("remove", tuple(taints), tuple(keys))
-
-    @classmethod
-    def clear(cls) -> TaintOp:
-        return cls("clear")
-
-    def apply(self, current: Iterable[str]) -> tuple[str, ...]:
-        """The caller taints after this op, given the caller taints read just now."""
-        held = set(current)
-        if self.kind == "add":
-            held |= set(self.taints)
-        elif self.kind == "remove":
-            held -= set(self.taints)
-            held = {t for t in held if key_of(t) not in self.keys}
-        else:
-            held = set(self.taints)
-        return normalize(held)
-
-
-def _valid_key(key: str) -> str:
-    validate(key)
-    if "=" in key:
-        raise InvalidInputError(f"taint key {key!r} must not contain '='; give the key alone")
-    return key
-
-
-@dataclass(frozen=True)
-class TaintResult:
-    """What an update did: the record as stored now, its revision, and whether it changed."""
-
-    before: WorkerRecord
-    after: WorkerRecord
-    revision: int
-
-    @property
-    def changed(self) -> bool:
-        return self.before.taints != self.after.taints
 
 
 async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[WorkerRecord, int]:
@@ -136,7 +53,7 @@ async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[Wo
     if entry is None:  # it expired between the two calls: create it after all
         return await register(store, record, lease)
     stored = WorkerRecord.from_bytes(entry.value)
-    immutable_diff(stored, apply_caller_taints(record, caller_taints(stored.taints)))
+    immutable_diff(stored, record.with_caller_taints(caller_taints(stored.taints)))
     revision = await store.put(record.key, entry.value, expect=entry.revision, lease=lease)
     log.info("worker %s re-registered; keeping its stored taints", record.instance_id)
     return stored, revision
@@ -145,12 +62,12 @@ async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[Wo
 async def update_taints(
     store: Store,
     key: str,
-    op: TaintOp,
+    update: TaintUpdate,
     *,
     expect_revision: int | None = None,
     check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
-) -> TaintResult:
-    """Apply ``op`` to the worker record at ``key`` atomically.
+) -> TaintChange:
+    """Apply ``update`` to the worker record at ``key`` atomically; return what changed.
 
     Read → compute on the freshly read taints → unchanged: return without writing →
     compare-and-swap at the read revision, keeping the worker's lease. A lost race re-reads
@@ -164,9 +81,9 @@ async def update_taints(
         before, revision = await _read(store, key)
         if expect_revision is not None and revision != expect_revision:
             raise RevisionMismatchError(key, expect_revision, revision)
-        after = apply_caller_taints(before, op.apply(caller_taints(before.taints)))
+        after = before.updated(update)
         if after.taints == before.taints:
-            return TaintResult(before, before, revision)
+            return _change(before, after, revision)
         if check is not None:
             check(before, after)
         try:
@@ -177,11 +94,15 @@ async def update_taints(
             if expect_revision is not None:
                 raise
             continue
-        return TaintResult(before, after, new_revision)
+        return _change(before, after, new_revision)
     raise ConflictError(
         f"taint update of {key!r} lost the compare-and-swap race {MAX_ATTEMPTS} times in a "
         f"row ({MAX_ATTEMPTS} attempts) to concurrent writers; retry the call"
     )
+
+
+def _change(before: WorkerRecord, after: WorkerRecord, revision: int) -> TaintChange:
+    return TaintChange(before.instance_id, before.key, before.taints, after.taints, revision)
 
 
 async def _read(store: Store, key: str) -> tuple[WorkerRecord, int]:

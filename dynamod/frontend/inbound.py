@@ -17,40 +17,22 @@ passed on. The front reads only:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from dynamod.errors import ConstraintError
+from dynamod.http.openai import FieldError, OpenAIApi, brief, json_object, model_of
 from dynamod.router import RouteRequest
 from dynamod.taints import RoutingConstraints
-from dynamod.worker.engines.base import Tokenizer
-from dynamod.worker.request_body import (
-    FieldError,
-    Json,
-    brief,
-    chat_prompt,
-    completion_prompt,
-    json_object,
-    model_of,
-)
-
-
-@dataclass(frozen=True)
-class Api:
-    """One inference route: its metric label, its path and how its prompt is read."""
-
-    route: str
-    path: str
-    prompt: Callable[[Json, Tokenizer], tuple[int, ...]]
+from dynamod.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
 class Inbound:
     """A request, read: the raw body to forward and what routing needs from it."""
 
-    api: Api
+    api: OpenAIApi
     raw: bytes
     model: str
     prompt_ids: tuple[int, ...]
@@ -64,7 +46,7 @@ class Inbound:
         )
 
 
-async def read_inbound(request: web.Request, api: Api, tokenizer: Tokenizer) -> Inbound:
+async def read_inbound(request: web.Request, api: OpenAIApi, tokenizer: Tokenizer) -> Inbound:
     """Read and check the body of ``request``; raises ``FieldError``."""
     try:
         raw = await request.read()
@@ -100,7 +82,3 @@ def _max_wait(value: object) -> float | None:
         "nvext.max_wait",
         f"nvext.max_wait must be a number of seconds from 0 to 1e9; got {brief(value)}",
     )
-
-
-COMPLETIONS = Api("completions", "/v1/completions", completion_prompt)
-CHAT = Api("chat_completions", "/v1/chat/completions", chat_prompt)

@@ -1,5 +1,6 @@
-"""Our errors ↔ gRPC status codes, for the server and the client. The table itself is
-``dynamod/status.py`` (by code name, so the daemon's core needs no gRPC import).
+"""Our errors ↔ gRPC status codes, for the server and the client. The table itself is the
+error tree in ``dynamod/errors.py`` (each class's ``code``, by name, so the daemon's core
+needs no gRPC import).
 
 The details are the domain message. The server also sends the error's class name as
 trailing metadata (``dynamo-error``), so the client re-raises the very same class; an
@@ -11,7 +12,6 @@ from __future__ import annotations
 import grpc
 
 from dynamod import errors as e
-from dynamod.status import code_name
 
 ERROR_KEY = "dynamo-error"
 
@@ -25,7 +25,7 @@ _BY_NAME: dict[str, type[e.DynamoError]] = {
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
-    return grpc.StatusCode[code_name(error)]
+    return grpc.StatusCode[e.code_name(error)]
 
 
 class Remote(e.DynamoError):

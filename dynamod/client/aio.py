@@ -1,8 +1,8 @@
-"""The dynamod API client: the only thing dynamoctl imports to talk to the daemon.
+"""``AsyncClient``: the daemon's gRPC API for asyncio code; dynamoctl is built on it.
 
 Endpoints: ``unix:///run/dynamod/dynamod.sock`` (or a bare path) for the local socket,
 ``host:port`` for TCP (with ``tls=True`` for TLS, ``ca`` / ``cert`` / ``key`` for mTLS).
-Every call has a deadline. gRPC errors come back as our own classes (``api/errors.py``);
+Every call has a deadline. gRPC errors come back as our own classes (``api/status.py``);
 an endpoint that does not answer raises ``UnreachableError`` naming it.
 """
 
@@ -16,22 +16,16 @@ import grpc
 from grpc import aio
 
 from dynamod.api import convert
-from dynamod.api.errors import ERROR_KEY, from_status
-from dynamod.api.types import EventInfo, ExplainInfo, StatusInfo, TaintChange, WorkerInfo
+from dynamod.api.status import ERROR_KEY, from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.errors import DynamoError, UnreachableError
 from dynamod.paths import default_socket
+from dynamod.reports import EventInfo, ExplainInfo, StatusInfo, TaintChange, WorkerInfo
+from dynamod.taints import TaintUpdate
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-
-OPERATIONS = {
-    "replace": pb.TAINT_OPERATION_REPLACE,
-    "add": pb.TAINT_OPERATION_ADD,
-    "remove": pb.TAINT_OPERATION_REMOVE,
-    "clear": pb.TAINT_OPERATION_CLEAR,
-}
 
 
 def default_endpoint() -> str:
@@ -55,8 +49,8 @@ class Credentials:
     key: bytes | None = None
 
 
-class Client:
-    """Async client; use ``async with Client(endpoint) as client``."""
+class AsyncClient:
+    """Async client; use ``async with AsyncClient(endpoint) as client``."""
 
     def __init__(
         self, endpoint: str, *, credentials: Credentials | None = None, timeout: float = 10.0
@@ -78,7 +72,7 @@ class Client:
             return aio.secure_channel(target, tls, options=CHANNEL_OPTIONS)
         return aio.insecure_channel(target, options=CHANNEL_OPTIONS)
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -135,34 +129,37 @@ class Client:
 
     async def update_taints(
         self,
-        operation: str,
-        taints: Iterable[str] = (),
+        update: TaintUpdate,
         *,
         worker: str | None = None,
         selector: str | None = None,
         all_workers: bool = False,
         expect_revision: int | None = None,
         dry_run: bool = False,
-        keys: Iterable[str] = (),
     ) -> list[TaintChange]:
-        """Apply one operation (replace / add / remove / clear) to a worker, the workers a
-        selector matches, or all of them. Per-worker failures are in each change's ``error``."""
-        request = pb.UpdateTaintsRequest(
-            operation=OPERATIONS[operation],
-            taints=list(taints),
-            dry_run=dry_run,
-            keys=list(keys),
-        )
-        if worker is not None:
-            request.worker = worker
-        elif selector is not None:
-            request.selector = selector
-        elif all_workers:
-            request.all = True
-        if expect_revision is not None:
-            request.expect_revision = expect_revision
+        """Apply ``update`` to a worker, the workers a selector matches, or all of them.
+        Per-worker failures of a bulk update are in each change's ``error``."""
+        request = _update_request(update, worker, selector, all_workers, expect_revision, dry_run)
         reply = await self._call(self._taints.UpdateTaints, request)
         return [convert.change_from_pb(c) for c in reply.results]
+
+    async def stream_update_taints(
+        self,
+        update: TaintUpdate,
+        *,
+        worker: str | None = None,
+        selector: str | None = None,
+        all_workers: bool = False,
+        dry_run: bool = False,
+    ) -> AsyncGenerator[TaintChange, None]:
+        """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
+        order): for progress on a bulk update."""
+        request = _update_request(update, worker, selector, all_workers, None, dry_run)
+        call = self._taints.StreamUpdateTaints(
+            request, timeout=self.timeout, metadata=self._metadata()
+        )
+        async for message in self._stream(call):
+            yield convert.change_from_pb(message)
 
     async def tail_events(
         self, *, since: int | None = None, selector: str = "", follow: bool = True
@@ -173,9 +170,14 @@ class Client:
         if since is not None:
             request.since = since
         call = self._events.TailEvents(request, metadata=self._metadata())
+        async for message in self._stream(call):
+            yield convert.event_from_pb(message)
+
+    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
+        """The messages of a server stream, its errors as ours; cancelled when left."""
         try:
             async for message in call:
-                yield convert.event_from_pb(message)
+                yield message
         except aio.AioRpcError as exc:
             raise self._error(exc) from None
         finally:
@@ -199,3 +201,28 @@ class Client:
 
     async def status(self) -> StatusInfo:
         return convert.status_from_pb(await self._call(self._status.GetStatus, pb.StatusRequest()))
+
+
+def _update_request(
+    update: TaintUpdate,
+    worker: str | None,
+    selector: str | None,
+    all_workers: bool,
+    expect_revision: int | None,
+    dry_run: bool,
+) -> pb.UpdateTaintsRequest:
+    request = pb.UpdateTaintsRequest(
+        action=convert.ACTIONS[update.action],
+        taints=list(update.taints),
+        keys=list(update.keys),
+        dry_run=dry_run,
+    )
+    if worker is not None:
+        request.worker = worker
+    elif selector is not None:
+        request.selector = selector
+    elif all_workers:
+        request.all = True
+    if expect_revision is not None:
+        request.expect_revision = expect_revision
+    return request

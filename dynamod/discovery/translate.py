@@ -1,6 +1,6 @@
-"""Turning store events into discovery events.
+"""Translating store events into discovery events.
 
-``Classifier`` is pure: it keeps the last known record of every worker and classifies each
+``EventTranslator`` is pure: it keeps the last known record of every worker and classifies each
 store event against it. A same-key ``Put`` with equal content is nothing; one that changes
 only taints is ``TaintsUpdated``; one that changes anything else is refused (logged with
 the field, old value kept). A store ``Resync`` is reconciled against the known view into
@@ -27,7 +27,7 @@ from dynamod.store import Delete, Entry, Resync, WatchEvent
 log = logging.getLogger(__name__)
 
 
-class Classifier:
+class EventTranslator:
     """The known records, and the discovery events each store event implies."""
 
     def __init__(self) -> None:

@@ -1,32 +1,31 @@
-"""What the API hands out, as plain dataclasses (no gRPC, no protobuf).
+"""What the daemon reports to its clients, as plain frozen dataclasses (no gRPC, no protobuf).
 
-The daemon builds these from its view and router; ``api/convert.py`` turns them into wire
-messages and back; ``api/client.py`` returns them to dynamoctl.
+A worker as listed (``WorkerInfo``), the outcome of a taint update on one worker
+(``TaintChange``), a discovery event (``EventInfo``), a routing explanation
+(``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
+``api/convert.py`` puts them on the wire and back, and ``dynamod.client`` hands them to
+dynamoctl and to Python programs.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Literal
 
+from dynamod.load import IDLE, Load
 from dynamod.model import WorkerRecord, mdcsum
 from dynamod.taints import is_topology
 
 
 @dataclass(frozen=True)
-class Load:
-    """What one router has in flight on a worker."""
-
-    active_requests: int = 0
-    active_prompt_tokens: int = 0
-    active_kv_blocks: int = 0
-
-
-@dataclass(frozen=True)
 class WorkerInfo:
+    """One worker: its record as stored, the record's revision, and what the reporting
+    daemon's router has in flight there."""
+
     record: WorkerRecord
     revision: int
-    load: Load = Load()
+    load: Load = IDLE
 
     @property
     def id(self) -> str:
@@ -42,8 +41,9 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True)
-class Failure:
-    """Why one worker's part of a bulk operation failed: a gRPC status name and message."""
+class ChangeError:
+    """Why one worker's taint update failed: a status code name (``errors.code_name``) and
+    the error's message."""
 
     code: str
     message: str
@@ -51,12 +51,16 @@ class Failure:
 
 @dataclass(frozen=True)
 class TaintChange:
+    """The outcome of a taint update on one worker: its taints before and after (the
+    complete sets), the record's revision after it (or when read, for a dry run or a
+    failure), and the error when this worker's update failed."""
+
     worker: str
     key: str
     before: tuple[str, ...]
     after: tuple[str, ...]
     revision: int
-    error: Failure | None = None
+    error: ChangeError | None = None
 
     @property
     def added(self) -> tuple[str, ...]:
@@ -106,6 +110,16 @@ class ExplainInfo:
     summary: str
 
 
+class DaemonState(enum.StrEnum):
+    """Where the daemon is in its life (``dynamoctl status``, ``/health``)."""
+
+    STARTING = "starting"
+    """Waiting for the first snapshot of the store; not serving yet."""
+    SERVING = "serving"
+    DRAINING = "draining"
+    """Shutting down: refusing new work, finishing what is in flight."""
+
+
 @dataclass(frozen=True)
 class StatusInfo:
     version: str
@@ -117,4 +131,4 @@ class StatusInfo:
     replica_id: str
     queue_depth: int
     revision: int
-    state: str
+    state: DaemonState

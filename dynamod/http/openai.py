@@ -1,20 +1,31 @@
-"""Reading OpenAI-style request bodies: the parts the worker and the router's front share.
+"""The OpenAI wire format, as far as the worker's inference routes and the daemon's front
+share it: reading request bodies, the error shape, and the worker-id header.
 
 Both must agree on how a prompt becomes token ids (the front counts tokens and hashes
 prompt blocks for prefix-aware routing; the worker generates from them), so both call
 these functions. A refused field raises ``FieldError`` naming it (``param``).
+
+An error is ``{"error": {"message", "type", "param", "code"}}``; ``type`` is
+``invalid_request_error`` below 500 (``rate_limit_error`` for 429) and ``server_error``
+from 500. An error after a stream has started is one ``data: {"error": ...}`` event.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiohttp import web
 
 from dynamod.errors import InvalidInputError
-from dynamod.worker.engines.base import Tokenizer
-from dynamod.worker.tokenizer import ChatMessage
+from dynamod.tokenizers import ChatMessage, Tokenizer
 
 Json = dict[str, Any]
+WORKER_ID_HEADER = "x-dynamo-worker-id"
+"""On every answer of a worker, and on every answer the front gives after choosing one."""
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -98,3 +109,63 @@ def _content(where: str, content: object) -> str:
         f"{where}.content",
         f"{where}.content must be a string or a list of text parts; got {brief(content)}",
     )
+
+
+def error_body(status: int, message: str, code: str, param: str | None = None) -> Json:
+    if status == 429:
+        kind = "rate_limit_error"
+    else:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    code: str,
+    *,
+    param: str | None = None,
+    worker_id: str | None = None,
+) -> web.Response:
+    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else None
+    return web.json_response(
+        error_body(status, message, code, param), status=status, headers=headers
+    )
+
+
+def sse_event(data: Json | str) -> bytes:
+    """One server-sent event: ``data: <json or text>`` and the blank line."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def error_event(message: str, code: str) -> bytes:
+    """One SSE event holding an error, for a stream that breaks after it started."""
+    return sse_event(error_body(500, message, code))
+
+
+@dataclass(frozen=True)
+class OpenAIApi:
+    """One of the two inference APIs: its metric label, its path, how its prompt becomes
+    token ids, and the names its answers carry."""
+
+    route: str
+    path: str
+    kind: Literal["text", "chat"]
+    prompt: Callable[[Json, Tokenizer], tuple[int, ...]]
+    object_whole: str
+    object_chunk: str
+    id_prefix: str
+
+    def new_id(self) -> str:
+        return f"{self.id_prefix}-{uuid.uuid4().hex}"
+
+
+COMPLETIONS = OpenAIApi(
+    "completions", "/v1/completions", "text", completion_prompt,
+    "text_completion", "text_completion", "cmpl",
+)  # fmt: skip
+CHAT = OpenAIApi(
+    "chat_completions", "/v1/chat/completions", "chat", chat_prompt,
+    "chat.completion", "chat.completion.chunk", "chatcmpl",
+)  # fmt: skip
