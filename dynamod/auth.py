@@ -104,8 +104,10 @@ class Tokens:
             return cls()
         try:
             data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"tokens file {str(path)!r} cannot be read: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"tokens file {str(path)!r} cannot be read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"tokens file {str(path)!r} is not valid TOML: {exc}") from None
         return cls(tuple(_entry(path, i, e) for i, e in enumerate(data.get("token", []))))
 
     def authenticate(self, token: str) -> Principal:

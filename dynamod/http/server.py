@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -49,7 +50,7 @@ def listen(host: str, port: int, what: str = "http") -> socket.socket:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((host, port), family=family, backlog=1024)
     except OSError as exc:
-        reason = exc.strerror or str(exc)
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ListenError(f"cannot listen on {what} {host}:{port}: {reason}") from None
 
 
