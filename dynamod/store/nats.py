@@ -292,7 +292,7 @@ class NatsStore(Store):
 
     scheme = "nats"
 
-    def __init__(self, url: str, target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(target.url, timeout=timeout)  # shown in messages: no credentials
         self._target = target
         self._stream_name = f"KV_{target.bucket}"
@@ -309,7 +309,7 @@ class NatsStore(Store):
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
         """Connect and prepare the bucket; ``call_timeout`` bounds this and every call."""
-        store = cls(url, parse_url(url), timeout=call_timeout)
+        store = cls(parse_url(url), timeout=call_timeout)
         try:
             await store._connect()
         except BaseException:
