@@ -392,7 +392,7 @@ class NatsStore(Store):
         async with self._call("watch"):
             replay = since is not None and await self._replay_is_complete(since)
             start = since + 1 if replay and since is not None else None
-            stream = await self._open_stream(prefix, self._watch_config(prefix, start))
+            stream = await self._open_stream(self._watch_config(prefix, start))
         if not replay:
             watch.lost()
         task = asyncio.create_task(self._pump(watch, prefix, stream), name=f"nats watch {prefix!r}")
@@ -612,7 +612,7 @@ class NatsStore(Store):
         sequence it delivered. The consumer also delivers changes made while it runs, so
         the result is the state as of the stream's end when nothing was pending any more."""
         config = self._consumer_config(prefix, api.DeliverPolicy.LAST_PER_SUBJECT)
-        stream = await self._open_stream(prefix, config, bounded=False)
+        stream = await self._open_stream(config, bounded=False)
         entries: dict[str, Entry] = {}
         last = 0
         try:
@@ -673,9 +673,7 @@ class NatsStore(Store):
         config.idle_heartbeat = HEARTBEAT
         return config
 
-    async def _open_stream(
-        self, prefix: str, config: api.ConsumerConfig, *, bounded: bool = True
-    ) -> _Stream:
+    async def _open_stream(self, config: api.ConsumerConfig, *, bounded: bool = True) -> _Stream:
         """Subscribe to a fresh inbox, then create the consumer that delivers to it.
 
         A bounded inbox (watches) drops what does not fit, and the consumer-sequence check
@@ -748,7 +746,7 @@ class NatsStore(Store):
             await self._connected.wait()
             try:
                 async with self._call("watch"):
-                    return await self._open_stream(prefix, self._watch_config(prefix, None))
+                    return await self._open_stream(self._watch_config(prefix, None))
             except StoreClosedError:
                 raise
             except StoreError as exc:  # down again, or JetStream still recovering the stream
