@@ -69,6 +69,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 
+from dynamod.aio import cancel_and_wait
 from dynamod.errors import (
     ConfigError,
     ConflictError,
@@ -400,8 +401,12 @@ class NatsStore(Store):
         try:
             yield
         finally:
-            await _cancel(task)
-            self._tasks.discard(task)  # only now: aclose() waits for it if we were cancelled
+            try:
+                await cancel_and_wait(task)
+            finally:
+                # Only now, when it has ended (cancel_and_wait waits for that even if we are
+                # cancelled meanwhile): until then aclose() waits for it too.
+                self._tasks.discard(task)
 
     async def _close(self) -> None:
         tasks, self._tasks = self._tasks, set()
@@ -866,12 +871,6 @@ def _sequence_problem(stream: _Stream, msg: Msg) -> str:
         return f"messages were lost (consumer sequence {seq} after {stream.delivered})"
     stream.delivered = seq
     return ""
-
-
-async def _cancel(task: asyncio.Task[None]) -> None:
-    """Cancel a task this store owns and wait for it; the caller's own cancellation wins."""
-    task.cancel()
-    await asyncio.wait({task})
 
 
 def _by_key(entry: Entry) -> str:
