@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 import aetcd
 from aetcd import rpc
 
+from dynamod.aio import cancel_and_wait
 from dynamod.errors import (
     ConfigError,
     InvalidInputError,
@@ -276,11 +277,10 @@ class EtcdStore(Store):
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.wait([task])
-            self._feeds.discard(task)
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
+            try:
+                await cancel_and_wait(task)  # raises what the feed ended with, if not cancelled
+            finally:
+                self._feeds.discard(task)  # it has ended: cancel_and_wait waited for that
 
     async def _close(self) -> None:
         feeds = set(self._feeds)
