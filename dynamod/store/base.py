@@ -65,7 +65,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import ClassVar, Final, Literal, Self
+from typing import Final, Literal, Self
 
 from dynamod.errors import (
     InvalidKeyError,
@@ -240,8 +240,6 @@ class Watch:
 class Store(abc.ABC):
     """The contract in this module's docstring. Subclasses implement the abstract methods
     and ``_feed``; ``watch`` and the bookkeeping around closing are shared."""
-
-    scheme: ClassVar[str]
 
     def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url

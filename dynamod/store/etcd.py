@@ -172,8 +172,6 @@ class _Stream(NamedTuple):
 
 
 class EtcdStore(Store):
-    scheme = "etcd"
-
     def __init__(
         self, url: str, client: aetcd.Client, root: str, *, timeout: float = DEFAULT_TIMEOUT
     ) -> None:

@@ -38,8 +38,6 @@ class _LeaseState:
 
 
 class MemoryStore(Store):
-    scheme = "memory"
-
     def __init__(self, url: str = "memory://", *, history: int = HISTORY) -> None:
         super().__init__(url)
         self._data: dict[str, Entry] = {}

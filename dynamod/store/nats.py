@@ -291,8 +291,6 @@ class _Stream:
 class NatsStore(Store):
     """The discovery store on a NATS JetStream KV bucket (see the module docstring)."""
 
-    scheme = "nats"
-
     def __init__(self, target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(target.url, timeout=timeout)  # shown in messages: no credentials
         self._target = target
