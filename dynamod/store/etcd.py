@@ -172,10 +172,8 @@ class _Stream(NamedTuple):
 
 
 class EtcdStore(Store):
-    def __init__(
-        self, url: str, client: aetcd.Client, root: str, *, timeout: float = DEFAULT_TIMEOUT
-    ) -> None:
-        super().__init__(url, timeout=timeout)
+    def __init__(self, url: str, client: aetcd.Client, root: str) -> None:
+        super().__init__(url)
         self._client = client
         self._root = root.encode()
         self._watch_stub = rpc.WatchStub(client.channel)
