@@ -67,9 +67,6 @@ class LeaseFiles:
             return None
         return Lease(lease_id, found[0])
 
-    def exists(self, lease_id: int) -> bool:
-        return self._path(lease_id).exists()
-
     def remove(self, lease_id: int) -> None:
         self._path(lease_id).unlink(missing_ok=True)
 
