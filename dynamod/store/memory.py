@@ -51,10 +51,6 @@ class MemoryStore(Store):
     async def open(cls, url: str) -> MemoryStore:
         return cls(url)
 
-    @property
-    def revision(self) -> int:
-        return self._revision
-
     async def get(self, key: str) -> Entry | None:
         self._check_open()
         return self._data.get(validate_key(key))
