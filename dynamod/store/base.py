@@ -63,7 +63,7 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
@@ -147,15 +147,6 @@ def validate_key(key: str, *, prefix: bool = False) -> str:
 def in_prefix(key: str, prefix: str) -> bool:
     """Whether ``key`` is ``prefix`` or below it, on segment boundaries."""
     return not prefix or key == prefix or key.startswith(prefix + "/")
-
-
-@contextlib.contextmanager
-def translate_timeout(url: str, what: str) -> Iterator[None]:
-    """Turn a deadline that ran out into ``StoreUnavailableError``."""
-    try:
-        yield
-    except TimeoutError:
-        raise StoreUnavailableError(f"store {url} did not answer {what} in time") from None
 
 
 class Watch:
