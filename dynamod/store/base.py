@@ -159,10 +159,9 @@ class Watch:
     gives the first snapshot, gap-free recovery and bounded memory for slow consumers.
     """
 
-    def __init__(self, store: Store, prefix: str, *, maxsize: int | None = None) -> None:
+    def __init__(self, store: Store, prefix: str) -> None:
         self._store = store
         self._prefix = prefix
-        self._maxsize = WATCH_QUEUE if maxsize is None else maxsize
         self._queue: deque[Put | Delete] = deque()
         self._wakeup = asyncio.Event()
         self._needs_resync = False
@@ -174,9 +173,9 @@ class Watch:
         """Queue one change (called by the backend feed, in store order)."""
         if self._closed or event.revision <= self._floor or not in_prefix(event.key, self._prefix):
             return
-        if len(self._queue) >= self._maxsize:
+        if len(self._queue) >= WATCH_QUEUE:
             self.overflows += 1
-            log.warning("watch on %r fell %d events behind; resyncing", self._prefix, self._maxsize)
+            log.warning("watch on %r fell %d events behind; resyncing", self._prefix, WATCH_QUEUE)
             self.lost()
             return
         self._queue.append(event)
