@@ -167,14 +167,12 @@ class Watch:
         self._needs_resync = False
         self._floor = -1
         self._closed = False
-        self.overflows = 0
 
     def push(self, event: Put | Delete) -> None:
         """Queue one change (called by the backend feed, in store order)."""
         if self._closed or event.revision <= self._floor or not in_prefix(event.key, self._prefix):
             return
         if len(self._queue) >= WATCH_QUEUE:
-            self.overflows += 1
             log.warning("watch on %r fell %d events behind; resyncing", self._prefix, WATCH_QUEUE)
             self.lost()
             return
