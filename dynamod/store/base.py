@@ -189,10 +189,6 @@ class Watch:
         self._closed = True
         self._wakeup.set()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def __aiter__(self) -> Watch:
         return self
 
