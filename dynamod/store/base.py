@@ -299,10 +299,6 @@ class Store(abc.ABC):
             watch.close()
         await self._close()
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.url} is closed")
