@@ -61,13 +61,13 @@ from dynamod.store.nats.bucket import MARKER_TTL
 from dynamod.store.nats.consumers import HEARTBEAT
 from dynamod.store.nats.keys import decode_key, encode_key, subject_filters
 from dynamod.store.nats.store import NatsStore
-from dynamod.store.nats.url import Target, parse_url
+from dynamod.store.nats.url import NatsUrl, parse_url
 
 __all__ = [
     "HEARTBEAT",
     "MARKER_TTL",
     "NatsStore",
-    "Target",
+    "NatsUrl",
     "decode_key",
     "encode_key",
     "parse_url",

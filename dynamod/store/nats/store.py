@@ -32,7 +32,7 @@ from dynamod.store.nats.bucket import ATTEMPTS, Bucket, conflict
 from dynamod.store.nats.consumers import HEARTBEAT, Consumer, Consumers
 from dynamod.store.nats.leases import Held, Leases
 from dynamod.store.nats.messages import DELETE, LEASE, check_expect, kept_headers
-from dynamod.store.nats.url import Target, parse_url
+from dynamod.store.nats.url import NatsUrl, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ _BACK: Final = "reconnected to NATS"
 class NatsStore(Store):
     """The discovery store on a NATS JetStream KV bucket (see the package docstring)."""
 
-    def __init__(self, target: Target, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, target: NatsUrl, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         super().__init__(target.url, timeout=timeout)  # shown in messages: no credentials
         self._target = target
         self._nc = Client()

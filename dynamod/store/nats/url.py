@@ -18,7 +18,7 @@ _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]")
 
 
 @dataclass(frozen=True)
-class Target:
+class NatsUrl:
     """Where a ``nats://`` URL points. ``login`` (``user:password`` or a token) is kept out
     of ``url`` and of the repr, so it never reaches a log line or an error message."""
 
@@ -38,7 +38,7 @@ class Target:
         return f"nats://{','.join(self.hosts)}/{self.bucket}"
 
 
-def parse_url(url: str) -> Target:
+def parse_url(url: str) -> NatsUrl:
     """Split a store URL into servers and bucket; ``ConfigError`` names what is wrong."""
     parts = urlsplit(url)
     shown = url.replace(parts.netloc, parts.netloc.rpartition("@")[2])
@@ -54,7 +54,7 @@ def parse_url(url: str) -> Target:
             f"store URL {shown!r} names bucket {bucket!r}; a bucket name is letters, digits, "
             "'-' and '_'"
         )
-    return Target(servers, bucket, login)
+    return NatsUrl(servers, bucket, login)
 
 
 def _host_port(url: str, item: str) -> str:
