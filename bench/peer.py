@@ -177,6 +177,8 @@ class Rounds:
 
 async def measure(args: argparse.Namespace, venv: Path, etcd: EtcdServer, scratch: Path,
                   ids: list[int]) -> tuple[Raw, dict[str, Any]]:  # fmt: skip
+    """Start both stacks and Dynamo's direct client; warm up; run the rounds. Returns the
+    samples and what each HTTP target answered the benchmark's request before warming up."""
     body = {"model": MODEL, "prompt": prompt(), "max_tokens": args.max_tokens}
     async with (
         ours(etcd, scratch) as mine,
@@ -200,7 +202,7 @@ async def measure(args: argparse.Namespace, venv: Path, etcd: EtcdServer, scratc
         stacks = {"dynamod": mine, "dynamo": theirs}
         rounds = Rounds(args, stacks, targets, pids)
         memory = {k: {"front_start_mib": rss_mib(s.front_pid)} for k, s in stacks.items()}
-        extra = {"answers": await answers(targets)}
+        answered = await answers(targets)
         await rounds.warm_up()
         raw = await rounds.run(http)
         for key, stack in stacks.items():
@@ -210,7 +212,7 @@ async def measure(args: argparse.Namespace, venv: Path, etcd: EtcdServer, scratc
                 "worker_end_mib": rss_mib(stack.worker_pid),
             }
         raw.memory = memory
-        return raw, extra
+        return raw, answered
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -244,39 +246,38 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     stamp = peer_venv.ensure(args.dynamo_venv)
-    found = {"dynamod": __version__, **versions(), **stamp["packages"]}  # type: ignore[dict-item]
-    found.pop("nats-server", None)
+    found = {"dynamod": __version__, **versions(), **stamp["packages"]}
+    found.pop("nats-server")  # not part of either stack here
     detail = (f"{args.rounds} interleaved rounds, {PROMPT_WORDS}-token prompt, "
               f"{args.max_tokens} tokens out, one mocker each, one etcd")  # fmt: skip
     print(header("dynamod vs NVIDIA Dynamo 1.6.1", found, detail))
-    load_before = os.getloadavg()
+    machine: dict[str, Any] = {"cpus": len(os.sched_getaffinity(0)),
+                               "python": platform.python_version(),
+                               "load_before": os.getloadavg()}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="dynamod-peer-") as tmp:
         scratch = Path(tmp)
         ids = build_model(args.dynamo_venv, scratch / "model")
         etcd = EtcdServer(scratch / "etcd")
         with etcd:
-            raw, extra = asyncio.run(measure(args, args.dynamo_venv, etcd, scratch, ids))
+            raw, answered = asyncio.run(measure(args, args.dynamo_venv, etcd, scratch, ids))
+    machine["load_after"] = os.getloadavg()
     rows = rows_of(raw)
     print(render_table(HEADERS, table_rows(rows)))
+    now = datetime.datetime.now(datetime.UTC)
     document = {
         "benchmark": "peer",
-        "generated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "generated": now.isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench.peer", *argv]),
         "versions": found,
-        "machine": {
-            "cpus": len(os.sched_getaffinity(0)),
-            "python": platform.python_version(),
-            "load_before": load_before,
-            "load_after": os.getloadavg(),
-        },
+        "machine": machine,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "dynamo_venv")}
         | {"prompt_tokens": len(ids), "router_mode": "kv", "warmup": WARMUP},
         "install": stamp,
-        **extra,
+        "answers": answered,
         "rows": rows,
         "raw": raw.to_json(),
     }
-    out = args.json or BENCH / "out" / f"peer-{document['generated'].replace(':', '')}.json"
+    out = args.json or BENCH / "out" / f"peer-{now:%Y%m%dT%H%M%SZ}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, document)
     print(f"\nwrote {out}", file=sys.stderr)

@@ -77,7 +77,8 @@ class Detached:
             raise RuntimeError(f"{self.name} exited ({code}) while {waiting_for}:\n{self.tail()}")
 
     async def stop(self, grace: float = 10.0) -> int | None:
-        """SIGTERM the group, wait up to ``grace`` s, then SIGKILL the group."""
+        """SIGTERM the group, wait up to ``grace`` s, then SIGKILL the group; the exit
+        status (negative: the signal that ended it)."""
         if self.proc is None:
             return None
         if self.proc.stdin is not None:
@@ -87,10 +88,8 @@ class Detached:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace):
                     await self.proc.wait()
-        code = self.proc.returncode
-        self._signal_group(signal.SIGKILL)  # helpers it left in its group, if any
-        await self.proc.wait()
-        return code
+        self._signal_group(signal.SIGKILL)  # it, if still there, and helpers left in its group
+        return await self.proc.wait()
 
     def _signal_group(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 DYNAMO_VERSION = "1.6.1"
 REQUIREMENTS = (
@@ -55,11 +56,11 @@ def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure(venv: Path) -> dict[str, object]:
+def ensure(venv: Path) -> dict[str, Any]:
     """The stamp of a ready venv at ``venv``; installs it first if there is none."""
     stamp = venv / STAMP
     if stamp.exists():
-        found: dict[str, object] = json.loads(stamp.read_text())
+        found: dict[str, Any] = json.loads(stamp.read_text())
         if found.get("requirements") == list(_wanted()):
             return found
         raise RuntimeError(
@@ -75,9 +76,13 @@ def _wanted() -> tuple[str, ...]:
     return (f"ai-dynamo=={DYNAMO_VERSION} (--no-deps)", *REQUIREMENTS)
 
 
-def _install(venv: Path) -> dict[str, object]:
+def _install(venv: Path) -> dict[str, Any]:
     partial = venv.with_name(f"{venv.name}.partial-{os.getpid()}")
-    print(f"installing Dynamo {DYNAMO_VERSION} into {venv} (first run only)", file=sys.stderr)
+    print(
+        f"installing Dynamo {DYNAMO_VERSION} into {venv} (first run only; pip's complaint "
+        "that aisimulate is missing is expected: see bench/peer_venv.py)",
+        file=sys.stderr,
+    )
     started = time.monotonic()
     try:
         subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
