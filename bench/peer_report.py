@@ -30,8 +30,9 @@ SERIES = (  # (target, label, style) for the latency plot
 )
 
 
-def section(runs: list[Json]) -> list[str]:
-    """Markdown lines for the section body (the caller writes the ``## TITLE`` line)."""
+def section(runs: list[Json], sources: list[str]) -> list[str]:
+    """Markdown lines for the section body (the caller writes the ``## TITLE`` line);
+    ``sources`` name the files ``runs`` were read from."""
     last, others = runs[-1], runs[:-1]
     head = ["measure", "dynamod", "Dynamo 1.6.1", "ratio", "per round", "floor: dynamod",
             "floor: Dynamo", "want"]  # fmt: skip
@@ -45,7 +46,8 @@ def section(runs: list[Json]) -> list[str]:
             {"lower": "≤ 1", "higher": "≥ 1"}.get(r["better"] or "", ""),
             *(_ratio(run["rows"][i]) for run in others),
         ])  # fmt: skip
-    return [*_intro(last, len(others)), "", *markdown_table(head, rows), *_notes(last), ""]
+    intro = _intro(last, sources)
+    return [*intro, "", *markdown_table(head, rows), *_notes(last), ""]
 
 
 def _ratio(r: Json) -> str:
@@ -56,14 +58,15 @@ def _rounds(r: Json) -> str:
     return "—" if r["rounds"] is None else f"{r['rounds'][0]:.2f} to {r['rounds'][1]:.2f}"
 
 
-def _intro(run: Json, others: int) -> list[str]:
+def _intro(run: Json, sources: list[str]) -> list[str]:
     machine, config, v = run["machine"], run["config"], run["versions"]
     load = "/".join(f"{x:.1f}" for x in machine["load_before"])
-    also = f", beside the ratios of {others} earlier run(s)" if others else ""
+    files = " ".join(f"bench/out/{name}" for name in sources)
+    also = f", beside the ratios of {len(sources) - 1} other run(s)" if len(sources) > 1 else ""
     return [
         f"`{run['command']}` at {run['generated']} ({machine['cpus']} CPUs, load average "
         f"{load} before it), turned into this section by `python -m bench.report --peer "
-        f"FILE...`{also}. dynamod {v['dynamod']}, ai-dynamo {v['ai-dynamo']}, etcd "
+        f"{files}`{also}. dynamod {v['dynamod']}, ai-dynamo {v['ai-dynamo']}, etcd "
         f"{v['etcd']}, Python {machine['python']}.",
         "",
         f"One front and one mocker each, both on one etcd; the same {config['prompt_tokens']}-"

@@ -468,7 +468,8 @@ def kept_section(previous: str, title: str) -> list[str] | None:
 def write_peer(files: list[Path], out: Path) -> int:
     runs = [json.loads(f.read_text()) for f in files]
     previous = out.read_text() if out.exists() else "# Benchmark results\n"
-    out.write_text(splice(previous, peer_report.TITLE, peer_report.section(runs)))
+    body = peer_report.section(runs, [f.name for f in files])
+    out.write_text(splice(previous, peer_report.TITLE, body))
     peer_report.plot(runs[-1], out.parent / "plots" / peer_report.PLOT)
     print(f"wrote the peer section of {out} and plots/{peer_report.PLOT}", file=sys.stderr)
     return 0
