@@ -1,6 +1,6 @@
 """dynamod against NVIDIA Dynamo 1.6.1, side by side on one machine and one etcd.
 
-    python -m bench.peer                          # ~4 min (+ ~90 s the first time: the venv)
+    python -m bench.peer                          # ~2 min (+ ~90 s the first time: the venv)
     python -m bench.peer --rounds 2 --requests 200 --streams 40 --seconds 4 --updates 20
 
 Two stacks run at once on one etcd, each one front and one mocker worker
@@ -111,14 +111,22 @@ async def direct_helper(
         yield Direct("dynamo-worker", helper)
 
 
-async def answers(targets: dict[str, Target]) -> dict[str, Any]:
-    """What each HTTP target answers the benchmark's request: its usage block."""
+async def answers(targets: dict[str, Target], prompt_tokens: int, tokens: int) -> dict[str, Any]:
+    """The usage each HTTP target reports for the benchmark's request, which must be the
+    same prompt and answer sizes on all (``peer_direct.py`` checks Dynamo's worker)."""
     found = {}
     async with aiohttp.ClientSession() as http:
         for name, target in targets.items():
             if isinstance(target, Http):
                 async with http.post(target.url, data=target.body, headers=target.headers) as r:
-                    found[name] = (await r.json(content_type=None)).get("usage")
+                    usage = (await r.json(content_type=None)).get("usage") or {}
+                sizes = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                if sizes != (prompt_tokens, tokens):
+                    raise RuntimeError(
+                        f"{name} counted {sizes[0]} prompt and {sizes[1]} answer tokens; the "
+                        f"comparison needs {prompt_tokens} and {tokens} on every target"
+                    )
+                found[name] = usage
     return found
 
 
@@ -137,41 +145,38 @@ class Rounds:
             await target.closed_loop(self.args.concurrency, 1.0)
 
     async def run(self, http: aiohttp.ClientSession) -> Raw:
-        a = self.args
-        for r in range(a.rounds):
+        for r in range(self.args.rounds):
+            print(f"round {r + 1}/{self.args.rounds}", file=sys.stderr, flush=True)
             order = list(self.targets) if r % 2 == 0 else list(reversed(self.targets))
-            print(f"round {r + 1}/{a.rounds}", file=sys.stderr, flush=True)
+            n = self._per_round("requests")
             for name in order:
-                self.raw.add(
-                    "seq", name, await self.targets[name].sequential(a.requests // a.rounds)
-                )
+                self.raw.add("seq", name, await self.targets[name].sequential(n))
+            n = self._per_round("streams")
             for name in order:
-                for fresh, measure in ((True, "first_new"), (False, "first_kept")):
-                    n = a.streams // a.rounds
-                    self.raw.add(
-                        measure, name, await self.targets[name].first_event(n, fresh=fresh)
-                    )
+                for fresh, kind in ((True, "first_new"), (False, "first_kept")):
+                    self.raw.add(kind, name, await self.targets[name].first_event(n, fresh=fresh))
             for name in order:
                 self.raw.loads.setdefault(name, []).append(await self._load(name))
             for key in [k for k in order if k in self.stacks]:
                 await self._taints(http, key, r)
         return self.raw
 
+    def _per_round(self, what: str) -> int:
+        return int(getattr(self.args, what) // self.args.rounds)
+
     async def _load(self, name: str) -> Load:
         pids = self.pids[name]
         before = {role: cpu_s(pid) for role, pid in pids.items()}
         client = time.process_time()
-        load = await self.targets[name].closed_loop(
-            self.args.concurrency, self.args.seconds / self.args.rounds
-        )
+        seconds = self.args.seconds / self.args.rounds
+        load = await self.targets[name].closed_loop(self.args.concurrency, seconds)
         load.cpu_s = {role: cpu_s(pid) - before[role] for role, pid in pids.items()}
         load.cpu_s.setdefault("client", time.process_time() - client)
         return load
 
     async def _taints(self, http: aiohttp.ClientSession, key: str, r: int) -> None:
-        per_round = self.args.updates // self.args.rounds
-        stack = self.stacks[key]
-        samples = [await taint_update(http, stack, f"peer/r{r}-u{i}") for i in range(per_round)]
+        stack, n = self.stacks[key], self._per_round("updates")
+        samples = [await taint_update(http, stack, f"peer/r{r}-u{i}") for i in range(n)]
         self.raw.taints.setdefault(key, []).append(samples)
 
 
@@ -202,7 +207,7 @@ async def measure(args: argparse.Namespace, venv: Path, etcd: EtcdServer, scratc
         stacks = {"dynamod": mine, "dynamo": theirs}
         rounds = Rounds(args, stacks, targets, pids)
         memory = {k: {"front_start_mib": rss_mib(s.front_pid)} for k, s in stacks.items()}
-        answered = await answers(targets)
+        answered = await answers(targets, len(ids), args.max_tokens)
         await rounds.warm_up()
         raw = await rounds.run(http)
         for key, stack in stacks.items():
