@@ -88,6 +88,17 @@ def prompt() -> str:
     return " ".join(VOCABULARY[i * 37 % len(VOCABULARY)] for i in range(PROMPT_WORDS))
 
 
+def commit() -> str:
+    """The checkout's commit, ``+dirty`` when files differ from it: which code measured."""
+    git = ["git", "-C", str(BENCH)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True)  # fmt: skip
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
 def build_model(venv: Path, where: Path) -> list[int]:
     """Dynamo's model directory; the prompt's token ids there."""
     argv = [str(peer_venv.python_of(venv)), str(BENCH / "peer_model.py"), str(where), prompt()]
@@ -268,11 +279,14 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     machine["load_after"] = os.getloadavg()
     rows = rows_of(raw)
     print(render_table(HEADERS, table_rows(rows)))
+    loads = (" ".join(f"{x:.1f}" for x in machine[k]) for k in ("load_before", "load_after"))
+    print("# load average (1, 5, 15 min): {} before, {} after".format(*loads))
     now = datetime.datetime.now(datetime.UTC)
     document = {
         "benchmark": "peer",
         "generated": now.isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench.peer", *argv]),
+        "commit": commit(),
         "versions": found,
         "machine": machine,
         "config": {k: v for k, v in vars(args).items() if k not in ("json", "dynamo_venv")}

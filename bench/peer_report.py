@@ -36,7 +36,7 @@ def section(runs: list[Json], sources: list[str]) -> list[str]:
     last, others = runs[-1], runs[:-1]
     head = ["measure", "dynamod", "Dynamo 1.6.1", "ratio", "per round", "floor: dynamod",
             "floor: Dynamo", "want"]  # fmt: skip
-    head += [f"ratio, run of {run['generated'][:16]}" for run in others]
+    head += [f"ratio, run of {run['generated'][11:16]} (load {_load(run)})" for run in others]
     rows = []
     for i, r in enumerate(last["rows"]):
         rows.append([
@@ -58,6 +58,11 @@ def _rounds(r: Json) -> str:
     return "—" if r["rounds"] is None else f"{r['rounds'][0]:.2f} to {r['rounds'][1]:.2f}"
 
 
+def _load(run: Json) -> str:
+    """The 1-minute load average before the run: how busy the shared machine was."""
+    return f"{run['machine']['load_before'][0]:.1f}"
+
+
 def _intro(run: Json, sources: list[str]) -> list[str]:
     machine, config, v = run["machine"], run["config"], run["versions"]
     load = "/".join(f"{x:.1f}" for x in machine["load_before"])
@@ -66,7 +71,8 @@ def _intro(run: Json, sources: list[str]) -> list[str]:
     return [
         f"`{run['command']}` at {run['generated']} ({machine['cpus']} CPUs, load average "
         f"{load} before it), turned into this section by `python -m bench.report --peer "
-        f"{files}`{also}. dynamod {v['dynamod']}, ai-dynamo {v['ai-dynamo']}, etcd "
+        f"{files}`{also}. Commit {run.get('commit', 'not recorded')}, dynamod "
+        f"{v['dynamod']}, ai-dynamo {v['ai-dynamo']}, etcd "
         f"{v['etcd']}, Python {machine['python']}.",
         "",
         f"One front and one mocker each, both on one etcd; the same {config['prompt_tokens']}-"
