@@ -120,7 +120,7 @@ class Chooser:
         best = math.inf
         ties: list[tuple[Group, str, int, float]] = []
         for group, weight, factor in scored:
-            entry = group.free.first(exclude)
+            entry = group.free.first(exclude) if exclude else group.free.head
             if entry is None:
                 continue
             shape = shapes.get(group.block_size)

@@ -35,18 +35,20 @@ class LoadOrder:
     """Keys ordered by rank, lowest first; among equal ranks, the key that has held its
     rank longest comes first (so equally loaded workers take turns).
 
-    A binary heap with lazy deletion: ``put`` and ``discard`` cost O(log n) amortized,
-    ``first`` O(1) amortized when the first key is not skipped. A replaced or discarded
-    entry stays in the heap until it reaches the top or the heap is rebuilt, which happens
-    when stale entries outnumber live ones: memory stays O(live keys).
+    A binary heap with lazy deletion: ``put`` and ``discard`` cost O(log n) amortized, and
+    ``head`` (the lowest entry) is kept current by both, so reading it costs nothing. A
+    replaced or discarded entry stays in the heap until it reaches the top or the heap is
+    rebuilt, which happens when stale entries outnumber live ones: memory stays O(live).
     """
 
-    __slots__ = ("_heap", "_live", "_ticks")
+    __slots__ = ("_heap", "_live", "_ticks", "head")
 
     def __init__(self) -> None:
         self._heap: list[Entry] = []
         self._live: dict[str, Entry] = {}
         self._ticks = itertools.count()
+        self.head: Entry | None = None
+        """The lowest entry, or None when the order is empty. Read it; never set it."""
 
     def __len__(self) -> int:
         return len(self._live)
@@ -62,28 +64,29 @@ class LoadOrder:
     def put(self, key: str, rank: float) -> None:
         """Place ``key`` at ``rank`` (moving it if it was elsewhere), behind its equals."""
         entry = (rank, next(self._ticks), key)
+        old = self._live.get(key)
         self._live[key] = entry
         heapq.heappush(self._heap, entry)
+        head = self.head
+        if head is None or entry < head:
+            self.head = entry
+        elif old is head:
+            self.head = self._top()
         self._compact()
 
     def discard(self, key: str) -> None:
-        if self._live.pop(key, None) is not None:
-            self._compact()
+        old = self._live.pop(key, None)
+        if old is None:
+            return
+        if old is self.head:
+            self.head = self._top()
+        self._compact()
 
     def first(self, skip: Container[str] = ()) -> Entry | None:
         """The lowest entry whose key is not in ``skip``; None when there is none."""
-        heap, live = self._heap, self._live
-        while heap:
-            top = heap[0]
-            key = top[2]
-            if live.get(key) is not top:
-                heapq.heappop(heap)  # stale: gone for good
-            elif key not in skip:
-                return top
-            else:
-                break
-        else:
-            return None
+        head = self.head
+        if head is None or head[2] not in skip:
+            return head
         ascending = self.ascending(skip)
         try:
             return next(ascending, None)
@@ -107,6 +110,16 @@ class LoadOrder:
         finally:
             for entry in taken:
                 heapq.heappush(heap, entry)
+
+    def _top(self) -> Entry | None:
+        """The lowest live entry, dropping the stale ones above it for good."""
+        heap, live = self._heap, self._live
+        while heap:
+            top = heap[0]
+            if live.get(top[2]) is top:
+                return top
+            heapq.heappop(heap)
+        return None
 
     def _compact(self) -> None:
         if len(self._heap) > 2 * len(self._live) + _SLACK:

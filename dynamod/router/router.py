@@ -271,7 +271,7 @@ class Router:
             preference=pick.preference,
         )
         ticket = self._reserve(worker, request, terms)
-        if self.config.overlap_score_credit > 0:
+        if self.config.overlap_score_credit > 0 and request.block_hashes:
             self._prefix.record(pick.key, request.block_hashes)
         return Assignment(worker, waited, terms, ticket)
 
@@ -373,6 +373,8 @@ class Router:
         keep their workers, their loads and so their situation.
         """
         cases = self._queue.cases(model)
+        if not cases:
+            return
         heap = by_arrival(cases if moved is None else _affected(cases, moved))
         while heap:
             case = heapq.heappop(heap)[2]
@@ -397,7 +399,7 @@ class Router:
         By the invariant, every other eligible worker of every waiter is still busy, so
         this worker is the only possible dispatch and no full re-check is needed.
         """
-        group = self._table.group_of(key)
+        group = self._table.group_of(key) if self._queue else None
         if group is None or key not in group.free:
             return
         cases = self._queue.cases(group.model)
