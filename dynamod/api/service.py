@@ -36,7 +36,7 @@ from dynamod.errors import (
 )
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
-from dynamod.reports import EventInfo, TaintChange
+from dynamod.reports import EventInfo, TaintChange, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints, TaintUpdate
 
@@ -128,21 +128,50 @@ def _fit(message: str) -> str:
     return message[:MAX_DETAILS] + f"... ({len(message)} characters in all)"
 
 
+PAGE_SIZE = 500
+"""Workers per StreamWorkers message when the request does not say."""
+MAX_PAGE_SIZE = 10_000
+
+
 class WorkerService(rpc.WorkerServiceServicer):
+    """Listings: the selection and the fields are applied here, in the daemon, and each
+    worker's message is built once per record (``convert.WorkerMessages``)."""
+
     def __init__(self, api: ServiceContext) -> None:
         self.api = api
+        self.messages = convert.WorkerMessages(api.control.view.get)
 
     async def ListWorkers(self, request: pb.ListWorkersRequest, context: Context) -> Any:
         async def body(_: Principal) -> pb.ListWorkersResponse:
-            workers, revision = self.api.control.list_workers(
-                model=request.model, selector=request.selector, namespace=request.namespace,
-                component=request.component, endpoint=request.endpoint,
-            )  # fmt: skip
-            return pb.ListWorkersResponse(
-                workers=[convert.worker_to_pb(w) for w in workers], revision=revision
-            )
+            fields = convert.worker_fields(request.fields)
+            workers, revision = self._select(request)
+            prefix = id_prefix_length(w.id for w in workers)
+            return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
+
+    async def StreamWorkers(
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> AsyncIterator[pb.ListWorkersResponse]:
+        try:
+            self.api.identify(context)
+            fields = convert.worker_fields(request.fields)
+            size = _page_size(request.page_size)
+            workers, revision = self._select(request)
+        except DynamoError as exc:
+            await self.api.fail("StreamWorkers", context, exc)
+        workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
+        prefix = id_prefix_length(w.id for w in workers)
+        for start in range(0, max(len(workers), 1), size):
+            page = workers[start : start + size]
+            yield self.messages.response(page, fields, revision, prefix)
+        self.api.calls.labels("StreamWorkers", "OK").inc()
+
+    def _select(self, request: pb.ListWorkersRequest) -> tuple[list[WorkerInfo], int]:
+        return self.api.control.list_workers(
+            model=request.model, selector=request.selector, namespace=request.namespace,
+            component=request.component, endpoint=request.endpoint,
+        )  # fmt: skip
 
     async def GetWorker(self, request: pb.GetWorkerRequest, context: Context) -> Any:
         async def body(_: Principal) -> pb.GetWorkerResponse:
@@ -215,6 +244,16 @@ def _asked(request: pb.UpdateTaintsRequest) -> dict[str, object]:
         "target": str(getattr(request, which))[:100] if which else "",
         "dry_run": request.dry_run,
     }
+
+
+def _page_size(asked: int) -> int:
+    if asked == 0:
+        return PAGE_SIZE
+    if not 1 <= asked <= MAX_PAGE_SIZE:
+        raise InvalidInputError(
+            f"page_size {asked} is out of range; use 1 to {MAX_PAGE_SIZE}, or 0 for {PAGE_SIZE}"
+        )
+    return asked
 
 
 def _target(request: pb.UpdateTaintsRequest) -> Target:
