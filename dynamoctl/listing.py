@@ -18,6 +18,7 @@ strings per worker, not the stored record.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
@@ -125,6 +126,9 @@ def _objects(workers: list[WorkerInfo]) -> list[dict[str, Any]]:
     return [views.worker_object(w, views.card_sum(w, sums)) for w in workers]
 
 
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+
+
 def indented(value: object, pad: str = "") -> str:
     """``json.dumps(value, indent=2)`` for a value nested ``pad`` deep, written with the C
     encoder for each string and number: json's own encoder is pure Python as soon as it
@@ -132,8 +136,12 @@ def indented(value: object, pad: str = "") -> str:
     ``json.dumps`` (which refuses what it cannot encode, as the whole dump would)."""
     if isinstance(value, str):
         return encode_basestring_ascii(value)
-    if value is None or value is True or value is False or isinstance(value, int | float):
-        return json.dumps(value)
+    if value is None or value is True or value is False:
+        return _CONSTANTS[value]
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
     inner = pad + "  "
     if isinstance(value, dict):
         if not value:
