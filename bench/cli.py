@@ -11,11 +11,13 @@ page cache is warm for everybody). The floors run in the same loop:
 
 and then dynamoctl:
 
-* ``--help`` — start-up and the command tree (no gRPC, no rich);
+* ``--help`` — start-up and the help text (answered from the command tree's snapshot,
+  ``dynamoctl/fastpath.py``: no typer, no gRPC, no rich);
 * Tab completion of a command name — what every Tab costs;
-* ``workers ls`` against a dynamod holding 100 and 1,000 workers (records registered
+* ``workers ls`` against a dynamod holding 1,000 and 10,000 workers (records registered
   straight into the file store with ``dynamod.discovery.records.register``), as a table
-  and as JSON;
+  and as JSON; ``first row`` is a table run until its first line reaches stdout (the
+  listing streams in pages: the rest is still on its way);
 * ``taints set ID TAINT`` — start-up, one compare-and-swap write through dynamod to the
   file store, and the output (alternating two values, so every run writes).
 
@@ -47,7 +49,7 @@ from dynamod.taints import TaintUpdate
 from tests.procs import daemon_argv, dynamoctl, env
 from tests.servers import EtcdServer, etcd_binary
 
-FLEETS = (100, 1_000)
+FLEETS = (1_000, 10_000)
 WARMUP = 2
 RPC = "rpc:"  # rows timed in-process, not as a process
 
@@ -184,13 +186,32 @@ def startup_rows(runs: int, environ: dict[str, str]) -> list[Row]:
 def fleet_rows(endpoint: str, size: int, runs: int, pycache: Path) -> list[Row]:
     environ = cli_env(endpoint, pycache)
     ls = timed(dynamoctl("workers", "ls"), runs, environ)
+    first = first_line(dynamoctl("workers", "ls"), runs, environ)
     as_json = timed(dynamoctl("workers", "ls", "-o", "json"), runs, environ)
     rpc = timed_calls(lambda c: c.list_workers(), endpoint, runs)
     return [
         Row(f"dynamoctl workers ls ({size:,} workers)", ls),
+        Row(f"dynamoctl workers ls, first row ({size:,})", first),
         Row(f"dynamoctl workers ls -o json ({size:,})", as_json),
         Row(f"  {RPC} ListWorkers ({size:,}), warm client", rpc),
     ]
+
+
+def first_line(argv: list[str], runs: int, environ: dict[str, str]) -> Stats:
+    """Spawn → the first line on stdout, ``runs`` times (each run is then read to its end)."""
+    samples = []
+    for index in range(WARMUP + runs):
+        started = time.perf_counter_ns()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ)
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        elapsed = time.perf_counter_ns() - started
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{argv} exited {proc.returncode}: {err.decode()}")
+        if index >= WARMUP:
+            samples.append(elapsed)
+    return Stats.of(samples)
 
 
 def taint_rows(endpoint: str, runs: int, pycache: Path) -> list[Row]:
