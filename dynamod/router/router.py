@@ -46,7 +46,7 @@ import heapq
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
@@ -375,12 +375,7 @@ class Router:
         cases = self._queue.cases(model)
         if not cases:
             return
-        heap = by_arrival(cases if moved is None else _affected(cases, moved))
-        while heap:
-            case = heapq.heappop(heap)[2]
-            waiter = self._head(case)
-            if waiter is None:
-                continue
+        for case, waiter in self._by_arrival(cases if moved is None else _affected(cases, moved)):
             started = time.perf_counter()
             request = waiter.request
             groups = self._table.eligible_groups(model, case.required)
@@ -390,8 +385,6 @@ class Router:
                 self._judge(case, WaitState.BUSY if eligible else WaitState.NO_WORKER)
                 continue
             self._dispatch(waiter, self._assign(request, pick, self._waited(waiter)), started)
-            if case.waiters:
-                heapq.heappush(heap, (case.head().seq, id(case), case))
 
     def _offer_worker(self, key: str) -> None:
         """Offer one worker whose load went down to the waiting cases it suits, in order.
@@ -403,19 +396,28 @@ class Router:
         if group is None or key not in group.free:
             return
         cases = self._queue.cases(group.model)
-        heap = by_arrival(c for c in cases if group.admits(c.required) and key not in c.exclude)
-        while heap and key in group.free:
-            case = heapq.heappop(heap)[2]
-            waiter = self._head(case)
-            if waiter is None:
-                continue
+        suited = [c for c in cases if group.admits(c.required) and key not in c.exclude]
+        for _, waiter in self._by_arrival(suited):
+            if key not in group.free:
+                return  # busy again
             started = time.perf_counter()
             request = waiter.request
             overlap = self._overlaps(request).get(key, 0)
             weight = preference(group.taints, request.constraints)
             pick = Pick(group, key, overlap, weight, 0.0)
             self._dispatch(waiter, self._assign(request, pick, self._waited(waiter)), started)
-            if case.waiters:
+
+    def _by_arrival(self, cases: Iterable[Case]) -> Iterator[tuple[Case, Waiter]]:
+        """The first waiter of each case, earliest first; once the caller has dispatched
+        (or failed) it, the next waiter of its case takes its place in the order."""
+        heap = by_arrival(cases)
+        while heap:
+            case = heapq.heappop(heap)[2]
+            waiter = self._head(case)
+            if waiter is None:
+                continue
+            yield case, waiter
+            if not waiter.pending and case.waiters:
                 heapq.heappush(heap, (case.head().seq, id(case), case))
 
     def _judge(self, case: Case, state: WaitState) -> None:

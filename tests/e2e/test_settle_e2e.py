@@ -6,8 +6,10 @@ taint routes, as an operator's script would make them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
-import openai
 import pytest
 
 from dynamod.router import RouterConfig
@@ -24,56 +26,57 @@ GOLD = {"required_taints": ["capacity/gold"]}
 SPECS = [("--taint", "capacity/gold", "--max-num-seqs", "1", *SLOW), ("--taint", "capacity/silver")]
 
 
-async def occupy(s: FrontStack) -> openai.AsyncStream[openai.types.Completion]:
-    """A long stream on the gold worker: with one slot, it is busy until the stream ends."""
-    nvext = {"nvext": {"routing_constraints": GOLD}}
-    stream = await s.client.completions.create(
-        model=MODEL, prompt=PROMPT, max_tokens=4000, stream=True, extra_body=nvext
-    )
-    await anext(aiter(stream))
-    return stream
+@asynccontextmanager
+async def gold_busy(store: Store, url: str, settle: float) -> AsyncIterator[Stage]:
+    """Two workers (gold with one slot, silver), the gold one busy with a long stream."""
+    async with (
+        serve_front(store, config=RouterConfig(settle_window=settle)) as s,
+        workers(url, *SPECS) as [gold, silver],
+    ):
+        await s.sees(gold, silver)
+        nvext = {"nvext": {"routing_constraints": GOLD}}
+        stream = await s.client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=4000, stream=True, extra_body=nvext
+        )
+        await anext(aiter(stream))
+        try:
+            yield Stage(s, gold, silver)
+        finally:
+            await stream.close()
 
 
-async def move_gold(s: FrontStack, source: Proc) -> None:
-    """The first half of a move: gold leaves its worker, and the view has seen it."""
-    await set_taints_by_route(s.http, source, [])
-    await s.view.wait_for(holds(source))
+@dataclass(frozen=True)
+class Stage:
+    s: FrontStack
+    gold: Proc
+    silver: Proc
+
+    async def move_gold_away(self) -> None:
+        """The first half of a move: gold leaves its worker, and the view has seen it."""
+        await set_taints_by_route(self.s.http, self.gold, [])
+        await self.s.view.wait_for(holds(self.gold))
 
 
 async def test_a_waiting_request_is_served_by_the_worker_the_taint_moved_to(
     etcd: Store, etcd_url: str
 ) -> None:
-    async with (
-        serve_front(etcd, config=RouterConfig(settle_window=30)) as s,
-        workers(etcd_url, *SPECS) as [gold, silver],
-    ):
-        await s.sees(gold, silver)
-        stream = await occupy(s)
-        async with asyncio.TaskGroup() as group:
-            waiting = group.create_task(served_by(s, **GOLD))
-            await queued(s, 1)
-            await move_gold(s, gold)
-            assert s.router.depth(MODEL) == 1 and not waiting.done()
-            await set_taints_by_route(s.http, silver, ["capacity/gold", "capacity/silver"])
-        assert waiting.result() == silver.field("id")
-        await stream.close()
+    async with gold_busy(etcd, etcd_url, settle=30) as stage, asyncio.TaskGroup() as group:
+        waiting = group.create_task(served_by(stage.s, **GOLD))
+        await queued(stage.s, 1)
+        await stage.move_gold_away()
+        assert stage.s.router.depth(MODEL) == 1 and not waiting.done()
+        await set_taints_by_route(stage.s.http, stage.silver, ["capacity/gold", "capacity/silver"])
+    assert waiting.result() == stage.silver.field("id")
 
 
 async def test_without_a_settle_window_the_removal_answers_503_at_once(
     etcd: Store, etcd_url: str
 ) -> None:
-    async with (
-        serve_front(etcd, config=RouterConfig(settle_window=0)) as s,
-        workers(etcd_url, *SPECS) as [gold, silver],
-    ):
-        await s.sees(gold, silver)
-        stream = await occupy(s)
-        async with asyncio.TaskGroup() as group:
-            waiting = group.create_task(s.status_error(nvext={"routing_constraints": GOLD}))
-            await queued(s, 1)
-            await move_gold(s, gold)
-        error = waiting.result()
-        assert error.status_code == 503
-        assert isinstance(error.body, dict) and error.body["code"] == "no_eligible_worker"
-        assert s.metric("dynamod_router_decisions_total", model=MODEL, outcome="no_worker") == 1
-        await stream.close()
+    async with gold_busy(etcd, etcd_url, settle=0) as stage, asyncio.TaskGroup() as group:
+        waiting = group.create_task(stage.s.status_error(nvext={"routing_constraints": GOLD}))
+        await queued(stage.s, 1)
+        await stage.move_gold_away()
+    error = waiting.result()
+    assert error.status_code == 503
+    assert isinstance(error.body, dict) and error.body["code"] == "no_eligible_worker"
+    assert stage.s.metric("dynamod_router_decisions_total", model=MODEL, outcome="no_worker") == 1
