@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from dynamod.api.v1 import dynamo_pb2 as pb
-from dynamod.errors import InvalidInputError
 from dynamod.load import Load
 from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
 from dynamod.reports import (
@@ -41,27 +40,6 @@ KINDS: dict[EventKind, int] = {
 KIND_NAMES = {number: name for name, number in KINDS.items()}
 
 
-WORKER_FIELDS = frozenset(pb.Worker.DESCRIPTOR.fields_by_name)
-"""The names a listing's ``fields`` may use."""
-
-# Field sets whose messages ``WorkerMessages`` keeps; clients use a handful (a table, JSON,
-# completion), so past this many the memory starts over rather than grow.
-FIELD_SETS = 8
-
-
-def worker_fields(names: Iterable[str]) -> frozenset[str]:
-    """The Worker fields a listing asks for: every field when none is named. An unknown
-    name is refused with the names that exist."""
-    chosen = frozenset(names)
-    unknown = sorted(chosen - WORKER_FIELDS)
-    if unknown:
-        raise InvalidInputError(
-            f"fields names {unknown[0]!r}, which is not a worker field; the fields are "
-            f"{', '.join(sorted(WORKER_FIELDS))}"
-        )
-    return chosen or WORKER_FIELDS
-
-
 # How each field's value comes from a record and its revision; load is set per call.
 _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     "id": lambda r, _: r.instance_id,
@@ -85,73 +63,25 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
 }
 
 
-def _message(record: WorkerRecord, revision: int, fields: frozenset[str]) -> pb.Worker:
-    """The worker's message with ``fields`` set, except its load."""
+def worker_message(record: WorkerRecord, revision: int, fields: Iterable[str]) -> pb.Worker:
+    """The worker's message with ``fields`` (``Worker`` field names) set, except its load."""
     values = {name: _VALUES[name](record, revision) for name in fields if name != "load"}
     return pb.Worker(**values)  # type: ignore[arg-type]
 
 
-def _set_load(message: pb.Worker, load: Load) -> None:
-    message.load.active_requests = load.active_requests
-    message.load.active_prompt_tokens = load.prefill_tokens
-    message.load.active_kv_blocks = load.kv_blocks
+def load_to_pb(load: Load) -> pb.Load:
+    return pb.Load(
+        active_requests=load.active_requests,
+        active_prompt_tokens=load.prefill_tokens,
+        active_kv_blocks=load.kv_blocks,
+    )
 
 
 def worker_to_pb(info: WorkerInfo) -> pb.Worker:
     """The whole message of one worker, load included."""
-    message = _message(info.record, info.revision, WORKER_FIELDS)
-    _set_load(message, info.load)
+    message = worker_message(info.record, info.revision, _VALUES)
+    message.load.CopyFrom(load_to_pb(info.load))
     return message
-
-
-class WorkerMessages:
-    """Listings' messages, each built once per record and field set.
-
-    Encoding a record (``record_json``, ``model_card_json``, ``mdcsum``: JSON and a hash)
-    is most of what a large listing costs, and a record changes far less often than it is
-    listed. A message is kept while its record is the one the view holds (same object, same
-    revision); ``current`` (the view's ``get``) lets entries of workers that left go once
-    they outnumber the workers listed.
-    """
-
-    def __init__(self, current: Callable[[str], WorkerRecord | None]) -> None:
-        self._current = current
-        self._built: dict[frozenset[str], dict[str, tuple[WorkerRecord, int, pb.Worker]]] = {}
-
-    def response(
-        self, infos: Sequence[WorkerInfo], fields: frozenset[str], revision: int, id_prefix: int
-    ) -> pb.ListWorkersResponse:
-        """One listing message: ``infos`` with ``fields`` (and their loads, when asked)."""
-        built = self._messages(fields)
-        messages = []
-        for info in infos:
-            record = info.record
-            entry = built.get(record.key)
-            if entry is None or entry[0] is not record or entry[1] != info.revision:
-                entry = (record, info.revision, _message(record, info.revision, fields))
-                built[record.key] = entry
-            messages.append(entry[2])
-        if len(built) > 2 * len(infos) + 64:
-            self._prune(built)
-        reply = pb.ListWorkersResponse(workers=messages, revision=revision, id_prefix=id_prefix)
-        if "load" in fields:
-            for message, info in zip(reply.workers, infos, strict=True):
-                if not info.load.idle:
-                    _set_load(message, info.load)
-        return reply
-
-    def _messages(self, fields: frozenset[str]) -> dict[str, tuple[WorkerRecord, int, pb.Worker]]:
-        built = self._built.get(fields)
-        if built is None:
-            if len(self._built) >= FIELD_SETS:
-                self._built.clear()
-            built = self._built[fields] = {}
-        return built
-
-    def _prune(self, built: dict[str, tuple[WorkerRecord, int, pb.Worker]]) -> None:
-        gone = [key for key, entry in built.items() if self._current(key) is not entry[0]]
-        for key in gone:
-            del built[key]
 
 
 def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None) -> WorkerInfo:

@@ -17,10 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter
 
-from dynamod.api import convert
+from dynamod.api import convert, listing
 from dynamod.api.status import ERROR_KEY, status_of
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
@@ -134,28 +135,32 @@ MAX_PAGE_SIZE = 10_000
 
 
 class WorkerService(rpc.WorkerServiceServicer):
-    """Listings: the selection and the fields are applied here, in the daemon, and each
-    worker's message is built once per record (``convert.WorkerMessages``)."""
+    """Listings: the selection and the fields are applied here, in the daemon, and the
+    answers are written from each worker's encoded form, kept between listings
+    (``listing.WorkerMessages``): ListWorkers and StreamWorkers return bytes, which
+    ``add_services`` lets through to gRPC as they are."""
 
     def __init__(self, api: ServiceContext) -> None:
         self.api = api
-        self.messages = convert.WorkerMessages(api.control.view.get)
+        self.messages = listing.WorkerMessages(api.control.view.get)
 
-    async def ListWorkers(self, request: pb.ListWorkersRequest, context: Context) -> Any:
-        async def body(_: Principal) -> pb.ListWorkersResponse:
-            fields = convert.worker_fields(request.fields)
+    async def ListWorkers(  # type: ignore[override]
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> bytes:
+        async def body(_: Principal) -> bytes:
+            fields = listing.worker_fields(request.fields)
             workers, revision = self._select(request)
             prefix = id_prefix_length(w.id for w in workers)
             return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
 
-    async def StreamWorkers(
+    async def StreamWorkers(  # type: ignore[override]
         self, request: pb.ListWorkersRequest, context: Context
-    ) -> AsyncIterator[pb.ListWorkersResponse]:
+    ) -> AsyncIterator[bytes]:
         try:
             self.api.identify(context)
-            fields = convert.worker_fields(request.fields)
+            fields = listing.worker_fields(request.fields)
             size = _page_size(request.page_size)
             workers, revision = self._select(request)
         except DynamoError as exc:
@@ -359,9 +364,34 @@ class StatusService(rpc.StatusServiceServicer):
         return await self.api.call("GetStatus", context, body)
 
 
+def _add_worker_service(service: WorkerService, server: aio.Server) -> None:
+    """``rpc.add_WorkerServiceServicer_to_server``, but the listings' answers, already
+    encoded by ``listing.WorkerMessages``, go to the wire as they are."""
+    name = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "ListWorkers": grpc.unary_unary_rpc_method_handler(
+            service.ListWorkers,
+            request_deserializer=pb.ListWorkersRequest.FromString,
+            response_serializer=listing.encoded,
+        ),
+        "GetWorker": grpc.unary_unary_rpc_method_handler(
+            service.GetWorker,
+            request_deserializer=pb.GetWorkerRequest.FromString,
+            response_serializer=pb.GetWorkerResponse.SerializeToString,
+        ),
+        "StreamWorkers": grpc.unary_stream_rpc_method_handler(
+            service.StreamWorkers,
+            request_deserializer=pb.ListWorkersRequest.FromString,
+            response_serializer=listing.encoded,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
     """Register every servicer on ``server``; return their full service names."""
-    rpc.add_WorkerServiceServicer_to_server(WorkerService(api), server)
+    _add_worker_service(WorkerService(api), server)
     rpc.add_TaintServiceServicer_to_server(TaintService(api), server)
     rpc.add_EventServiceServicer_to_server(EventService(api), server)
     rpc.add_RouterServiceServicer_to_server(RouterService(api), server)

@@ -1,6 +1,7 @@
 """Listing at fleet size, over a real unix socket: the stream of pages from one snapshot,
 the fields a client asks for (applied in the daemon), bad requests refused with the rule,
-and each worker's message rebuilt when, and only when, its record changes."""
+and each worker's message rebuilt when, and only when, its record changes; and the
+daemon's encoded answer, joined from kept bytes, against the message protobuf writes."""
 
 from __future__ import annotations
 
@@ -8,14 +9,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from dynamod.api import convert, listing
+from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.client import AsyncClient
 from dynamod.errors import InvalidInputError
+from dynamod.load import Load
 from dynamod.model import WorkerRecord
-from dynamod.reports import WorkerPage
+from dynamod.reports import WorkerInfo, WorkerPage
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
+from tests.factories import make_record
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -139,3 +146,45 @@ async def test_a_changed_or_removed_record_is_listed_as_it_is_now(
     await store.delete(fleet[0].key)
     await seen(client, revision, "REMOVED")
     assert [p.workers for p in await pages_of(client, selector=one)] == [[]]
+
+
+fields_sets = st.frozensets(st.sampled_from(sorted(listing.WORKER_FIELDS)))
+loads = st.builds(Load, st.integers(0, 300), st.integers(0, 10**9), st.integers(0, 10**6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    taints=st.lists(st.sampled_from(["pool=a", "gpu", "capacity/fast"]), max_size=3),
+    load_of=st.lists(loads, min_size=1, max_size=5),
+    fields=fields_sets,
+    revision=st.integers(0, 2**40),
+    id_prefix=st.integers(8, 16),
+)
+def test_the_encoded_listing_is_the_message_protobuf_would_write(
+    taints: list[str], load_of: list[Load], fields: frozenset[str], revision: int, id_prefix: int
+) -> None:
+    """Joining each worker's kept bytes gives what building the whole message gives, field
+    for field; and a second listing (entries kept, loads changed) does too."""
+    records = [make_record(instance_id=f"{n:016x}", taints=taints) for n in range(len(load_of))]
+    chosen = listing.worker_fields(fields)
+    messages = listing.WorkerMessages({r.key: r for r in records}.get)
+    for loads_now in (load_of, list(reversed(load_of))):
+        pairs = enumerate(zip(records, loads_now, strict=True))
+        infos = [WorkerInfo(r, n + 1, load) for n, (r, load) in pairs]
+        encoded = messages.response(infos, chosen, revision, id_prefix)
+        expected = pb.ListWorkersResponse(revision=revision, id_prefix=id_prefix)
+        for info in infos:
+            worker = expected.workers.add()
+            worker.CopyFrom(convert.worker_message(info.record, info.revision, chosen))
+            if "load" in chosen and not info.load.idle:
+                worker.load.CopyFrom(convert.load_to_pb(info.load))
+        assert pb.ListWorkersResponse.FromString(encoded) == expected
+
+
+def test_varints_encode_as_protobuf_does() -> None:
+    for value in (0, 1, 127, 128, 300, 2**31, 2**63 - 1):
+        assert (
+            listing.varint(value) == pb.ListWorkersResponse(revision=value).SerializeToString()[1:]
+        )
+    with pytest.raises(ValueError, match="never negative"):
+        listing.varint(-1)
