@@ -22,8 +22,10 @@ A last row repeats the largest fleet with 1,024 groups: a decision looks at one 
 eligible group (``dynamod/router/choice.py``), so that is what it grows with.
 
 Memory: ``router B/worker`` is what the router's table, groups and load orders allocate
-per worker (``tracemalloc``, records excluded); ``record B/worker`` is one worker record as
-discovery decodes it, for scale (the daemon holds those in its view in any case).
+per worker (``tracemalloc``, records excluded); ``view+router`` is a ``WorkerView`` and
+its router fed the same fleet by a memory store, as the daemon wires them (the decoded
+records, the view's maps and the snapshot it keeps, the router; not the store's own
+copy); one worker record as discovery decodes it is printed below the table.
 
 Wake latency: a request waits for a ``capacity/fast`` worker while the only one is busy;
 ``apply(TaintsUpdated)`` adds ``capacity/fast`` to an idle worker. ``dispatch`` is apply →
@@ -174,6 +176,35 @@ def memory(records: list[WorkerRecord]) -> tuple[Router, float]:
     return router, grown / len(records)
 
 
+async def view_memory(records: list[WorkerRecord]) -> float:
+    """Bytes per worker of a ``WorkerView`` and its ``Router`` holding ``records``, as the
+    daemon wires them, fed by a memory store (whose own copy is not counted): the records
+    as decoded, the view's maps and history, the router's table."""
+    from dynamod.discovery.records import register
+    from dynamod.discovery.view import WorkerView
+    from dynamod.store import open_store
+
+    async with await open_store("memory://") as store:
+        lease = await store.grant(3600)
+        for record in records:
+            await register(store, record, lease)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            view, router = WorkerView(store), Router(RouterConfig())
+            view.listen(router.apply)
+            async with asyncio.TaskGroup() as group:
+                watching = group.create_task(view.run())
+                await view.ready.wait()
+                gc.collect()
+                grown = tracemalloc.get_traced_memory()[0] - before
+                watching.cancel()
+        finally:
+            tracemalloc.stop()
+    return grown / len(records)
+
+
 def record_bytes() -> float:
     """One record as discovery decodes it (its own card and runtime config, as parsed)."""
     gc.collect()
@@ -195,6 +226,7 @@ def record_bytes() -> float:
 async def size_rows(size: int, groups: int) -> list[list[str]]:
     records = fleet(size, groups)
     router, per_worker = memory(records)
+    with_view = await view_memory(records) if groups == GROUPS else None
     rows = []
     for share, taints in REQUIRED.items():
         constraints = RoutingConstraints(frozenset(taints), PREFERRED)
@@ -205,7 +237,7 @@ async def size_rows(size: int, groups: int) -> list[list[str]]:
         rows.append([
             f"{size:,}", str(len(router.table.groups("m"))), share, f"{eligible:,}",
             f"{r50:.1f}", f"{r99:.1f}", f"{s50:.1f}", f"{s99:.1f}", f"{s50 / r50:.0f}",
-            f"{per_worker:.0f}",
+            f"{per_worker:.0f}", "—" if with_view is None else f"{with_view:.0f}",
         ])  # fmt: skip
     router.close()
     return rows
@@ -310,7 +342,7 @@ WAKE_ROWS = (
     ("1,000 in 1,000 cases", 999, False),
 )
 HEADERS = ["workers", "groups", "eligible", "", "route p50", "p99", "scan p50", "p99", "x",
-           "router B/worker"]  # fmt: skip
+           "router B/worker", "view+router"]  # fmt: skip
 
 
 def table(rows: list[list[str]]) -> str:

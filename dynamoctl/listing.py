@@ -96,7 +96,9 @@ class _Json(_Writer):
     def page(self, page: WorkerPage) -> None:
         if not page.workers:
             return
-        body = ",\n".join("  " + indented(item, "  ") for item in _objects(page.workers))
+        seen: dict[tuple[int, str], str] = {}
+        items = _objects(page.workers)
+        body = ",\n".join(["  " + indented(item, "  ", seen) for item in items])
         self.printer.stdout.write((",\n" if self.started else "[\n") + body)
         self.started = True
 
@@ -122,37 +124,96 @@ def _writer(printer: Printer) -> _Writer:
 
 
 def _objects(workers: list[WorkerInfo]) -> list[dict[str, Any]]:
+    """The workers' JSON objects; those sharing a model card share its dict (and so its
+    encoding, see ``indented``)."""
     sums: dict[int, str] = {}
-    return [views.worker_object(w, views.card_sum(w, sums)) for w in workers]
+    cards: dict[int, dict[str, Any]] = {}
+    objects = []
+    for info in workers:
+        card = info.record.model_card
+        shared = cards.get(id(card))
+        if shared is None:
+            shared = cards[id(card)] = card.to_json()
+        objects.append(views.worker_object(info, views.card_sum(info, sums), shared))
+    return objects
 
 
 _CONSTANTS = {None: "null", True: "true", False: "false"}
+# Each indentation's dict keys, written with their indent and colon: worker objects repeat
+# the same few keys (bounded: keys come from the data, and a model card may carry any).
+_HEADS: dict[str, dict[object, str]] = {}
+_KEPT_KEYS = 4096
 
 
-def indented(value: object, pad: str = "") -> str:
+def indented(value: object, pad: str = "", seen: dict[tuple[int, str], str] | None = None) -> str:
     """``json.dumps(value, indent=2)`` for a value nested ``pad`` deep, written with the C
     encoder for each string and number: json's own encoder is pure Python as soon as it
     indents. Anything but dicts, lists, strings, numbers, booleans and None is left to
-    ``json.dumps`` (which refuses what it cannot encode, as the whole dump would)."""
-    if isinstance(value, str):
-        return encode_basestring_ascii(value)
+    ``json.dumps`` (which refuses what it cannot encode, as the whole dump would).
+    ``seen`` remembers the text of each dict and list by identity: pass one for values
+    that share sub-objects and do not change meanwhile (a page of worker objects)."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)  # type: ignore[arg-type]
+    if kind is dict or kind is list:
+        return _container(value, pad, seen)  # type: ignore[arg-type]
     if value is None or value is True or value is False:
         return _CONSTANTS[value]
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
     if isinstance(value, int):
         return int.__repr__(value)
     if isinstance(value, float):
         return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
+    if isinstance(value, dict | list | tuple):
+        return _container(value, pad, seen)
+    return json.dumps(value)
+
+
+def _container(
+    value: dict[object, object] | list[object] | tuple[object, ...],
+    pad: str,
+    seen: dict[tuple[int, str], str] | None,
+) -> str:
+    if not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    if seen is not None:
+        found = seen.get((id(value), pad))
+        if found is not None:
+            return found
     inner = pad + "  "
     if isinstance(value, dict):
-        if not value:
-            return "{}"
-        items = (f"{inner}{_key(k)}: {indented(v, inner)}" for k, v in value.items())
-        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
-    if isinstance(value, list | tuple):
-        if not value:
-            return "[]"
-        return "[\n" + ",\n".join(inner + indented(v, inner) for v in value) + "\n" + pad + "]"
-    return json.dumps(value)
+        text = "{\n" + ",\n".join(_members(value, inner, seen)) + "\n" + pad + "}"
+    else:
+        text = "[\n" + ",\n".join([inner + indented(v, inner, seen) for v in value])
+        text += "\n" + pad + "]"
+    if seen is not None:
+        seen[id(value), pad] = text
+    return text
+
+
+def _members(
+    value: dict[object, object], inner: str, seen: dict[tuple[int, str], str] | None
+) -> list[str]:
+    """A dict's ``"key": value`` lines; strings and ints, most of a worker, inline."""
+    heads = _HEADS.get(inner)
+    if heads is None:
+        heads = _HEADS[inner] = {}
+    lines = []
+    for key, item in value.items():
+        head = heads.get(key) if type(key) is str else None
+        if head is None:
+            head = f"{inner}{_key(key)}: "
+            if type(key) is str and len(heads) < _KEPT_KEYS:
+                heads[key] = head
+        kind = type(item)
+        if kind is str:
+            lines.append(head + encode_basestring_ascii(item))  # type: ignore[arg-type]
+        elif kind is int:
+            lines.append(head + int.__repr__(item))
+        else:
+            lines.append(head + indented(item, inner, seen))
+    return lines
 
 
 def _key(key: object) -> str:

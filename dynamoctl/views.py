@@ -120,8 +120,11 @@ def worker_rows(
     ]
 
 
-def worker_object(info: WorkerInfo, mdcsum: str | None = None) -> dict[str, Any]:
-    """The JSON object of a worker; ``mdcsum`` when already known (``card_sum``)."""
+def worker_object(
+    info: WorkerInfo, mdcsum: str | None = None, card: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON object of a worker; ``mdcsum`` and its ``card``'s JSON when already known
+    (``card_sum``; a listing shares one dict among the workers of one card)."""
     record = info.record
     load = info.load
     return {
@@ -146,7 +149,7 @@ def worker_object(info: WorkerInfo, mdcsum: str | None = None) -> dict[str, Any]
             "active_prompt_tokens": load.prefill_tokens,
             "active_kv_blocks": load.kv_blocks,
         },
-        "model_card": record.model_card.to_json(),
+        "model_card": record.model_card.to_json() if card is None else card,
     }
 
 
