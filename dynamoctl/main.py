@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         return answered
 
     from dynamoctl import coercion, completion
-    from dynamoctl.app import command
+    from dynamoctl.app import command, invoked
     from dynamoctl.options import load_config
     from dynamod.errors import ConfigError
 
@@ -32,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"dynamoctl: error: {exc}\n")
         return exits.USAGE
-    cli = command()
     instruction = os.environ.get(fastpath.COMPLETE_VAR)
     if instruction:
-        return completion.respond(cli, instruction, default_map)
+        return completion.respond(command(), instruction, default_map)
+    cli = command(invoked(args))
     # Standalone mode: click prints usage errors (exit 2) and ends with SystemExit.
     cli.main(args, prog_name=fastpath.PROG, default_map=default_map)
     return exits.OK

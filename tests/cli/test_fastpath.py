@@ -173,3 +173,40 @@ def test_the_fast_path_leaves_values_arguments_and_quoting_to_the_live_cli(
 ) -> None:
     env = {"COMP_WORDS": words, "COMP_CWORD": cword, fastpath.COMPLETE_VAR: "bash_complete"}
     assert fastpath.answer([], env) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "found"),
+    [
+        (["workers", "ls"], "workers"),
+        (["-o", "json", "workers", "ls"], "workers"),
+        (["--endpoint=/run/x.sock", "--tls", "taints", "add", "a", "b"], "taints"),
+        (["-e", "workers", "status"], "status"),  # -e takes "workers" as its value
+        (["--bogus", "workers", "ls"], None),  # an option the root does not know
+        (["wrokers", "ls"], None),  # no such command: click will say so, with a suggestion
+        ([], None),
+        (["--debug"], None),
+    ],
+)
+def test_the_command_on_the_line_is_found_or_the_whole_tree_is_built(
+    argv: list[str], found: str | None
+) -> None:
+    from dynamoctl.app import invoked
+
+    assert invoked(argv) == found
+
+
+def test_running_one_command_builds_and_imports_only_that_one(tmp_path: Path) -> None:
+    probe = (
+        "import sys\n"
+        "from dynamoctl.app import command, invoked\n"
+        "cli = command(invoked(['-o', 'json', 'status']))\n"
+        "assert list(cli.commands) == ['status']\n"
+        "sys.stdout.write(' '.join(sorted(m for m in sys.modules if m.startswith('dynamoctl'))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
+        env=clean_env(tmp_path), timeout=60, check=True,
+    )  # fmt: skip
+    assert "dynamoctl.commands.status" in done.stdout.split()
+    assert "dynamoctl.commands.workers" not in done.stdout.split()
