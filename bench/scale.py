@@ -17,11 +17,14 @@ so that routed requests get a real answer. Every backend is measured at three fl
   this process (``list floor ms``);
 * ``RSS MB``: the daemon's resident memory once ready (``psutil``), and ``after`` the
   listings below (each worker's message is then kept, ``convert.WorkerMessages``);
-* ``ListWorkers``: p50 of the call on a raw channel that leaves the answer as bytes: the
-  daemon's work (selection, messages, serialization) and the unix socket, no decoding;
-  ``table``: the same with the fields ``dynamoctl workers ls`` asks for; ``client``: the
-  whole call through ``dynamod.client`` (every worker decoded into a record); ``first
-  page``: ``StreamWorkers`` (what ``workers ls`` uses) until its first page is decoded;
+* ``ListWorkers in dynamod``: the daemon's own time per call (its
+  ``dynamod_api_listing_seconds`` histogram: selecting the workers and writing the
+  answer), every field, after one call has encoded each worker; ``+ wire``: p50 of the
+  same call timed here on a raw channel that leaves the answer as bytes (the daemon,
+  gRPC and the unix socket, no decoding); ``table``: that with the fields ``dynamoctl
+  workers ls`` asks for; ``client``: the whole call through ``dynamod.client`` (every
+  worker decoded into a record); ``first page``: ``StreamWorkers`` (what ``workers ls``
+  uses) until its first page is decoded;
 * ``propagation``: from ``update_taints`` returning in this process to the change
   arriving on an ``events tail`` stream of the daemon (p50 / p99 of ``--updates``), for
   64 probe workers spread over the rounds (the stream selects them by a taint);
@@ -31,7 +34,10 @@ so that routed requests get a real answer. Every backend is measured at three fl
   the same backend; ``decision``: the daemon's mean routing decision time over the same
   requests, from its ``dynamod_router_decision_seconds`` histogram.
 
-Compare each row with the baseline row of its backend: that is the cost of the fleet.
+All sizes of a backend run side by side, each with its own dynamod: the listings and the
+propagation rounds are measured one size at a time, the requests round-robin over the
+sizes. Compare each row with the baseline row of its backend: that is the cost of the
+fleet.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +155,13 @@ class Listing:
     """ListWorkers and StreamWorkers at one fleet size (see the module docstring)."""
 
     raw: Stats
+    in_daemon_ms: float  # the mean of the daemon's own listing histogram over ``raw``
     table: Stats
     client: Stats
     first_page: Stats
 
     def json(self) -> dict[str, Any]:
-        return {k: stats_json(v) for k, v in vars(self).items()}
+        return {k: v if isinstance(v, float) else stats_json(v) for k, v in vars(self).items()}
 
 
 @dataclass
@@ -183,6 +190,7 @@ class Point:
             f"{self.ready_s:.2f}",
             f"{self.rss_mb:.0f}",
             f"{self.rss_after_mb:.0f}",
+            ms(self.listing.in_daemon_ms),
             ms(self.listing.raw.p50_ms),
             ms(self.listing.table.p50_ms),
             ms(self.listing.client.p50_ms),
@@ -205,6 +213,7 @@ class Point:
             "rss_after_listing_mb": self.rss_after_mb,
             # ``list_workers``: the daemon's side (raw bytes), as the report reads it
             "list_workers": stats_json(self.listing.raw),
+            "list_workers_in_daemon_ms": self.listing.in_daemon_ms,
             "list_workers_raw_channel": False,
             "list_workers_client_error": "",
             "listing": self.listing.json(),
@@ -218,7 +227,8 @@ class Point:
 
 HEADERS = (
     "backend", "workers", "register s", "list floor ms", "ready s", "RSS MB", "after",
-    "ListWorkers ms", "table", "client", "first page", "propagation p50", "p99",
+    "ListWorkers in dynamod ms", "+ wire", "table", "client", "first page",
+    "propagation p50", "p99",
     "request p50 (all)", "(1/2)", "(1/20)", "x 1", "decision µs (all)", "(1/2)", "(1/20)",
 )  # fmt: skip
 
@@ -230,18 +240,24 @@ class Config:
     list_repeat: int
 
 
-async def listing(socket: Path, repeat: int) -> Listing:
+async def listing(socket: Path, front: str, repeat: int) -> Listing:
     """The listing columns; see the module docstring."""
     request = pb.ListWorkersRequest(model=MODEL)
     table = pb.ListWorkersRequest(model=MODEL, fields=TABLE_FIELDS)
     options = [("grpc.max_receive_message_length", RAW_RECEIVE_LIMIT)]
-    async with grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel:
+    async with (
+        aiohttp.ClientSession() as http,
+        grpc.aio.insecure_channel(f"unix://{socket}", options=options) as channel,
+    ):
         raw: grpc.aio.UnaryUnaryMultiCallable[pb.ListWorkersRequest, bytes] = channel.unary_unary(
             "/dynamo.v1.WorkerService/ListWorkers",
             request_serializer=pb.ListWorkersRequest.SerializeToString,
             response_deserializer=None,  # bytes: no decoding on this side
         )
+        await raw(request, timeout=120)  # each worker's encoding is kept from here on
+        before = await histogram(http, front, LISTING, method="ListWorkers")
         whole = await timed(lambda: raw(request, timeout=120), repeat)
+        in_daemon = mean_us(before, await histogram(http, front, LISTING, method="ListWorkers"))
         fields = await timed(lambda: raw(table, timeout=120), repeat)
     async with AsyncClient(f"unix://{socket}", timeout=120) as client:
         decoded = await timed(lambda: client.list_workers(model=MODEL), repeat)
@@ -252,7 +268,7 @@ async def listing(socket: Path, repeat: int) -> Listing:
                 await anext(pages)
 
         first = await timed(first_page, repeat)
-    return Listing(whole, fields, decoded, first)
+    return Listing(whole, in_daemon / 1000, fields, decoded, first)
 
 
 async def propagation(store: Store, socket: Path, probes: list[str], rounds: int) -> list[int]:
@@ -278,65 +294,126 @@ async def propagation(store: Store, socket: Path, probes: list[str], rounds: int
     return samples
 
 
-async def decision_seconds(http: aiohttp.ClientSession, front: str) -> tuple[float, float]:
-    """(sum, count) of the daemon's routing decision histogram."""
+async def histogram(
+    http: aiohttp.ClientSession, front: str, name: str, **labels: str
+) -> tuple[float, float]:
+    """(sum, count) of one of the daemon's histograms, from its /metrics."""
     async with http.get(front + "/metrics") as reply:
         text = await reply.text()
     values = {
         s.name: s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name.startswith("dynamod_router_decision_seconds_")
+        if s.name.startswith(name) and all(s.labels.get(k) == v for k, v in labels.items())
     }
-    return values["dynamod_router_decision_seconds_sum"], values[
-        "dynamod_router_decision_seconds_count"
-    ]
+    return values.get(f"{name}_sum", 0.0), values.get(f"{name}_count", 0.0)
 
 
-async def routing(front: str, required: list[str], requests: int) -> tuple[Stats, float]:
-    """Request latency and the daemon's mean decision time (µs) over ``requests``."""
+def mean_us(before: tuple[float, float], after: tuple[float, float]) -> float:
+    return (after[0] - before[0]) / max(after[1] - before[1], 1) * 1e6
+
+
+DECISION = "dynamod_router_decision_seconds"
+LISTING = "dynamod_api_listing_seconds"
+
+
+async def routing(
+    fronts: dict[int, str], required: list[str], requests: int
+) -> dict[int, tuple[Stats, float]]:
+    """Request latency and the daemon's mean decision time (µs), per fleet size, over
+    ``requests`` rounds of one request to every front: the sizes take turns, so load from
+    elsewhere falls on all of them alike and their ratio holds."""
     async with aiohttp.ClientSession() as http:
 
-        async def one() -> None:
+        async def one(front: str) -> int:
+            started = time.perf_counter_ns()
             async with http.post(front + "/v1/completions", json=body(required)) as reply:
                 await reply.read()
                 if reply.status != 200:
                     raise RuntimeError(f"a routed request got {reply.status}")
+            return time.perf_counter_ns() - started
 
-        for _ in range(10):
-            await one()  # warm-up: connections, caches
-        total0, count0 = await decision_seconds(http, front)
-        stats = await timed(one, requests)
-        total1, count1 = await decision_seconds(http, front)
-    return stats, (total1 - total0) / max(count1 - count0, 1) * 1e6
+        for front in fronts.values():
+            for _ in range(10):
+                await one(front)  # warm-up: connections, caches
+        before = {n: await histogram(http, f, DECISION) for n, f in fronts.items()}
+        samples: dict[int, list[int]] = {n: [] for n in fronts}
+        for _ in range(requests):
+            for size, front in fronts.items():
+                samples[size].append(await one(front))
+        after = {n: await histogram(http, f, DECISION) for n, f in fronts.items()}
+    return {n: (Stats.of(samples[n]), mean_us(before[n], after[n])) for n in fronts}
 
 
-async def measure_point(
-    backend: str, url: str, size: int, mocker: str, scratch: Path, cfg: Config
+@dataclass
+class Started:
+    """One fleet size of a backend, registered, with its dynamod running."""
+
+    size: int
+    store: Store
+    probes: list[str]
+    register_s: float
+    list_floor: Stats
+    socket: Path
+    proc: Proc
+    ready_s: float
+
+
+async def start(
+    stack: contextlib.AsyncExitStack, backend: str, url: str, size: int, mocker: str,
+    scratch: Path,
+) -> Started:  # fmt: skip
+    store = await stack.enter_async_context(await open_store(url))
+    started = time.perf_counter()
+    probes = await register_fleet(store, size, mocker)
+    register_s = time.perf_counter() - started
+    list_floor = await timed(lambda: store.list(WORKERS_PREFIX), 3)
+    socket = scratch / f"{backend}-{size}.sock"
+    proc = daemon(url, socket)
+    started = time.perf_counter()
+    await stack.enter_async_context(running(proc))
+    ready_s = time.perf_counter() - started
+    return Started(size, store, probes, register_s, list_floor, socket, proc, ready_s)
+
+
+async def measure_backend(
+    backend: str, endpoint: str, sizes: Sequence[int], mocker: str, scratch: Path, cfg: Config
+) -> list[Point]:
+    """Every size of one backend, their dynamods all running: each is listed and updated
+    on its own, then requests go round-robin to all of them."""
+    async with contextlib.AsyncExitStack() as stack:
+        fleets = [
+            await start(stack, backend, place_url(backend, endpoint, size), size, mocker, scratch)
+            for size in sizes
+        ]
+        measured: dict[int, tuple[float, float, Listing, list[int]]] = {}
+        for f in fleets:
+            rss_mb = psutil.Process(f.proc.pid).memory_info().rss / 2**20
+            listed = await listing(f.socket, f.proc.field("http"), cfg.list_repeat)
+            rss_after_mb = psutil.Process(f.proc.pid).memory_info().rss / 2**20
+            samples = await propagation(f.store, f.socket, f.probes, cfg.updates)
+            measured[f.size] = (rss_mb, rss_after_mb, listed, samples)
+        routed: dict[int, dict[str, tuple[Stats, float]]] = {f.size: {} for f in fleets}
+        for share, required in REQUIRED.items():
+            fronts = {f.size: f.proc.field("http") for f in fleets if served(f.size, required)}
+            for size, result in (await routing(fronts, required, cfg.requests)).items():
+                routed[size][share] = result
+    baseline = routed[fleets[0].size]["all"][0].p50_ms
+    return [point(backend, f, measured[f.size], routed[f.size], baseline) for f in fleets]
+
+
+def point(
+    backend: str,
+    fleet: Started,
+    measured: tuple[float, float, Listing, list[int]],
+    routed: dict[str, tuple[Stats, float]],
+    baseline_ms: float,
 ) -> Point:
-    async with await open_store(url) as store:
-        started = time.perf_counter()
-        probes = await register_fleet(store, size, mocker)
-        register_s = time.perf_counter() - started
-        list_floor = await timed(lambda: store.list(WORKERS_PREFIX), 3)
-        socket = scratch / f"{backend}-{size}.sock"
-        proc = daemon(url, socket)
-        started = time.perf_counter()
-        async with running(proc):
-            ready_s = time.perf_counter() - started
-            rss_mb = psutil.Process(proc.pid).memory_info().rss / 2**20
-            listed = await listing(socket, cfg.list_repeat)
-            rss_after_mb = psutil.Process(proc.pid).memory_info().rss / 2**20
-            samples = await propagation(store, socket, probes, cfg.updates)
-            routed = {
-                share: await routing(proc.field("http"), required, cfg.requests)
-                for share, required in REQUIRED.items()
-                if served(size, required)
-            }
+    rss_mb, rss_after_mb, listed, samples = measured
     return Point(
-        backend, size, register_s, list_floor, ready_s, rss_mb, rss_after_mb, listed,
-        Stats.of(samples), samples, {k: v[0] for k, v in routed.items()},
-        {k: v[1] for k, v in routed.items()}, baseline_all_ms=0.0,
+        backend, fleet.size, fleet.register_s, fleet.list_floor, fleet.ready_s, rss_mb,
+        rss_after_mb, listed, Stats.of(samples), samples, {k: v[0] for k, v in routed.items()},
+        {k: v[1] for k, v in routed.items()}, baseline_ms,
     )  # fmt: skip
 
 
@@ -362,13 +439,10 @@ async def measure(
     points = []
     async with mocker(scratch) as address:
         for backend in backends:
-            baseline = 0.0
-            for size in sizes:
-                url = place_url(backend, endpoints[backend], size)
-                point = await measure_point(backend, url, size, address, scratch, cfg)
-                baseline = baseline or point.request["all"].p50_ms
-                points.append(replace(point, baseline_all_ms=baseline))
-                print(f"  measured {backend} with {size:,} workers", file=sys.stderr)
+            points += await measure_backend(
+                backend, endpoints[backend], sizes, address, scratch, cfg
+            )
+            print(f"  measured {backend}", file=sys.stderr)
     return points
 
 

@@ -42,9 +42,14 @@ _ID_PREFIX = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["id_prefix"].numbe
 _LOAD = pb.Worker.DESCRIPTOR.fields_by_name["load"].number
 
 
+DEFAULT_FIELDS = WORKER_FIELDS - {"model_card_json"}
+"""A listing that names no fields: every field but ``model_card_json``, which
+``record_json`` already holds (a client that asks for fewer fields asks for it by name)."""
+
+
 def worker_fields(names: Iterable[str]) -> frozenset[str]:
-    """The Worker fields a listing asks for: every field when none is named. An unknown
-    name is refused with the names that exist."""
+    """The Worker fields a listing asks for (``DEFAULT_FIELDS`` when none is named). An
+    unknown name is refused with the names that exist."""
     chosen = frozenset(names)
     unknown = sorted(chosen - WORKER_FIELDS)
     if unknown:
@@ -52,7 +57,7 @@ def worker_fields(names: Iterable[str]) -> frozenset[str]:
             f"fields names {unknown[0]!r}, which is not a worker field; the fields are "
             f"{', '.join(sorted(WORKER_FIELDS))}"
         )
-    return chosen or WORKER_FIELDS
+    return chosen or DEFAULT_FIELDS
 
 
 def varint(value: int) -> bytes:

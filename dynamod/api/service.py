@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dynamod.api import convert, listing
 from dynamod.api.status import ERROR_KEY, status_of
@@ -47,6 +48,9 @@ R = TypeVar("R")
 Context = aio.ServicerContext[Any, Any]
 
 
+LISTING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 class ServiceContext:
     """Shared by the servicers: the control plane, the caller's identity, the metrics."""
 
@@ -64,6 +68,15 @@ class ServiceContext:
             "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
             registry=registry,
         )  # fmt: skip
+        self.listing = Histogram(
+            "dynamod_api_listing_seconds",
+            "Time the daemon spends on a listing, by method: selecting the workers and "
+            "writing the answer (ListWorkers), or its first page (StreamWorkers); sending "
+            "it is not included.",
+            ["method"],
+            buckets=LISTING_BUCKETS,
+            registry=registry,
+        )
         self.tails: set[Subscription] = set()
         self.draining = False
 
@@ -148,16 +161,18 @@ class WorkerService(rpc.WorkerServiceServicer):
         self, request: pb.ListWorkersRequest, context: Context
     ) -> bytes:
         async def body(_: Principal) -> bytes:
-            fields = listing.worker_fields(request.fields)
-            workers, revision = self._select(request)
-            prefix = id_prefix_length(w.id for w in workers)
-            return self.messages.response(workers, fields, revision, prefix)
+            with self.api.listing.labels("ListWorkers").time():
+                fields = listing.worker_fields(request.fields)
+                workers, revision = self._select(request)
+                prefix = id_prefix_length(w.id for w in workers)
+                return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
 
     async def StreamWorkers(  # type: ignore[override]
         self, request: pb.ListWorkersRequest, context: Context
     ) -> AsyncIterator[bytes]:
+        started = time.perf_counter()
         try:
             self.api.identify(context)
             fields = listing.worker_fields(request.fields)
@@ -168,8 +183,10 @@ class WorkerService(rpc.WorkerServiceServicer):
         workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
         prefix = id_prefix_length(w.id for w in workers)
         for start in range(0, max(len(workers), 1), size):
-            page = workers[start : start + size]
-            yield self.messages.response(page, fields, revision, prefix)
+            page = self.messages.response(workers[start : start + size], fields, revision, prefix)
+            if start == 0:  # the first page is ready
+                self.api.listing.labels("StreamWorkers").observe(time.perf_counter() - started)
+            yield page
         self.api.calls.labels("StreamWorkers", "OK").inc()
 
     def _select(self, request: pb.ListWorkersRequest) -> tuple[list[WorkerInfo], int]:

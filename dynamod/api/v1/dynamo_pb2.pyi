@@ -214,9 +214,10 @@ class ListWorkersRequest(_message.Message):
     """StreamWorkers: workers per message (0: 500)"""
     @_builtins.property
     def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them.
-        The others are left at their defaults. A table needs far less than record_json, and
-        a large listing costs both sides in proportion to what it carries.
+        """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them
+        but model_card_json (record_json holds it). The others are left at their defaults. A
+        table needs far less than record_json, and a large listing costs both sides in
+        proportion to what it carries.
         """
 
     def __init__(
