@@ -37,6 +37,15 @@ def run(args: list[str], home: Path, **env: str) -> subprocess.CompletedProcess[
     )  # fmt: skip
 
 
+def python(code: str, home: Path) -> str:
+    """What ``python -c code`` prints, in dynamoctl's isolated environment."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+        env=clean_env(home), timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout
+
+
 @pytest.mark.parametrize("columns", ["80", "120", "90"])
 def test_every_help_is_what_the_live_cli_prints(tmp_path: Path, columns: str) -> None:
     """With a config file (empty: no defaults change), dynamoctl takes the live path."""
@@ -60,11 +69,7 @@ def test_help_and_tab_import_neither_typer_nor_click(tmp_path: Path) -> None:
         "assert main([]) == 0\n"
         "sys.stdout.write('LOADED ' + ' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-        env=clean_env(tmp_path), timeout=60, check=True,
-    )  # fmt: skip
-    output, loaded = done.stdout.split("LOADED ")
+    output, loaded = python(probe, tmp_path).split("LOADED ")
     assert output.startswith("Usage: dynamoctl workers ls [OPTIONS]")
     assert output.endswith("plain,workers\n")
     assert not set(loaded.split()) & {"typer", "click", "grpc", "rich", "pydantic", "typing"}
@@ -204,9 +209,6 @@ def test_running_one_command_builds_and_imports_only_that_one(tmp_path: Path) ->
         "assert list(cli.commands) == ['status']\n"
         "sys.stdout.write(' '.join(sorted(m for m in sys.modules if m.startswith('dynamoctl'))))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT,
-        env=clean_env(tmp_path), timeout=60, check=True,
-    )  # fmt: skip
-    assert "dynamoctl.commands.status" in done.stdout.split()
-    assert "dynamoctl.commands.workers" not in done.stdout.split()
+    loaded = python(probe, tmp_path).split()
+    assert "dynamoctl.commands.status" in loaded
+    assert "dynamoctl.commands.workers" not in loaded
