@@ -49,6 +49,7 @@ from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Fixed
 from tests.procs import Proc, running, worker
 
 WARMUP = 50
@@ -69,7 +70,10 @@ async def front_on_loopback(store: Store) -> AsyncIterator[tuple[str, WorkerView
     router = Router(RouterConfig(), registry=CollectorRegistry())
     view = WorkerView(store)
     view.listen(router.apply)
-    async with owned(view.run(), "worker view"), Frontend(router, view, SimpleTokenizer()) as front:
+    async with (
+        owned(view.run(), "worker view"),
+        Frontend(router, view, Fixed(SimpleTokenizer())) as front,
+    ):
         app = web.Application()
         front.add_to(app)
         runner = web.AppRunner(app, handler_cancellation=True)

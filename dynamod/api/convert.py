@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.load import Load
 from dynamod.model import WorkerRecord, canonical_json
+from dynamod.reported import EngineLoad
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -65,6 +66,7 @@ def worker_to_pb(info: WorkerInfo) -> pb.Worker:
             active_kv_blocks=info.load.kv_blocks,
         ),
         record_json=canonical_json(record.to_json()).decode(),
+        engine=None if info.engine is None else pb.EngineLoad(**info.engine.to_json()),
     )
 
 
@@ -75,7 +77,11 @@ def worker_from_pb(message: pb.Worker) -> WorkerInfo:
         prefill_tokens=message.load.active_prompt_tokens,
         kv_blocks=message.load.active_kv_blocks,
     )
-    return WorkerInfo(record, message.revision, load)
+    engine = None
+    if message.HasField("engine"):
+        fields = EngineLoad.__dataclass_fields__
+        engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
+    return WorkerInfo(record, message.revision, load, engine)
 
 
 def change_to_pb(change: TaintChange) -> pb.TaintChange:

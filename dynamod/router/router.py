@@ -28,6 +28,9 @@ The contract:
   with ``NoEligibleWorkerError``, as a new request would.
 * Load is what this router has in flight per worker, reserved when the worker is chosen
   and given back by ``release`` (idempotent; ``route`` calls it on exit).
+* What a worker's engine reports (``report``) enters only whether it is busy: a worker is
+  busy while its engine reports requests waiting in its own queue, or reports itself
+  unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
 * Single-threaded: call everything from the event loop's thread. The router owns no task.
 """
 
@@ -52,10 +55,12 @@ from dynamod.errors import (
 )
 from dynamod.load import IDLE, Busy, Load
 from dynamod.model import DiscoveryEvent, ModelCard, WorkerRecord
+from dynamod.reported import EngineLoad
 from dynamod.router.config import RouterConfig
 from dynamod.router.metrics import RouterMetrics
 from dynamod.router.prefix import PrefixIndex
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
+from dynamod.router.reported import ReportedLoads, describe
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
 from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
 from dynamod.router.types import (
@@ -105,6 +110,7 @@ class Router:
         self._prefix = PrefixIndex(self.config.prefix_ttl, self.config.prefix_capacity)
         self._metrics = RouterMetrics(self.registry)
         self._queue = PendingQueue(self.config.max_queue, self._metrics.depth_changed)
+        self._reported = ReportedLoads()
         self._closed = False
 
     @property
@@ -135,6 +141,15 @@ class Router:
     def load(self, key: str) -> Load:
         """What this router has in flight on the worker ``key``."""
         return self._loads.get(key, IDLE)
+
+    def reported(self, key: str) -> EngineLoad | None:
+        """What the worker ``key``'s engine last reported, if anything is known."""
+        return self._reported.get(key)
+
+    def report(self, key: str, load: EngineLoad | None) -> None:
+        """What the worker ``key``'s engine says now (None: nothing known any more)."""
+        if self._reported.set(key, load):
+            self._offer_worker(key)
 
     def apply(self, event: DiscoveryEvent) -> None:
         """Fold a discovery event into the table, then re-check the affected waiters."""
@@ -217,15 +232,24 @@ class Router:
         """(eligible workers that are not busy, with their loads; whether any is eligible)."""
         items = self._table.eligible_items(request.model, request.constraints, request.exclude)
         loads, threshold = self._loads, self.config.queue_threshold
+        reported = self._reported
         free = [
             (key, w, load)
             for key, w in items
             if (load := loads.get(key, IDLE)).busy(w.model_card, threshold) is None
+            and reported.busy(key) is None
         ]
         return free, bool(items)
 
     def _busy(self, worker: WorkerRecord) -> Busy | None:
-        return self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        own = self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        return own or self._reported.busy(worker.key)
+
+    def _describe_busy(self, worker: WorkerRecord) -> str:
+        reported = self._reported.get(worker.key)
+        if self._reported.busy(worker.key) is not None and reported is not None:
+            return describe(reported)
+        return self.load(worker.key).describe_busy(worker.model_card, self.config.queue_threshold)
 
     def _assign(
         self, request: RouteRequest, candidates: list[_Candidate], *, waited: float
@@ -448,11 +472,7 @@ class Router:
     def _busy_message(self, request: RouteRequest) -> str:
         """``all 2 workers of model 'm' with capacity/fast are busy: a1 runs 1 of 1 ...``."""
         eligible = self._table.eligible(request.model, request.constraints, request.exclude)
-        threshold = self.config.queue_threshold
-        shown = [
-            f"{w.instance_id} {self.load(w.key).describe_busy(w.model_card, threshold)}"
-            for w in eligible[:MESSAGE_WORKERS]
-        ]
+        shown = [f"{w.instance_id} {self._describe_busy(w)}" for w in eligible[:MESSAGE_WORKERS]]
         more = len(eligible) - MESSAGE_WORKERS
         tail = f", and {more} more" if more > 0 else ""
         required = sorted(request.constraints.required_taints)
@@ -478,7 +498,7 @@ class Router:
     ) -> WorkerExplanation:
         load = self.load(worker.key)
         why = why_not(worker, request.constraints, request.exclude)
-        busy = load.busy(worker.model_card, self.config.queue_threshold)
+        busy = self._busy(worker)
         terms = self._terms(request, worker, load, overlaps.get(worker.key, 0))
         return WorkerExplanation(worker, why, busy, load, terms)
 

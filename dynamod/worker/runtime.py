@@ -34,12 +34,14 @@ from dynamod.errors import ConfigError, InvalidKeyError
 from dynamod.http.server import serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
+from dynamod.reported import RECORD_FIELD, offer
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
 from dynamod.taints import validate_caller_taints, with_topology
 from dynamod.worker.engines.base import Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.inference import InferenceRoutes
+from dynamod.worker.publish import EnginePublisher
 from dynamod.worker.system import SystemServer
 
 log = logging.getLogger(__name__)
@@ -147,8 +149,10 @@ async def run_worker(settings: WorkerSettings) -> int:
         inference = web.Application()
         routes.add_to(inference)
         host, port = await serve_app(stack, inference, settings.host, settings.port)
+        system_app = system.app()
+        EnginePublisher(engine).add_to(system_app)
         sys_host, sys_port = await serve_app(
-            stack, system.app(), settings.system_host, settings.system_port
+            stack, system_app, settings.system_host, settings.system_port
         )
         advertised = settings.advertise_host or (
             socket.gethostname() if host in ("0.0.0.0", "::") else host
@@ -168,6 +172,7 @@ async def run_worker(settings: WorkerSettings) -> int:
             host=socket.gethostname(),
             pid=os.getpid(),
             version=__version__,
+            extra={RECORD_FIELD: offer()},
         )
         registration = await stack.enter_async_context(
             Registration(store, record, ttl=settings.lease_ttl)

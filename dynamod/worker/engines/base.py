@@ -18,20 +18,46 @@ tokens. Its contract:
   that request's resources (scheduler slot, KV blocks) before the close / cancellation
   completes. Dropping an open generator without closing it leaves cleanup to the garbage
   collector: a bug in the consumer.
-* ``stats()`` and ``model_card()`` are cheap, synchronous and never fail.
+* ``stats()`` and ``model_card()`` are cheap, synchronous and never fail. Whenever what
+  ``stats()`` would say changes, the engine calls ``changes.changed()`` (from the event
+  loop's thread), so the worker can push it to routers instead of polling.
+* ``tokenizer`` is the model's own and publishable (``tokenizers/bundle.py``): the worker
+  serves it to daemons, whose front then tokenizes exactly as the engine does.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from dynamod.model import ModelCard
-from dynamod.tokenizers import Tokenizer
+from dynamod.tokenizers.bundle import Publishable
 
 FinishReason = Literal["stop", "length"]
+
+
+class Changes:
+    """Counts an engine's state changes, and lets a reader wait for the next one.
+
+    ``changed()`` is cheap and synchronous (an engine calls it on every step);
+    ``await wait_past(version)`` returns once ``version`` is behind. Event-loop thread only.
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._next = asyncio.Event()
+
+    def changed(self) -> None:
+        self.version += 1
+        self._next.set()
+        self._next = asyncio.Event()
+
+    async def wait_past(self, version: int) -> None:
+        while self.version <= version:
+            await self._next.wait()
 
 
 @dataclass(frozen=True)
@@ -88,8 +114,11 @@ class Chunk:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A load snapshot. ``prefix_cache_hits`` / ``prefix_cache_queries`` count KV blocks
-    looked up in and found in the prefix cache since the engine started."""
+    """A load snapshot. ``prefix_cache_hits`` / ``prefix_cache_queries`` count what the
+    engine looked up in and found in its prefix cache since it started (the mocker counts
+    blocks, vLLM tokens). ``healthy`` false (with ``reason``) when the engine cannot serve
+    now: an upstream server that stopped answering. ``source``: where the figures come from
+    (``reported.EngineLoad.source``)."""
 
     active_requests: int
     waiting_requests: int
@@ -97,13 +126,19 @@ class EngineStats:
     kv_blocks_total: int
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    healthy: bool = True
+    reason: str = ""
+    source: str = "engine"
 
 
 class Engine(Protocol):
     """An inference engine; see the module docstring for the whole contract."""
 
     @property
-    def tokenizer(self) -> Tokenizer: ...
+    def tokenizer(self) -> Publishable: ...
+
+    @property
+    def changes(self) -> Changes: ...
 
     def model_card(self) -> ModelCard: ...
 
