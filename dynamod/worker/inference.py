@@ -68,6 +68,8 @@ class _Params:
     prompt_ids: tuple[int, ...]
     max_tokens: int | None
     seed: int | None
+    temperature: float | None
+    top_p: float | None
     stream: bool
     include_usage: bool
 
@@ -308,6 +310,8 @@ def _generate_request(request: web.Request, reply_id: str, params: _Params) -> G
         prompt_ids=params.prompt_ids,
         max_tokens=params.max_tokens,
         seed=params.seed,
+        temperature=params.temperature,
+        top_p=params.top_p,
     )
 
 
@@ -329,10 +333,11 @@ def _flag(body: Json, name: str) -> bool:
     return bool(value)
 
 
-def _number_in(body: Json, name: str, low: float, high: float) -> None:
+def _number_in(body: Json, name: str, low: float, high: float) -> float | None:
     value = _optional(body, name, (int, float), "a number")
     if value is not None and not low <= value <= high:
         raise FieldError(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
+    return None if value is None else float(value)
 
 
 def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _Params:
@@ -344,14 +349,16 @@ def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _P
     n = _optional(body, "n", int, "an integer")
     if n not in (None, 1):
         raise FieldError("n", f"n must be 1: this worker generates one choice, got {n}")
-    _number_in(body, "temperature", 0, 2)
-    _number_in(body, "top_p", 0, 1)
+    temperature = _number_in(body, "temperature", 0, 2)
+    top_p = _number_in(body, "top_p", 0, 1)
     stream = _flag(body, "stream")
     return _Params(
         model=model,
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
         seed=_optional(body, "seed", int, "an integer"),
+        temperature=temperature,
+        top_p=top_p,
         stream=stream,
         include_usage=_include_usage(body, stream),
     )

@@ -20,7 +20,7 @@ from aiohttp import web
 from dynamod.reported import EVENTS_PATH, HEARTBEAT, EngineLoad
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
 from dynamod.tokenizers.bundle import published
-from dynamod.worker.engines.base import Engine, EngineStats
+from dynamod.worker.engines.base import Backend, EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class EnginePublisher:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Backend,
         *,
         heartbeat: float = HEARTBEAT,
         min_interval: float = MIN_INTERVAL,

@@ -66,13 +66,17 @@ class GenerateRequest:
 
     ``max_tokens`` None lets the engine stop on its own (end of sequence, finish reason
     ``"stop"``); a number caps the output (finish reason ``"length"`` when reached).
-    ``seed`` makes sampling reproducible; ``request_id`` names the request in logs.
+    ``seed`` makes sampling reproducible; ``temperature`` and ``top_p`` (None: the
+    engine's defaults) shape it, for an engine that samples from a model (the mocker
+    draws its tokens from ``seed`` alone); ``request_id`` names the request in logs.
     """
 
     request_id: str
     prompt_ids: tuple[int, ...]
     max_tokens: int | None = None
     seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ class EngineStats:
     source: str = "engine"
 
 
-class Engine(Protocol):
-    """An inference engine; see the module docstring for the whole contract."""
+class Backend(Protocol):
+    """What the worker runtime needs of whatever serves its model: the card, the load, the
+    tokenizer, a lifetime. An ``Engine`` generates itself; ``--engine openai``'s upstream
+    (``upstream.py``) is a backend whose requests are forwarded, not generated here."""
 
     @property
     def tokenizer(self) -> Publishable: ...
@@ -141,8 +147,6 @@ class Engine(Protocol):
     def changes(self) -> Changes: ...
 
     def model_card(self) -> ModelCard: ...
-
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...
 
     def stats(self) -> EngineStats: ...
 
@@ -154,3 +158,9 @@ class Engine(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class Engine(Backend, Protocol):
+    """An inference engine; see the module docstring for the whole contract."""
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...
