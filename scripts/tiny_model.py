@@ -33,12 +33,72 @@ CHAT_TEMPLATE = (
     "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-WORDS = (
-    "the a of to in and is for on with as by at from that this it model request worker "
-    "router cache block token prefix engine server client stream prompt reply chat system "
-    "user assistant hello world quick brown fox jumps over lazy dog one two three four five "
-    "red green blue north south east west time data load queue batch river stone bridge"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "in",
+    "and",
+    "is",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "model",
+    "request",
+    "worker",
+    "router",
+    "cache",
+    "block",
+    "token",
+    "prefix",
+    "engine",
+    "server",
+    "client",
+    "stream",
+    "prompt",
+    "reply",
+    "chat",
+    "system",
+    "user",
+    "assistant",
+    "hello",
+    "world",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "red",
+    "green",
+    "blue",
+    "north",
+    "south",
+    "east",
+    "west",
+    "time",
+    "data",
+    "load",
+    "queue",
+    "batch",
+    "river",
+    "stone",
+    "bridge",
+]
 
 
 def corpus(seed: int) -> list[str]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -51,6 +52,8 @@ from dynamod.worker.engines.base import Changes, EngineStats
 from dynamod.worker.engines.scrape import Scraped, parse
 
 log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,7 @@ class UpstreamEngine:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sys.stderr.fileno(),  # our stdout carries the readiness line
                 start_new_session=True,  # its own process group: signalled only by us
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise ConfigError(f"--launch {argv[0]!r} cannot be started: {exc}") from None
@@ -238,16 +242,23 @@ class UpstreamEngine:
                     "before it was healthy"
                 )
             try:
-                async with self.session.get(self.url("/health"), timeout=_quick()) as response:
-                    if response.status == 200:
-                        return
-                    last = f"/health answered {response.status}"
+                if await self._alive():
+                    return
+                last = "/health did not answer 200"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 last = str(exc) or type(exc).__name__
             await asyncio.sleep(0.5)  # a server starting up announces nothing: ask again
         raise ConfigError(
             f"upstream {self.config.url} not healthy within {self.config.start_timeout:g}s ({last})"
         )
+
+    async def _alive(self) -> bool:
+        """``GET /health`` answers 200; for a server without that route, ``/v1/models``."""
+        async with self.session.get(self.url("/health"), timeout=_quick()) as response:
+            if response.status != 404:
+                return response.status == 200
+        async with self.session.get(self.url("/v1/models"), timeout=_quick()) as response:
+            return response.status == 200
 
     async def _served_context(self) -> int | None:
         """Check that the upstream serves our model; its context length if it says."""
@@ -304,8 +315,8 @@ class UpstreamEngine:
     async def _fetch_metrics(self) -> Scraped:
         async with self.session.get(self.url("/metrics"), timeout=_quick()) as response:
             if response.status == 404:  # a server without metrics: is it alive at all?
-                async with self.session.get(self.url("/health"), timeout=_quick()) as health:
-                    health.raise_for_status()
+                if not await self._alive():
+                    raise aiohttp.ClientError("its health check failed")
                 return Scraped()
             response.raise_for_status()
             return parse(await response.text())
@@ -319,6 +330,14 @@ class UpstreamEngine:
 
 def _quick() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=5.0)
+
+
+def _die_with_parent() -> None:
+    """In the launched server, before it runs: SIGTERM it if this worker dies without
+    stopping it (SIGKILL, a crash), so it does not serve on, unregistered (Linux only)."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
