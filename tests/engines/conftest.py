@@ -5,6 +5,10 @@ offline, real processes.
 ``~/.cache/dynamod/engines-venv``), ``scripts/tiny_model.py`` the model (seconds). Workers
 run from the checkout with the venv's Python (``python -m dynamod.worker``). A venv that
 cannot be built fails the tier under CI and skips it elsewhere, saying why.
+
+``DYNAMOD_ENGINES_PYTHON``: a Python that already has vLLM (the GPU check's), used instead
+of the venv. ``DYNAMOD_ENGINES_GPU=1``: the engines share one GPU, a quarter of its memory
+each.
 """
 
 from __future__ import annotations
@@ -33,10 +37,16 @@ VLLM_ARGS = {
     "max_num_seqs": "8",
     "enforce_eager": "true",
 }
+GPU = os.environ.get("DYNAMOD_ENGINES_GPU") == "1"
+if GPU:
+    VLLM_ARGS["gpu_memory_utilization"] = "0.25"
 
 
 @pytest.fixture(scope="session")
 def engines_python() -> Path:
+    given = os.environ.get("DYNAMOD_ENGINES_PYTHON")
+    if given:
+        return Path(given)
     try:
         built = subprocess.run(
             [str(ROOT / "scripts" / "engines-venv")], capture_output=True, text=True, timeout=900
@@ -93,4 +103,5 @@ def serve_argv(python: Path, model_dir: Path, port: int, model: str = "tiny") ->
         "--dtype", "float32", "--max-model-len", "1024", "--block-size", "32",
         "--max-num-seqs", "8", "--enforce-eager", "--enable-prefix-caching",
         "--enable-prompt-tokens-details", "--shutdown-timeout", "30",
+        *(["--gpu-memory-utilization", "0.25"] if GPU else []),
     ]  # fmt: skip
