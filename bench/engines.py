@@ -17,8 +17,9 @@ alike): ``upstream`` is vLLM's own server, the floor; ``sidecar`` adds the worke
 dynamod in front of it. Each overhead is against the path right under it.
 
 **Load onset → router** (per worker, ``--onsets`` times): with the worker idle in the
-router's eyes, 4 requests go to it directly (bypassing the router); the lag is from
-sending them to the router receiving a report with a request running. For ``sidecar``
+router's eyes, 4 long requests go to it directly (bypassing the router); the lag is from
+sending them to the router receiving a report with a request running (then they are
+cancelled). For ``sidecar``
 that is vLLM starting the requests + the wait for the next scrape (every 0.5 s: half of it
 on average) + the scrape + the push to dynamod; for ``inproc`` (the floor) the engine
 pushes at its next step. ``scrape`` is the floor of one scrape: a bare ``GET /metrics``.
@@ -41,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from bench.common import (
@@ -54,6 +54,7 @@ from bench.common import (
     stats_json,
     write_json,
 )
+from bench.front import serve_front
 from dynamod.discovery.view import WorkerView
 from dynamod.feed import Feeds, TokenizerRegistry
 from dynamod.frontend import Frontend
@@ -142,21 +143,11 @@ async def stack(scratch: Path) -> AsyncIterator[Stack]:
         ):
             keys = (inproc.field("key"), sidecar.field("key"))
             await view.wait_for(lambda v: all(v.get(k) is not None for k in keys))
-            app = web.Application()
-            front.add_to(app)
-            runner = web.AppRunner(app, handler_cancellation=True)
-            await runner.setup()
-            try:
-                await web.TCPSite(runner, "127.0.0.1", 0).start()
-                host, bound = runner.addresses[0][:2]
-                yield Stack(
-                    inproc, sidecar, f"http://127.0.0.1:{port}", f"http://{host}:{bound}",
-                    router, reports,
-                )  # fmt: skip
-            finally:
-                await runner.cleanup()
+            async with serve_front(front) as url:
+                upstream = f"http://127.0.0.1:{port}"
+                yield Stack(inproc, sidecar, upstream, url, router, reports)
     finally:
-        await asyncio.gather(inproc.kill(), sidecar.kill())
+        await asyncio.gather(inproc.close(), sidecar.close())
         await store.aclose()
 
 
@@ -205,18 +196,21 @@ async def onset_lag(s: Stack, http: aiohttp.ClientSession, proc: Proc, target: s
 
     while running():  # idle first, in the router's eyes
         await s.reports.wait_past(s.reports.version)
-    payload = {"model": MODEL, "prompt": "onset", "max_tokens": 48, "temperature": 0}
+    # Long enough to be seen by a scrape (the tiny model decodes thousands of tokens a
+    # second); cancelled once seen, which closes them, and vLLM aborts them.
+    payload = {"model": MODEL, "prompt": "onset", "max_tokens": 900, "ignore_eos": True}
     started = time.perf_counter_ns()
-    requests = [
-        asyncio.ensure_future(one(http, f"{target}/v1/completions", payload)) for _ in range(4)
-    ]
+    url = f"{target}/v1/completions"
+    requests = [asyncio.ensure_future(one(http, url, payload)) for _ in range(4)]
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while not running():
                 await s.reports.wait_past(s.reports.version)
         return time.perf_counter_ns() - started
     finally:
-        await asyncio.gather(*requests)
+        for request in requests:
+            request.cancel()
+        await asyncio.gather(*requests, return_exceptions=True)
 
 
 async def scrape_floor(http: aiohttp.ClientSession, upstream: str, n: int) -> Stats:

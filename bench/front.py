@@ -73,17 +73,24 @@ async def front_on_loopback(store: Store) -> AsyncIterator[tuple[str, WorkerView
     async with (
         owned(view.run(), "worker view"),
         Frontend(router, view, Fixed(SimpleTokenizer())) as front,
+        serve_front(front) as url,
     ):
-        app = web.Application()
-        front.add_to(app)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            host, port = runner.addresses[0][:2]
-            yield f"http://{host}:{port}", view
-        finally:
-            await runner.cleanup()
+        yield url, view
+
+
+@contextlib.asynccontextmanager
+async def serve_front(front: Frontend) -> AsyncIterator[str]:
+    """``front`` served on a free loopback port, as the daemon serves it; yields its URL."""
+    app = web.Application()
+    front.add_to(app)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def one(http: aiohttp.ClientSession, url: str, expect_worker: str) -> int:

@@ -140,6 +140,15 @@ class Proc:
             self.proc.send_signal(sig)
         return await self.wait(within)
 
+    async def close(self, within: float = 60.0) -> None:
+        """SIGTERM and wait up to ``within`` seconds (a worker drains, a ``--launch``ing
+        worker stops its server), then ``kill`` whatever is left."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(TimeoutError, ProcessLookupError):
+            await self.stop(signal.SIGTERM, within)
+        await self.kill()
+
     async def kill(self) -> None:
         if self.proc is None:
             return

@@ -30,7 +30,7 @@ from dynamod.tokenizers.bundle import TokenizerRef, TokenizerUnavailableError, l
 log = logging.getLogger(__name__)
 
 CAPACITY = 32
-FETCH_TIMEOUT = 10.0
+FETCH_TIMEOUT = 5.0
 RETRY_AFTER = 30.0
 ATTEMPTS = 3
 """Workers tried, one after the other, for one fetch."""

@@ -50,6 +50,7 @@ from dynamod.http.openai import (
     model_of,
     sse_event,
 )
+from dynamod.model import ModelCard
 from dynamod.tokenizers import Tokenizer
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
@@ -127,15 +128,7 @@ class InferenceRoutes(Drains):
         response.headers[WORKER_ID_HEADER] = self._worker_id
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = self._engine.model_card()
-        entry = {
-            "id": card.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "dynamo",
-            "max_model_len": card.context_length,
-        }
-        return web.json_response({"object": "list", "data": [entry]})
+        return models_response(self._engine.model_card())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, COMPLETIONS)
@@ -230,6 +223,18 @@ class InferenceRoutes(Drains):
         self._metrics.served(last.usage)
         if params.include_usage:
             await _send(response, reply.usage_chunk(last.usage))
+
+
+def models_response(card: ModelCard) -> web.Response:
+    """``GET /v1/models`` of a worker: the one model it serves."""
+    entry = {
+        "id": card.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "dynamo",
+        "max_model_len": card.context_length,
+    }
+    return web.json_response({"object": "list", "data": [entry]})
 
 
 @dataclass(frozen=True)

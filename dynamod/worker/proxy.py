@@ -34,6 +34,7 @@ from dynamod.http.openai import (
     sse_event,
 )
 from dynamod.worker.engines.upstream import UpstreamEngine
+from dynamod.worker.inference import models_response
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +74,7 @@ class ProxyRoutes(Drains):
         response.headers[WORKER_ID_HEADER] = self._worker_id
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = self._engine.model_card()
-        entry = {
-            "id": card.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "dynamo",
-            "max_model_len": card.context_length,
-        }
-        return web.json_response({"object": "list", "data": [entry]})
+        return models_response(self._engine.model_card())
 
     def _forward_as(self, path: str, route: str) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:

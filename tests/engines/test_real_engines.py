@@ -113,7 +113,7 @@ async def fleet(
             await fleet.until(proc, lambda w: w["engine"] is not None)
         yield fleet
     finally:
-        await asyncio.gather(*(p.kill() for p in procs.values()))
+        await asyncio.gather(*(p.close() for p in procs.values()))
         gc.collect()  # their transports, while the module's loop still runs
 
 
