@@ -60,6 +60,14 @@ class EnginePublisher:
         self._heartbeat = heartbeat
         self._min_interval = min_interval
         self._tokenizer = published(engine.tokenizer)
+        self._stop = asyncio.Event()
+
+    def close(self) -> None:
+        """End every events stream now (the worker is shutting down; its record is gone, so
+        daemons stop following it anyway) instead of when the server's shutdown cancels
+        them."""
+        self._stop.set()
+        self._engine.changes.changed()  # wakes every stream, which then sees _stop
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get(EVENTS_PATH, self._events)
@@ -78,16 +86,19 @@ class EnginePublisher:
         try:
             seen = changes.version
             await _send(response, seen, "snapshot", self.state())
-            while True:
+            while not self._stop.is_set():
                 try:
                     async with asyncio.timeout(self._heartbeat):
                         await changes.wait_past(seen)
                 except TimeoutError:
                     await _send(response, seen, "heartbeat", None)
                     continue
+                if self._stop.is_set():
+                    break
                 seen = changes.version
                 await _send(response, seen, "state", self.state())
                 await asyncio.sleep(self._min_interval)
+            await response.write_eof()
         except ConnectionResetError:
             log.debug("engine events subscriber %s went away", request.remote)
         return response

@@ -201,7 +201,8 @@ async def run_worker(settings: WorkerSettings) -> int:
         routes.add_to(inference)
         host, port = await serve_app(stack, inference, settings.host, settings.port)
         system_app = system.app()
-        EnginePublisher(engine).add_to(system_app)
+        publisher = EnginePublisher(engine)
+        publisher.add_to(system_app)
         sys_host, sys_port = await serve_app(
             stack, system_app, settings.system_host, settings.system_port
         )
@@ -236,6 +237,7 @@ async def run_worker(settings: WorkerSettings) -> int:
         )
         await signals.stopping.wait()
         code = await _shutdown(system, registration, routes, signals, settings.grace)
+        publisher.close()
     return code
 
 
