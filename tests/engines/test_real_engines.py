@@ -222,7 +222,7 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(
 async def test_engine_load_shows_in_dynamoctl_workers_ls(fleet: Fleet) -> None:
     """Requests sent to the workers directly (no router holds them back) fill both engines
     past max_num_seqs; the listing shows them running and waiting, then idle again."""
-    body = {"model": MODEL, "prompt": "load", "max_tokens": 600, "temperature": 0}
+    body = {"model": MODEL, "prompt": "load", "max_tokens": 900, "ignore_eos": True}
     seen: dict[str, dict[str, Any]] = {}
 
     async def watch(proc: Proc) -> None:
@@ -251,7 +251,7 @@ async def test_sigterm_mid_stream_finishes_the_stream_and_exits_0(fleet: Fleet) 
     async with fleet.client() as client:
         stream = await client.completions.create(
             model=MODEL, prompt="a long story", max_tokens=900, stream=True,
-            extra_body={**constraints(["capacity/slow"]), "temperature": 0},
+            extra_body={**constraints(["capacity/slow"]), "ignore_eos": True},
         )  # fmt: skip
         chunks = []
         async for chunk in stream:

@@ -68,7 +68,9 @@ class GenerateRequest:
     ``"stop"``); a number caps the output (finish reason ``"length"`` when reached).
     ``seed`` makes sampling reproducible; ``temperature`` and ``top_p`` (None: the
     engine's defaults) shape it, for an engine that samples from a model (the mocker
-    draws its tokens from ``seed`` alone); ``request_id`` names the request in logs.
+    draws its tokens from ``seed`` alone); ``ignore_eos`` keeps a model generating past its
+    end-of-sequence token up to ``max_tokens`` (vLLM's extension; the mocker has no such
+    token); ``request_id`` names the request in logs.
     """
 
     request_id: str
@@ -77,6 +79,7 @@ class GenerateRequest:
     seed: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)

@@ -274,6 +274,7 @@ class VllmEngine:
             max_tokens=budget,
             seed=request.seed,
             output_kind=RequestOutputKind.DELTA,
+            ignore_eos=request.ignore_eos,
             **({} if request.temperature is None else {"temperature": request.temperature}),
             **({} if request.top_p is None else {"top_p": request.top_p}),
         )
