@@ -21,13 +21,15 @@ import pytest
 from dynamod.aio import cancel_and_wait
 from dynamod.discovery.view import WorkerView
 from dynamod.feed import Feeds, TokenizerRegistry
+from dynamod.load import Busy
 from dynamod.model import ModelCard
 from dynamod.reported import EngineLoad
-from dynamod.router import Router, RouterConfig
+from dynamod.router import Router, RouterConfig, RouteRequest
 from dynamod.store import open_store
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import TokenizerRef, published
 from tests.procs import BIN, Proc, running, worker
+from tests.servers import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -168,11 +170,13 @@ async def test_openai_engine_fronts_an_upstream_drains_and_notices_it_die(tmp_pa
         proc.assert_clean_stderr()
 
 
-async def test_an_upstream_that_stops_answering_makes_the_worker_unhealthy(
+async def test_an_upstream_that_stops_answering_leaves_the_routable_set_and_comes_back(
     tmp_path: Path,
 ) -> None:
     url = (tmp_path / "store").as_uri()
-    upstream = worker((tmp_path / "other").as_uri())
+    port = free_port()  # the upstream comes back on the same address
+    other = (tmp_path / "other").as_uri()
+    upstream = worker(other, "--port", str(port))
     async with (
         daemon_parts(url) as (_, reports, _),
         running(upstream),
@@ -184,11 +188,10 @@ async def test_an_upstream_that_stops_answering_makes_the_worker_unhealthy(
         await upstream.stop(signal.SIGKILL)
         sick = await reports.until(key, lambda s: s is not None and not s.healthy)
         assert sick is not None and "is not answering" in sick.reason
-        assert (
-            reports.router.explain(
-                __import__("dynamod.router", fromlist=["RouteRequest"]).RouteRequest("llama")
-            )
-            .workers[0]
-            .busy
-            is not None
-        )
+        (row,) = reports.router.explain(RouteRequest("llama")).workers
+        assert row.busy is Busy.UNHEALTHY
+        async with running(worker(other, "--port", str(port))):
+            back = await reports.until(key, lambda s: s is not None and s.healthy)
+            assert back is not None and back.reason == ""
+            (row,) = reports.router.explain(RouteRequest("llama")).workers
+            assert row.busy is None
