@@ -220,8 +220,9 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(
 
 
 async def test_engine_load_shows_in_dynamoctl_workers_ls(fleet: Fleet) -> None:
-    """Requests sent to the workers directly (no router holds them back) fill both engines
-    past max_num_seqs; the listing shows them running and waiting, then idle again."""
+    """Requests sent to the workers directly (no router holds them back), more than
+    max_num_seqs and renewed until the listing has shown them: the tiny model finishes a
+    request in a fraction of a second, and a scrape comes every half second."""
     body = {"model": MODEL, "prompt": "load", "max_tokens": 900, "ignore_eos": True}
     seen: dict[str, dict[str, Any]] = {}
 
@@ -229,17 +230,21 @@ async def test_engine_load_shows_in_dynamoctl_workers_ls(fleet: Fleet) -> None:
         def busy(w: dict[str, Any]) -> bool:
             return bool(w["engine"]["running"] + w["engine"]["waiting"] > 0)
 
-        seen[proc.field("id")] = (await fleet.until(proc, busy))["engine"]
+        seen[proc.field("id")] = (await fleet.until(proc, busy, within=120))["engine"]
 
     async with aiohttp.ClientSession() as http:
 
-        async def hammer(address: str) -> None:
-            async with http.post(f"{address}/v1/completions", json=body) as response:
-                assert response.status == 200
+        async def hammer(proc: Proc) -> None:
+            while proc.field("id") not in seen:
+                url = f"{proc.field('http')}/v1/completions"
+                async with http.post(url, json=body) as response:
+                    assert response.status == 200
 
-        loads = [hammer(p.field("http")) for p in (fleet.fast, fleet.sidecar) for _ in range(12)]
-        watchers = [watch(fleet.fast), watch(fleet.sidecar)]
-        await asyncio.gather(*loads, *watchers)
+        async with asyncio.TaskGroup() as group:
+            for proc in (fleet.fast, fleet.sidecar):
+                for _ in range(12):
+                    group.create_task(hammer(proc))
+                group.create_task(watch(proc))
     assert seen[fleet.fast.field("id")]["source"] == "engine"
     assert seen[fleet.sidecar.field("id")]["source"] == "metrics"
     for proc in (fleet.fast, fleet.sidecar):
