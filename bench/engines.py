@@ -17,9 +17,10 @@ alike): ``upstream`` is vLLM's own server, the floor; ``sidecar`` adds the worke
 dynamod in front of it. Each overhead is against the path right under it.
 
 **Load onset → router** (per worker, ``--onsets`` times): with the worker idle in the
-router's eyes, 4 long requests go to it directly (bypassing the router); the lag is from
-sending them to the router receiving a report with a request running (then they are
-cancelled). For ``sidecar``
+router's eyes, 4 long requests go to it directly (bypassing the router), renewed as they
+end; the lag is from sending them to the router receiving a report with a request
+running (then they are cancelled). A burst shorter than a scrape interval may never be
+seen by a scraping worker: this measures a load that lasts. For ``sidecar``
 that is vLLM starting the requests + the wait for the next scrape (every 0.5 s: half of it
 on average) + the scrape + the push to dynamod; for ``inproc`` (the floor) the engine
 pushes at its next step. ``scrape`` is the floor of one scrape: a bare ``GET /metrics``.
@@ -196,12 +197,18 @@ async def onset_lag(s: Stack, http: aiohttp.ClientSession, proc: Proc, target: s
 
     while running():  # idle first, in the router's eyes
         await s.reports.wait_past(s.reports.version)
-    # Long enough to be seen by a scrape (the tiny model decodes thousands of tokens a
-    # second); cancelled once seen, which closes them, and vLLM aborts them.
-    payload = {"model": MODEL, "prompt": "onset", "max_tokens": 900, "ignore_eos": True}
-    started = time.perf_counter_ns()
+    # Sustained load: 4 requests kept going (each renewed as it ends) until the router
+    # has seen them, then cancelled (closing them makes vLLM abort them). A burst shorter
+    # than the scrape interval can go unseen by a scraper altogether.
+    payload = {"model": MODEL, "prompt": "onset", "max_tokens": 1000, "ignore_eos": True}
     url = f"{target}/v1/completions"
-    requests = [asyncio.ensure_future(one(http, url, payload)) for _ in range(4)]
+
+    async def keep_busy() -> None:
+        while True:
+            await one(http, url, payload)
+
+    started = time.perf_counter_ns()
+    requests = [asyncio.ensure_future(keep_busy()) for _ in range(4)]
     try:
         async with asyncio.timeout(30):
             while not running():

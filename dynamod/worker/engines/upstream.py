@@ -10,7 +10,9 @@ running beside it (``vllm serve``, SGLang, llama.cpp's ``llama-server``, ...).
   launch argv's flags of those names when present, else from the worker's settings.
 * **Load** (``stats()``): scraped from ``/metrics`` every ``scrape_interval``
   (``scrape.py``: vLLM, SGLang and llama.cpp names); for a server without metrics, the
-  requests this worker is forwarding (``proxy.py``) count as running.
+  requests this worker is forwarding (``proxy.py``) count as running. A scrape samples:
+  routers learn of a load up to an interval late, and a burst that comes and goes
+  between two scrapes may never show (``bench/engines.py`` measures the lag).
 * **Health**: a scrape (or, without metrics, a health check) that fails marks the
   upstream unhealthy (``stats().healthy``), which the worker reports to routers: they stop
   routing to it until a later scrape succeeds.
