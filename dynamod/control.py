@@ -30,7 +30,7 @@ from dynamod.errors import (
     code_name,
 )
 from dynamod.metrics import DaemonMetrics
-from dynamod.model import WorkerRecord
+from dynamod.model import ModelCard, WorkerRecord
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -44,7 +44,7 @@ from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.selectors import Selector, parse
 from dynamod.store import Store
 from dynamod.taints import RoutingConstraints, TaintUpdate
-from dynamod.tokenizers import Tokenizer
+from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,17 @@ class Control:
     router: Router
     audit: AuditLog
     replica_id: str
-    tokenizer: Tokenizer
-    """The one tokenizer the front uses too: ``explain`` counts and hashes prompts as the
-    front would."""
+    tokenizers: Tokenizers
+    """The tokenizers the front uses too: ``explain`` counts and hashes prompts as the
+    front would, with the tokenizer the model's workers publish."""
     metrics: DaemonMetrics | None = None
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
-        return WorkerInfo(record, self.view.revision_of(record.key), self.router.load(record.key))
+        key = record.key
+        revision = self.view.revision_of(key)
+        return WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
 
     def list_workers(
         self,
@@ -241,12 +243,17 @@ class Control:
             self.metrics.taint_updates.labels(type(error).__name__).inc()
         self.audit.record(caller=caller, **asked, outcome=type(error).__name__, error=str(error))
 
-    def explain(self, model: str, constraints: RoutingConstraints, prompt: str) -> ExplainInfo:
+    async def explain(
+        self, model: str, constraints: RoutingConstraints, prompt: str
+    ) -> ExplainInfo:
         """The router's decision for a hypothetical request, as data. The prompt is
         tokenized and its blocks hashed as the front would, so prefix overlap shows up
         exactly as a real request would see it."""
-        tokens = self.tokenizer.encode(prompt) if prompt else []
         card = self.router.card(model)
+        tokens: list[int] = []
+        if prompt:
+            tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
+            tokens = tokenizer.encode(prompt)
         block_size = card.kv_block_size if card is not None else DEFAULT_BLOCK_SIZE
         result = self.router.explain(
             RouteRequest.for_prompt(model, constraints, tokens, block_size)

@@ -16,17 +16,20 @@ from typing import Literal
 
 from dynamod.load import IDLE, Load
 from dynamod.model import WorkerRecord, mdcsum
+from dynamod.reported import EngineLoad
 from dynamod.taints import is_topology
 
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """One worker: its record as stored, the record's revision, and what the reporting
-    daemon's router has in flight there."""
+    """One worker: its record as stored, the record's revision, what the reporting
+    daemon's router has in flight there, and what the worker's engine last reported
+    (None when the daemon knows nothing of it)."""
 
     record: WorkerRecord
     revision: int
     load: Load = IDLE
+    engine: EngineLoad | None = None
 
     @property
     def id(self) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.load import Load
 from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
+from dynamod.reported import EngineLoad
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -63,9 +64,14 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
 }
 
 
+PER_CALL = frozenset({"load", "engine"})
+"""Fields that change without the record changing: set on each answer, never kept."""
+
+
 def worker_message(record: WorkerRecord, revision: int, fields: Iterable[str]) -> pb.Worker:
-    """The worker's message with ``fields`` (``Worker`` field names) set, except its load."""
-    values = {name: _VALUES[name](record, revision) for name in fields if name != "load"}
+    """The worker's message with ``fields`` (``Worker`` field names) set, except the ones
+    that change without the record (``PER_CALL``)."""
+    values = {name: _VALUES[name](record, revision) for name in fields if name not in PER_CALL}
     return pb.Worker(**values)  # type: ignore[arg-type]
 
 
@@ -77,10 +83,16 @@ def load_to_pb(load: Load) -> pb.Load:
     )
 
 
+def engine_to_pb(engine: EngineLoad) -> pb.EngineLoad:
+    return pb.EngineLoad(**engine.to_json())
+
+
 def worker_to_pb(info: WorkerInfo) -> pb.Worker:
-    """The whole message of one worker, load included."""
+    """The whole message of one worker, load and the engine's report included."""
     message = worker_message(info.record, info.revision, _VALUES)
     message.load.CopyFrom(load_to_pb(info.load))
+    if info.engine is not None:
+        message.engine.CopyFrom(engine_to_pb(info.engine))
     return message
 
 
@@ -98,7 +110,11 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
         record = WorkerRecord.from_json(json.loads(message.record_json))
     else:
         record = _record_of(message, {} if cards is None else cards)
-    return WorkerInfo(record, message.revision, load)
+    engine = None
+    if message.HasField("engine"):
+        fields = EngineLoad.__dataclass_fields__
+        engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
+    return WorkerInfo(record, message.revision, load, engine)
 
 
 def _record_of(message: pb.Worker, cards: dict[str, ModelCard]) -> WorkerRecord:

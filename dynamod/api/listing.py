@@ -12,9 +12,9 @@ serializer that passes bytes through); a client decodes them as any other respon
 
 The protobuf wire format makes this exact: a message is its fields' encodings in any order,
 and a repeated message field is each element as a tag, a length and the element's bytes.
-Only the load changes between listings; a worker carrying one gets its ``load`` field
-appended to its cached bytes. Memory: about 0.8 KB per worker for every field, less for a
-table's few (kept per field set, at most ``FIELD_SETS`` of them).
+Only the load and the engine's report change between listings; a worker carrying one
+gets that field appended to its cached bytes. Memory: about 0.8 KB per worker for every
+field, less for a table's few (kept per field set, at most ``FIELD_SETS`` of them).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ _WORKERS = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["workers"].number
 _REVISION = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["revision"].number
 _ID_PREFIX = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["id_prefix"].number
 _LOAD = pb.Worker.DESCRIPTOR.fields_by_name["load"].number
+_ENGINE = pb.Worker.DESCRIPTOR.fields_by_name["engine"].number
 
 
 DEFAULT_FIELDS = WORKER_FIELDS - {"model_card_json"}
@@ -95,18 +96,21 @@ class WorkerMessages:
     ) -> bytes:
         """The encoded ``ListWorkersResponse`` of ``infos`` with ``fields``."""
         kept = self._entries(fields)
-        loads = "load" in fields
+        loads, engines = "load" in fields, "engine" in fields
         parts = []
         for info in infos:
             record = info.record
             entry = kept.get(record.key)
             if entry is None or entry[0] is not record or entry[1] != info.revision:
                 entry = kept[record.key] = _encode(record, info.revision, fields)
+            extra = b""
             if loads and not info.load.idle:
                 load = convert.load_to_pb(info.load).SerializeToString()
-                parts.append(length_delimited(_WORKERS, entry[2] + length_delimited(_LOAD, load)))
-            else:
-                parts.append(entry[3])
+                extra += length_delimited(_LOAD, load)
+            if engines and info.engine is not None:
+                engine = convert.engine_to_pb(info.engine).SerializeToString()
+                extra += length_delimited(_ENGINE, engine)
+            parts.append(length_delimited(_WORKERS, entry[2] + extra) if extra else entry[3])
         if len(kept) > 2 * len(infos) + 64:
             self._prune(kept)
         parts.append(varint(_REVISION << 3) + varint(revision))

@@ -364,7 +364,7 @@ class RouterService(rpc.RouterServiceServicer):
                 required_taints=frozenset(request.required_taints),
                 preferred_taints=dict(request.preferred_taints),
             )
-            info = self.api.control.explain(request.model, constraints, request.prompt)
+            info = await self.api.control.explain(request.model, constraints, request.prompt)
             return convert.explain_to_pb(info)
 
         return await self.api.call("Explain", context, body)

@@ -35,6 +35,9 @@ The contract:
   for the same workers, plus one per waiter dispatched or whose situation changes.
 * Load is what this router has in flight per worker, reserved when the worker is chosen
   and given back by ``release`` (idempotent; ``route`` calls it on exit).
+* What a worker's engine reports (``report``) enters only whether it is busy: a worker is
+  busy while its engine reports requests waiting in its own queue, or reports itself
+  unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
 * Single-threaded: call everything from the event loop's thread. The router owns no task.
 """
 
@@ -60,12 +63,14 @@ from dynamod.errors import (
 )
 from dynamod.load import IDLE, Busy, Load
 from dynamod.model import DiscoveryEvent, ModelCard, ViewResync, WorkerRecord
+from dynamod.reported import EngineLoad
 from dynamod.router.choice import Chooser, Pick
 from dynamod.router.config import RouterConfig
 from dynamod.router.groups import Group
 from dynamod.router.metrics import RouterMetrics
 from dynamod.router.prefix import OverlapSource, PrefixIndex
 from dynamod.router.queue import Case, PendingQueue, Waiter, WaitState, by_arrival
+from dynamod.router.reported import ReportedLoads, describe
 from dynamod.router.scoring import CostTerms, cost_terms, load_rank, probabilities
 from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
 from dynamod.router.types import (
@@ -120,6 +125,7 @@ class Router:
         )
         self._metrics = RouterMetrics(self.registry)
         self._queue = PendingQueue(self.config.max_queue, self._metrics.depth_changed)
+        self._reported = ReportedLoads()
         self._closed = False
 
     @property
@@ -150,6 +156,17 @@ class Router:
     def load(self, key: str) -> Load:
         """What this router has in flight on the worker ``key``."""
         return self._loads.get(key, IDLE)
+
+    def reported(self, key: str) -> EngineLoad | None:
+        """What the worker ``key``'s engine last reported, if anything is known."""
+        return self._reported.get(key)
+
+    def report(self, key: str, load: EngineLoad | None) -> None:
+        """What the worker ``key``'s engine says now (None: nothing known any more)."""
+        freed = self._reported.set(key, load)
+        self._table.rerank(key)
+        if freed:
+            self._offer_worker(key)
 
     def apply(self, event: DiscoveryEvent) -> None:
         """Fold a discovery event into the table, then re-check the affected waiters."""
@@ -248,12 +265,25 @@ class Router:
         card = worker.model_card
         if load.busy(card, self.config.queue_threshold) is not None:
             return None
+        if self._reported.busy(worker.key) is not None:
+            return None
         return load_rank(self.config, card.kv_block_size, load)
 
     def _choose(self, request: RouteRequest, groups: tuple[Group, ...]) -> Pick | None:
         if not groups:
             return None
         return self._chooser.choose(request, groups, self._overlaps(request))
+
+    def _busy(self, worker: WorkerRecord) -> Busy | None:
+        """Why ``worker`` takes no new request now: its load here, or its engine's report."""
+        own = self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        return own or self._reported.busy(worker.key)
+
+    def _describe_busy(self, worker: WorkerRecord) -> str:
+        reported = self._reported.get(worker.key)
+        if self._reported.busy(worker.key) is not None and reported is not None:
+            return describe(reported)
+        return self.load(worker.key).describe_busy(worker.model_card, self.config.queue_threshold)
 
     def _overlaps(self, request: RouteRequest) -> dict[str, int]:
         if self.config.overlap_score_credit == 0 or not request.block_hashes:
@@ -500,9 +530,8 @@ class Router:
         groups = self._table.eligible_groups(request.model, required)
         exclude = request.exclude
         eligible = (w for g in groups for k, w in g.members.items() if k not in exclude)
-        threshold = self.config.queue_threshold
         shown = [
-            f"{w.instance_id} {self.load(w.key).describe_busy(w.model_card, threshold)}"
+            f"{w.instance_id} {self._describe_busy(w)}"
             for w in itertools.islice(eligible, MESSAGE_WORKERS)
         ]
         total = sum(len(g.members) for g in groups) - sum(
@@ -532,7 +561,7 @@ class Router:
     ) -> WorkerExplanation:
         load = self.load(worker.key)
         why = why_not(worker, request.constraints, request.exclude)
-        busy: Busy | None = load.busy(worker.model_card, self.config.queue_threshold)
+        busy = self._busy(worker)
         terms = self._terms(request, worker, load, overlaps.get(worker.key, 0))
         return WorkerExplanation(worker, why, busy, load, terms)
 
