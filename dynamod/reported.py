@@ -9,12 +9,21 @@ line, each ``{"seq": n, "type": ..., ...}``, for as long as the client stays:
 * ``{"type": "state", "state": STATE}``: the engine's state changed (a whole state each
   time, so a reader may drop any but the last);
 * ``{"type": "heartbeat"}``: nothing changed for ``HEARTBEAT`` seconds; a reader that
-  hears nothing for a few of these treats the stream as dead.
+  hears nothing for a few of these treats the stream as dead;
+* ``{"type": "kv", "seq": n, "ts": t, "events": [EVENT, ...]}``: the engine's KV cache
+  changed (only from a worker whose record offers ``"kv"``). ``EVENT`` is
+  ``{"kind": "stored", "hashes": [...], "parent": h | null, "tokens": [...],
+  "block_size": b}``, ``{"kind": "removed", "hashes": [...]}`` or ``{"kind": "cleared"}``
+  (``KvEvent``); ``ts`` is the worker's wall clock when the engine published them.
 
-``seq`` counts the worker's state changes since it started: it only grows within one
-worker incarnation (a reader may see it skip: changes are coalesced). Issue 18's KV cache
-events will travel on this same stream as further types (a reader skips types it does not
-know). ``STATE`` is ``EngineLoad.to_json()``.
+For ``snapshot`` / ``state`` / ``heartbeat``, ``seq`` counts the worker's state changes
+since it started: it only grows within one worker incarnation (a reader may see it skip:
+changes are coalesced). ``STATE`` is ``EngineLoad.to_json()``. For ``kv``, ``seq``
+numbers the KV lines of this connection from 0 with no gap: the first ones are the
+worker's whole cache as it knows it (a ``cleared`` event, then what is stored), so every
+(re)connect rebuilds a reader's view from nothing, and a worker that cannot send a
+reader everything (it fell behind) ends the connection rather than skip. A reader skips
+types it does not know.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ from dynamod.model import WorkerRecord
 
 EVENTS_PATH = "/engine/events"
 RECORD_FIELD = "engine_events"
-KINDS = ("load",)
-"""What a worker's stream carries now; issue 18 adds ``"kv"``."""
+KINDS = ("load", "kv")
+"""What a worker's stream may carry: its engine's load (always), its KV cache events (when
+the engine publishes them)."""
 HEARTBEAT = 2.0
 """Seconds of silence after which a worker sends a heartbeat."""
 
@@ -86,9 +96,16 @@ def _typed(name: str, value: object, kind: type) -> object:
     return value
 
 
-def offer() -> dict[str, Any]:
-    """The record field a worker writes to offer its events stream."""
-    return {"path": EVENTS_PATH, "kinds": list(KINDS)}
+def offer(*, kv: bool = False) -> dict[str, Any]:
+    """The record field a worker writes to offer its events stream (with KV cache events
+    when ``kv``: the worker's engine publishes them)."""
+    return {"path": EVENTS_PATH, "kinds": list(KINDS if kv else KINDS[:1])}
+
+
+def offers_kv(record: WorkerRecord) -> bool:
+    """Whether the worker's stream carries its engine's KV cache events."""
+    kinds = record.extra.get(RECORD_FIELD, {}).get("kinds") if offered_path(record) else None
+    return "kv" in kinds if isinstance(kinds, list) else False
 
 
 def offered_path(record: WorkerRecord) -> str | None:
@@ -101,3 +118,117 @@ def offered_path(record: WorkerRecord) -> str | None:
     if not isinstance(path, str) or not path.startswith("/") or not isinstance(kinds, list):
         return None
     return path if "load" in kinds else None
+
+
+# -- KV cache events
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """The engine cached full blocks: ``hashes`` are its names for them in chain order,
+    ``parent`` its name for the block before the first (None: they start the prompt), and
+    ``token_ids`` their tokens, ``block_size`` per block."""
+
+    hashes: tuple[int, ...]
+    parent: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if not self.hashes or self.block_size < 1:
+            raise InvalidInputError(
+                f"a stored event needs blocks and a block size >= 1, got {len(self.hashes)} "
+                f"blocks of size {self.block_size}"
+            )
+        if len(self.token_ids) != self.block_size * len(self.hashes):
+            raise InvalidInputError(
+                f"a stored event of {len(self.hashes)} blocks of {self.block_size} tokens "
+                f"carries {len(self.token_ids)} tokens"
+            )
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """The engine evicted the blocks it names ``hashes``."""
+
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The engine dropped its whole prefix cache."""
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True)
+class KvBatch:
+    """KV events in the order the engine published them; ``ts``: the wall clock
+    (``time.time()``) when it did, for measuring how late a router learns them."""
+
+    events: tuple[KvEvent, ...]
+    ts: float
+
+    def to_json(self, seq: int) -> dict[str, Any]:
+        return {
+            "seq": seq,
+            "type": "kv",
+            "ts": self.ts,
+            "events": [_event_json(e) for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> KvBatch:
+        """A ``kv`` line's events; anything malformed is refused with the field named."""
+        ts, events = obj.get("ts"), obj.get("events")
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+            raise InvalidInputError(f"a kv event line's ts must be a number, got {ts!r}")
+        if not isinstance(events, list):
+            raise InvalidInputError(f"a kv event line's events must be a list, got {events!r}")
+        return cls(tuple(_event_of(e) for e in events), float(ts))
+
+
+def _event_json(event: KvEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored):
+        return {
+            "kind": "stored",
+            "hashes": list(event.hashes),
+            "parent": event.parent,
+            "tokens": list(event.token_ids),
+            "block_size": event.block_size,
+        }
+    if isinstance(event, BlockRemoved):
+        return {"kind": "removed", "hashes": list(event.hashes)}
+    return {"kind": "cleared"}
+
+
+def _event_of(obj: object) -> KvEvent:
+    if not isinstance(obj, Mapping):
+        raise InvalidInputError(f"a kv event must be a JSON object, got {obj!r}")
+    kind = obj.get("kind")
+    if kind == "stored":
+        parent = None if obj.get("parent") is None else _int(obj, "parent")
+        tokens, size = _ints(obj, "tokens"), _int(obj, "block_size")
+        return BlockStored(_ints(obj, "hashes"), parent, tokens, size)
+    if kind == "removed":
+        return BlockRemoved(_ints(obj, "hashes"))
+    if kind == "cleared":
+        return AllBlocksCleared()
+    raise InvalidInputError(f"unknown kv event kind {kind!r}; known: stored, removed, cleared")
+
+
+def _int(obj: Mapping[str, Any], name: str) -> int:
+    value = obj.get(name)
+    if type(value) is not int or value < 0:
+        raise InvalidInputError(f"kv event field {name!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _ints(obj: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    items = obj.get(name)
+    if not isinstance(items, list) or not all(type(i) is int and i >= 0 for i in items):
+        raise InvalidInputError(
+            f"kv event field {name!r} must be a list of integers >= 0, got {items!r}"
+        )
+    return tuple(items)

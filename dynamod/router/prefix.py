@@ -11,6 +11,9 @@ from typing import Protocol
 
 from dynamod.errors import InvalidInputError
 
+APPROXIMATE = "approximate"
+"""Overlap source: the blocks this router sent to a worker (``PrefixIndex``)."""
+
 
 class OverlapSource(Protocol):
     """Which workers hold a prompt's leading KV blocks: what the router's cost credits.
@@ -20,13 +23,17 @@ class OverlapSource(Protocol):
     calls it once per decision and looks at every worker it returns, so it should return
     only workers that hold at least the first block. ``record(worker, hashes)`` tells the
     source that a request with those blocks was just sent to ``worker``: an approximate
-    source remembers it; one fed by the workers' own KV events may ignore it. Both are
+    source remembers it; one fed by the workers' own KV events may ignore it.
+    ``source(worker)`` names where a worker's overlap comes from (``"approximate"``:
+    what this router sent; ``"kv"``: the engine's own KV events), for ``explain``. All are
     called from the event loop's thread and must not block.
     """
 
     def overlaps(self, hashes: Sequence[int]) -> Mapping[str, int]: ...
 
     def record(self, worker: str, hashes: Iterable[int]) -> None: ...
+
+    def source(self, worker: str) -> str: ...
 
 
 class PrefixIndex:
@@ -52,6 +59,9 @@ class PrefixIndex:
 
     def __len__(self) -> int:
         return len(self._pairs)
+
+    def source(self, worker: str) -> str:
+        return APPROXIMATE
 
     def record(self, worker: str, hashes: Iterable[int]) -> None:
         """Remember that the blocks ``hashes`` were sent to ``worker``."""
@@ -98,8 +108,18 @@ def prefix_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     """
     if block_size < 1:
         raise InvalidInputError(f"block_size must be at least 1, got {block_size}")
+    return chain(ROOT, token_ids, block_size)
+
+
+ROOT = 0
+"""The parent of a prompt's first block in ``chain``."""
+
+
+def chain(parent: int, token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """The chained hashes of the full blocks of ``token_ids`` following the block whose
+    hash is ``parent`` (``ROOT`` for a prompt's start): what ``prefix_hashes`` computes
+    for a prompt, and what the KV index computes for blocks an engine reports stored."""
     hashes = []
-    parent = 0
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash((parent, *token_ids[start : start + block_size]))
         hashes.append(parent)

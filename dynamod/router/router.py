@@ -563,7 +563,7 @@ class Router:
         why = why_not(worker, request.constraints, request.exclude)
         busy = self._busy(worker)
         terms = self._terms(request, worker, load, overlaps.get(worker.key, 0))
-        return WorkerExplanation(worker, why, busy, load, terms)
+        return WorkerExplanation(worker, why, busy, load, terms, self._prefix.source(worker.key))
 
     def _ranked(self, rows: Iterable[WorkerExplanation]) -> list[WorkerExplanation]:
         """Candidates by cost, each with its chance of being picked: at temperature > 0

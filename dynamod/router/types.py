@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from dynamod.errors import InvalidInputError
 from dynamod.load import Busy, Load
 from dynamod.model import WorkerRecord
-from dynamod.router.prefix import prefix_hashes
+from dynamod.router.prefix import APPROXIMATE, prefix_hashes
 from dynamod.router.scoring import CostTerms
 from dynamod.router.table import Ineligible
 from dynamod.taints import RoutingConstraints
@@ -94,6 +94,9 @@ class WorkerExplanation:
     busy: Busy | None
     load: Load
     terms: CostTerms
+    overlap_source: str = APPROXIMATE
+    """Where the overlap comes from: ``"kv"`` (the engine's KV events) or
+    ``"approximate"`` (what this router sent it)."""
     rank: int | None = None
     """1 for the cheapest candidate; ``None`` for a worker that is ineligible or busy."""
     probability: float = 0.0

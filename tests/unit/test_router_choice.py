@@ -47,6 +47,9 @@ class Overlaps:
     def record(self, worker: str, hashes: object) -> None:
         """A source fed by the workers' own events learns nothing from the router."""
 
+    def source(self, worker: str) -> str:
+        return "kv"
+
 
 @dataclass(frozen=True)
 class Fleet:
