@@ -36,7 +36,7 @@ from dynamod.config import Settings, parse_hostport
 from dynamod.control import Control
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
-from dynamod.feed import Feeds, TokenizerRegistry
+from dynamod.feed import Feeds, KvFeed, TokenizerRegistry
 from dynamod.frontend import Frontend
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
@@ -44,7 +44,7 @@ from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.metrics import DaemonMetrics
 from dynamod.reports import DaemonState
-from dynamod.router import Router
+from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.store import Store, open_store
 
 log = logging.getLogger(__name__)
@@ -103,12 +103,12 @@ class Daemon:
             history=settings.event_history,
             history_bytes=int(settings.event_history_mb * 1024 * 1024),
         )
-        router = Router(settings.router, registry=self.registry)
+        router, kv = self._router()
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
-        feeds = Feeds(view, router.report)
+        feeds = Feeds(view, router.report, kv=kv)
         control = Control(
             store, view, router, self.audit, settings.replica_id, tokenizers, metrics=self.metrics
         )
@@ -141,6 +141,18 @@ class Daemon:
                 if task is not None:
                     task.cancel()
         return code
+
+    def _router(self) -> tuple[Router, KvFeed | None]:
+        """The router, and the feed of its KV index when engines' KV events are used
+        (where none arrive, overlap stays approximate: ``router/kvindex.py``)."""
+        config = self.settings.router
+        approximate = PrefixIndex(config.prefix_ttl, config.prefix_capacity)
+        if config.kv_blocks_per_worker == 0:
+            return Router(config, registry=self.registry, overlaps=approximate), None
+        index = KvIndex()
+        kv = KvFeed(index, config.kv_blocks_per_worker, self.registry)
+        overlaps = Overlaps(approximate, index)
+        return Router(config, registry=self.registry, overlaps=overlaps), kv
 
     async def _first_snapshot(
         self, view: WorkerView, watcher: asyncio.Task[None], signals: Signals

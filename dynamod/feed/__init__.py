@@ -3,10 +3,12 @@
 ``Feeds`` follows each worker's engine events stream (its load and health, pushed by the
 worker: ``dynamod.reported``) and hands every state to the router; ``TokenizerRegistry``
 fetches and caches the tokenizer each model's workers publish, for the front and
-``explain``. The daemon owns both.
+``explain``; ``KvFeed`` folds the KV cache events workers forward into the router's KV
+index. The daemon owns them.
 """
 
 from dynamod.feed.feeds import Feeds
+from dynamod.feed.kv import KvFeed
 from dynamod.feed.tokenizers import TokenizerRegistry
 
-__all__ = ["Feeds", "TokenizerRegistry"]
+__all__ = ["Feeds", "KvFeed", "TokenizerRegistry"]

@@ -9,6 +9,11 @@ the stream breaks or stalls (``stall`` seconds without even a heartbeat), report
 back-off (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``, with jitter); the snapshot a
 worker sends on every connect makes a reconnect whole again. Memory is bounded: one
 task and one state per live worker, no queue (a state replaces the last).
+
+With a ``KvFeed`` (``kv``), the KV lines of a worker that offers them go to the router's
+KV index (``feed/kv.py``): the first of each connection attaches the worker (its whole
+cache follows), every one is applied as it arrives, and the end of the connection
+detaches it. Without one, KV lines are read and dropped (approximate mode only).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import aiohttp
 
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import InvalidInputError
-from dynamod.feed.stream import states
+from dynamod.feed.kv import KvFeed
+from dynamod.feed.stream import events
 from dynamod.model import (
     DiscoveryEvent,
     TaintsUpdated,
@@ -51,9 +57,11 @@ class Feeds:
         *,
         stall: float = STALL,
         rng: random.Random | None = None,
+        kv: KvFeed | None = None,
     ) -> None:
         self._view = view
         self._report = report
+        self._kv = kv
         self._stall = stall
         self._rng = rng or random.Random()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -100,20 +108,20 @@ class Feeds:
         path = offered_path(record)
         if path is None or record.key in self._tasks or self._group is None:
             return
-        url = record.system_address.rstrip("/") + path
         name = f"engine feed {record.instance_id}"
-        self._tasks[record.key] = self._group.create_task(self._follow(record.key, url), name=name)
+        self._tasks[record.key] = self._group.create_task(self._follow(record, path), name=name)
 
     def _stop(self, key: str) -> None:
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()  # the group awaits it; _follow reports None on the way out
 
-    async def _follow(self, key: str, url: str) -> None:
+    async def _follow(self, record: WorkerRecord, path: str) -> None:
+        key, url = record.key, record.system_address.rstrip("/") + path
         delay = BACKOFF_MIN
         try:
             while True:
-                if await self._read(key, url):
+                if await self._read(record, url):
                     delay = BACKOFF_MIN
                 await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
                 delay = min(delay * 2, BACKOFF_MAX)
@@ -121,18 +129,27 @@ class Feeds:
             self.connected.discard(key)
             self._report(key, None)
 
-    async def _read(self, key: str, url: str) -> bool:
+    async def _read(self, record: WorkerRecord, url: str) -> bool:
         """Follow one connection to its end; whether it delivered any state."""
         assert self._session is not None
+        key, kv = record.key, self._kv
         delivered = False
         try:
-            async for state in states(self._session, url, stall=self._stall):
+            async for event in events(self._session, url, stall=self._stall):
                 self.connected.add(key)
                 delivered = True
-                self._report(key, state)
+                if isinstance(event, EngineLoad):
+                    self._report(key, event)
+                elif kv is not None:
+                    if not kv.index.follows(key):
+                        kv.connected(record)
+                    kv.batch(key, event)
             log.debug("engine events of %s ended; reconnecting", url)
         except (aiohttp.ClientError, TimeoutError, InvalidInputError, OSError) as exc:
             log.debug("engine events of %s broke (%s); reconnecting", url, exc or type(exc))
+        finally:
+            if kv is not None:
+                kv.gone(key)
         self.connected.discard(key)
         self._report(key, None)
         return delivered

@@ -6,6 +6,7 @@ hands out assignments; the caller talks to the worker.
 
 from dynamod.router.config import RouterConfig
 from dynamod.router.groups import Group, LoadOrder
+from dynamod.router.kvindex import KvIndex, Overlaps
 from dynamod.router.metrics import RouterMetrics
 from dynamod.router.prefix import OverlapSource, PrefixIndex, prefix_hashes
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
@@ -26,9 +27,11 @@ __all__ = [
     "Explanation",
     "Group",
     "Ineligible",
+    "KvIndex",
     "LoadOrder",
     "Outcome",
     "OverlapSource",
+    "Overlaps",
     "PendingQueue",
     "PrefixIndex",
     "RouteRequest",

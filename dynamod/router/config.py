@@ -39,6 +39,11 @@ class RouterConfig:
                                              to qualify; 0 fails it at once
     prefix_ttl                    120.0      seconds a routed prompt block counts as cached
     prefix_capacity               200000     (block, worker) pairs remembered, oldest dropped
+    kv_blocks_per_worker          1048576    KV-aware mode: blocks indexed per worker from
+                                             its engine's KV events (fewer when its engine
+                                             holds fewer), oldest dropped; 0 ignores KV
+                                             events (approximate mode for every worker);
+                                             read at start only
     ============================  =========  ==================================================
 
     A request's own ``max_wait`` replaces every wait for that request. The settle window
@@ -57,6 +62,7 @@ class RouterConfig:
     settle_window: float = 1.0
     prefix_ttl: float = 120.0
     prefix_capacity: int = 200_000
+    kv_blocks_per_worker: int = 1 << 20
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -80,6 +86,7 @@ _RULES: dict[str, tuple[float, float, bool, bool]] = {
     "settle_window": (0.0, math.inf, False, False),
     "prefix_ttl": (0.0, math.inf, True, False),
     "prefix_capacity": (0, math.inf, False, True),
+    "kv_blocks_per_worker": (0, math.inf, False, True),
 }
 
 

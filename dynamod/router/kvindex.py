@@ -62,6 +62,11 @@ class KvIndex:
         """Blocks indexed, all workers."""
         return sum(len(c.blocks) for c in self._caches.values())
 
+    @property
+    def workers(self) -> int:
+        """Workers followed."""
+        return len(self._caches)
+
     def follows(self, worker: str) -> bool:
         """Whether ``worker``'s KV events are followed (its overlap comes from here)."""
         return worker in self._caches
