@@ -288,7 +288,8 @@ def candidate_row(candidate: CandidateInfo, short: str) -> list[str]:
         short,
         joined(candidate.worker.caller_taints),
         f"{candidate.load_cost:.3f}",
-        f"{candidate.overlap_credit:.3f} ({candidate.overlap_blocks} blocks)",
+        f"{candidate.overlap_credit:.3f} ({candidate.overlap_blocks} blocks, "
+        f"{candidate.overlap_source})",
         f"{candidate.preference:+.2f}",
         f"x{candidate.multiplier:.3f}",
         f"{candidate.cost:.3f}",
@@ -322,6 +323,7 @@ def explain_object(info: ExplainInfo) -> dict[str, Any]:
                 "load_cost": c.load_cost,
                 "overlap_credit": c.overlap_credit,
                 "overlap_blocks": c.overlap_blocks,
+                "overlap_source": c.overlap_source,
                 "preference": c.preference,
                 "multiplier": c.multiplier,
                 "cost": c.cost,

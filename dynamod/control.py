@@ -284,6 +284,7 @@ class Control:
             multiplier=terms.multiplier,
             cost=terms.cost,
             rank=row.rank or 0,
+            overlap_source=row.overlap_source,
         )
 
     async def status(self, version: str = __version__) -> StatusInfo:

@@ -129,6 +129,9 @@ class CandidateInfo:
     multiplier: float
     cost: float
     rank: int
+    overlap_source: str = "approximate"
+    """Where the overlap comes from: ``kv`` (the worker's engine's own KV cache events) or
+    ``approximate`` (the blocks this daemon recently sent it)."""
 
 
 @dataclass(frozen=True)

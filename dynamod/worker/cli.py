@@ -116,6 +116,15 @@ def worker(
     upstream_timeout: Annotated[
         float, typer.Option(help="openai: seconds the upstream may take to become healthy.")
     ] = 600.0,
+    kv_events: Annotated[
+        str,
+        typer.Option(
+            help="Forward the engine's KV cache events to routers (KV-aware prefix routing): "
+            "auto (mocker, vllm: on; openai: the publishers the upstream's /kv_event_sources "
+            "lists), off, or (openai) a vLLM publisher endpoint tcp://HOST:PORT.",
+            metavar="auto|off|ENDPOINT",
+        ),
+    ] = "auto",
     namespace: Annotated[str, typer.Option(help="Discovery namespace.")] = "dynamo",
     component: Annotated[str, typer.Option(help="Discovery component.")] = "backend",
     endpoint: Annotated[str, typer.Option(help="Discovery endpoint.")] = "generate",
@@ -226,7 +235,9 @@ def worker(
                 max_num_batched_tokens=max_num_batched_tokens,
                 context_length=context_length,
                 speedup_ratio=speedup_ratio,
+                enable_kv_events=kv_events != "off",
             ),
+            kv_events=kv_events,
             model_path=model_path,
             vllm_args=parse_vllm_args(vllm_arg or []),
             upstream=None
@@ -241,6 +252,7 @@ def worker(
                 stop_timeout=grace + 20.0,
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
+                kv_events=kv_events,
             ),
         )
     except InvalidInputError as exc:

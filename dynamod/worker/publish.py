@@ -1,12 +1,18 @@
 """What a worker publishes about its engine on its system port, for the daemons.
 
-* ``GET /engine/events``: the engine's state as a stream of newline-delimited JSON events
-  (the wire format is ``dynamod.reported``'s docstring): a snapshot first, then a state
-  each time the engine says it changed (``Engine.changes``), at most one per
-  ``min_interval`` (changes in between are folded into the next), and a heartbeat after
+* ``GET /engine/events``: the engine's state, and its KV cache events when it publishes
+  them, as a stream of newline-delimited JSON events (the wire format is
+  ``dynamod.reported``'s docstring): a load snapshot first, then (KV) the engine's whole
+  cache as the worker knows it, then a state each time the engine says it changed
+  (``Engine.changes``), at most one per ``min_interval`` (changes in between are folded
+  into the next), every KV batch as soon as the engine publishes it (not held back by
+  that interval: a router should learn a cached block at once), and a heartbeat after
   ``heartbeat`` seconds of silence. It ends when the client goes or the server closes.
 * ``GET /engine/tokenizer``: the engine's tokenizer bundle (``tokenizers/bundle.py``),
   the bytes whose checksum the model card names.
+* ``POST /engine/reset_prefix_cache``: empty the engine's prefix cache (vLLM's route of
+  that name): 200 ``{"status": "ok"}``, or 409 when the engine refused (requests hold
+  blocks). It takes the system port's bearer token, as the taint route does.
 """
 
 from __future__ import annotations
@@ -14,19 +20,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
-from dynamod.reported import EVENTS_PATH, HEARTBEAT, EngineLoad
+from dynamod.aio import race
+from dynamod.reported import EVENTS_PATH, HEARTBEAT, EngineLoad, KvBatch
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
 from dynamod.tokenizers.bundle import published
 from dynamod.worker.engines.base import Backend, EngineStats
+from dynamod.worker.engines.kvevents import KvSubscription
 
 log = logging.getLogger(__name__)
 
 MIN_INTERVAL = 0.01
 """Seconds between two state events of one stream: a step-by-step engine would otherwise
 send one per step."""
+RESET_PATH = "/engine/reset_prefix_cache"
+
+Authorize = Callable[[web.Request], web.Response | None]
 
 
 def engine_load(stats: EngineStats) -> EngineLoad:
@@ -47,7 +61,10 @@ def engine_load(stats: EngineStats) -> EngineLoad:
 
 
 class EnginePublisher:
-    """The engine routes of a worker's system server; see the module docstring."""
+    """The engine routes of a worker's system server; see the module docstring.
+
+    ``authorize`` checks a mutating request (the system port's token); None lets all in.
+    """
 
     def __init__(
         self,
@@ -55,10 +72,12 @@ class EnginePublisher:
         *,
         heartbeat: float = HEARTBEAT,
         min_interval: float = MIN_INTERVAL,
+        authorize: Authorize | None = None,
     ) -> None:
         self._engine = engine
         self._heartbeat = heartbeat
         self._min_interval = min_interval
+        self._authorize = authorize
         self._tokenizer = published(engine.tokenizer)
         self._stop = asyncio.Event()
 
@@ -72,6 +91,7 @@ class EnginePublisher:
     def add_to(self, app: web.Application) -> None:
         app.router.add_get(EVENTS_PATH, self._events)
         app.router.add_get(TOKENIZER_PATH, self._tokenizer_bundle)
+        app.router.add_post(RESET_PATH, self._reset)
 
     def state(self) -> EngineLoad:
         return engine_load(self._engine.stats())
@@ -79,35 +99,63 @@ class EnginePublisher:
     async def _tokenizer_bundle(self, request: web.Request) -> web.Response:
         return web.Response(body=self._tokenizer, content_type="application/json")
 
+    async def _reset(self, request: web.Request) -> web.Response:
+        refused = self._authorize(request) if self._authorize is not None else None
+        if refused is not None:
+            return refused
+        if await self._engine.reset_prefix_cache():
+            return web.json_response({"status": "ok"})
+        message = "the engine did not empty its prefix cache: requests hold blocks"
+        return web.json_response({"error": "Conflict", "message": message}, status=409)
+
     async def _events(self, request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
-        changes = self._engine.changes
+        kv = self._engine.kv_events
         try:
-            seen = changes.version
-            await _send(response, seen, "snapshot", self.state())
-            while not self._stop.is_set():
-                try:
-                    async with asyncio.timeout(self._heartbeat):
-                        await changes.wait_past(seen)
-                except TimeoutError:
-                    await _send(response, seen, "heartbeat", None)
-                    continue
-                if self._stop.is_set():
-                    break
-                seen = changes.version
-                await _send(response, seen, "state", self.state())
-                await asyncio.sleep(self._min_interval)
+            if kv is None:
+                await self._stream(response, None)
+            else:
+                with kv.subscribe() as subscription:
+                    await self._stream(response, subscription)
             await response.write_eof()
         except ConnectionResetError:
             log.debug("engine events subscriber %s went away", request.remote)
         return response
 
+    async def _stream(self, response: web.StreamResponse, kv: KvSubscription | None) -> None:
+        changes = self._engine.changes
+        seen = changes.version
+        await _send(response, {"seq": seen, "type": "snapshot", "state": self.state().to_json()})
+        kv_seq = 0
+        quiet_until = 0.0  # no state line before then (min_interval)
+        while not self._stop.is_set():
+            for batch in kv.take() if kv is not None else ():
+                await _send_kv(response, kv_seq, batch)
+                kv_seq += 1
+            now = time.monotonic()
+            due = changes.version > seen
+            if due and now >= quiet_until:
+                seen = changes.version
+                await _send(
+                    response, {"seq": seen, "type": "state", "state": self.state().to_json()}
+                )
+                quiet_until = now + self._min_interval
+                continue
+            waits: list[Coroutine[Any, Any, None]] = [] if due else [changes.wait_past(seen)]
+            if kv is not None:
+                waits.append(kv.wait())
+            try:
+                async with asyncio.timeout(quiet_until - now if due else self._heartbeat):
+                    await (race(*waits) if waits else asyncio.Event().wait())
+            except TimeoutError:
+                if not due:
+                    await _send(response, {"seq": seen, "type": "heartbeat"})
 
-async def _send(
-    response: web.StreamResponse, seq: int, kind: str, state: EngineLoad | None
-) -> None:
-    event: dict[str, object] = {"seq": seq, "type": kind}
-    if state is not None:
-        event["state"] = state.to_json()
+
+async def _send(response: web.StreamResponse, event: dict[str, object]) -> None:
     await response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+
+
+async def _send_kv(response: web.StreamResponse, seq: int, batch: KvBatch) -> None:
+    await _send(response, batch.to_json(seq))

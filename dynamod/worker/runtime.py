@@ -83,6 +83,7 @@ class WorkerSettings:
     model_path: Path | None = None
     vllm_args: Mapping[str, Any] = field(default_factory=dict)
     upstream: UpstreamConfig | None = None
+    kv_events: str = "auto"
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -115,6 +116,11 @@ class WorkerSettings:
             raise ConfigError("--upstream and --launch go with --engine openai only")
         if self.engine != "vllm" and self.vllm_args:
             raise ConfigError("--vllm-arg goes with --engine vllm only")
+        if self.engine != "openai" and self.kv_events not in ("auto", "off"):
+            raise ConfigError(
+                f"--kv-events {self.kv_events!r}: an endpoint goes with --engine openai only; "
+                "the mocker and vllm take auto or off"
+            )
 
     def runtime_config(self) -> RuntimeConfig:
         """The validated runtime config: caller taints plus generated topology taints."""
@@ -159,7 +165,9 @@ def make_backend(settings: WorkerSettings) -> Backend:
         # Imported here only: vLLM is an optional extra, and slow to import.
         from dynamod.worker.engines.vllm import VllmConfig, VllmEngine
 
-        return VllmEngine(VllmConfig(settings.model, settings.model_path, settings.vllm_args))
+        kv = settings.kv_events != "off"
+        config = VllmConfig(settings.model, settings.model_path, settings.vllm_args, kv_events=kv)
+        return VllmEngine(config)
     if settings.engine == "openai":
         assert settings.upstream is not None  # checked by WorkerSettings
         return UpstreamEngine(settings.upstream)
@@ -210,7 +218,7 @@ async def run_worker(settings: WorkerSettings) -> int:
         limits = settings.http_limits
         host, port = await serve_app(stack, inference, inference_socket, openai_refusal, limits)
         system_app = system.app()
-        publisher = EnginePublisher(engine)
+        publisher = EnginePublisher(engine, authorize=system.check_token)
         publisher.add_to(system_app)
         sys_host, sys_port = await serve_app(stack, system_app, system_socket, refusal, limits)
         advertised = settings.advertise_host or (
@@ -231,7 +239,7 @@ async def run_worker(settings: WorkerSettings) -> int:
             host=socket.gethostname(),
             pid=os.getpid(),
             version=__version__,
-            extra={RECORD_FIELD: offer()},
+            extra={RECORD_FIELD: offer(kv=engine.kv_events is not None)},
         )
         registration = await stack.enter_async_context(
             Registration(store, record, ttl=settings.lease_ttl)

@@ -88,7 +88,7 @@ class SystemServer:
         self.state = "shutting down"
 
     async def _update_taints(self, request: web.Request) -> web.Response:
-        denied = self._check_token(request)
+        denied = self.check_token(request)
         if denied is not None:
             self._updates.labels("unauthorized").inc()
             return denied
@@ -119,7 +119,7 @@ class SystemServer:
         log.info("taints of %s set to %s", registration.record.instance_id, change.after)
         return web.json_response({"status": "ok", "taints": list(caller_taints(change.after))})
 
-    def _check_token(self, request: web.Request) -> web.Response | None:
+    def check_token(self, request: web.Request) -> web.Response | None:
         if self.token is None:
             return None
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")

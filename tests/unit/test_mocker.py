@@ -16,7 +16,8 @@ from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
 from dynamod.tokenizers import ChatMessage, SimpleTokenizer
 from dynamod.tokenizers.simple import VOCABULARY
 from dynamod.worker.engines.base import Chunk, GenerateRequest
-from dynamod.worker.engines.mocker import KvCache, MockerConfig, MockerEngine, cache_keys
+from dynamod.worker.engines.kvcache import KvCache, cache_keys
+from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 
 
 def config(**overrides: Any) -> MockerConfig:

@@ -685,6 +685,7 @@ class Candidate(_message.Message):
     COST_FIELD_NUMBER: _builtins.int
     RANK_FIELD_NUMBER: _builtins.int
     OVERLAP_BLOCKS_FIELD_NUMBER: _builtins.int
+    OVERLAP_SOURCE_FIELD_NUMBER: _builtins.int
     eligible: _builtins.bool
     reason: _builtins.str
     """why not eligible, or "busy" """
@@ -698,6 +699,8 @@ class Candidate(_message.Message):
     rank: _builtins.int
     """1 = chosen; 0 = not eligible"""
     overlap_blocks: _builtins.int
+    overlap_source: _builtins.str
+    """"kv" (the engine's KV events) or "approximate" """
     @_builtins.property
     def worker(self) -> Global___Worker: ...
     def __init__(
@@ -713,10 +716,11 @@ class Candidate(_message.Message):
         cost: _builtins.float = ...,
         rank: _builtins.int = ...,
         overlap_blocks: _builtins.int = ...,
+        overlap_source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "eligible", b"eligible", "load_cost", b"load_cost", "multiplier", b"multiplier", "overlap_blocks", b"overlap_blocks", "overlap_credit", b"overlap_credit", "preference", b"preference", "rank", b"rank", "reason", b"reason", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "eligible", b"eligible", "load_cost", b"load_cost", "multiplier", b"multiplier", "overlap_blocks", b"overlap_blocks", "overlap_credit", b"overlap_credit", "overlap_source", b"overlap_source", "preference", b"preference", "rank", b"rank", "reason", b"reason", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

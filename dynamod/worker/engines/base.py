@@ -23,6 +23,10 @@ tokens. Its contract:
   loop's thread), so the worker can push it to routers instead of polling.
 * ``tokenizer`` is the model's own and publishable (``tokenizers/bundle.py``): the worker
   serves it to daemons, whose front then tokenizes exactly as the engine does.
+* ``kv_events`` is the engine's KV cache events (``kvevents.py``), or None when it
+  publishes none: the worker forwards them to daemons and its record offers ``"kv"``.
+  ``reset_prefix_cache()`` empties the engine's prefix cache; False when it could not
+  (requests hold blocks, or an upstream refused), and then nothing changed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Literal, Protocol, Self
 
 from dynamod.model import ModelCard
 from dynamod.tokenizers.bundle import Publishable
+from dynamod.worker.engines.kvevents import KvPublisher
 
 FinishReason = Literal["stop", "length"]
 
@@ -148,6 +153,11 @@ class Backend(Protocol):
 
     @property
     def changes(self) -> Changes: ...
+
+    @property
+    def kv_events(self) -> KvPublisher | None: ...
+
+    async def reset_prefix_cache(self) -> bool: ...
 
     def model_card(self) -> ModelCard: ...
 

@@ -17,6 +17,10 @@ No model runs. What is simulated is what a router can observe of a vLLM-style en
 * **output**: token ids drawn from a PRNG seeded by the request's ``seed``, or by a hash of
   the prompt when there is none, so equal requests give equal text.
 
+* **KV events**: with ``enable_kv_events`` the cache reports what it stores and evicts
+  (``kvcache.py``), published once per scheduler step to the worker's ``KvPublisher``,
+  as vLLM publishes its own; ``reset_prefix_cache`` empties the cache when it is idle.
+
 Simplifications, on purpose: a request reserves KV blocks for its prompt plus its whole
 output at admission (so nothing is ever preempted); only prompt blocks enter the prefix
 cache; a prompt block becomes reusable once the request's prefill has finished.
@@ -29,7 +33,7 @@ import hashlib
 import math
 import random
 import struct
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, fields
 from types import TracebackType
@@ -48,6 +52,8 @@ from dynamod.worker.engines.base import (
     Timing,
     Usage,
 )
+from dynamod.worker.engines.kvcache import Block, KvCache, cache_keys
+from dynamod.worker.engines.kvevents import KvPublisher
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class MockerConfig:
         context_length: prompt plus output tokens one request may hold.
         enable_prefix_caching: reuse KV blocks of equal prompt prefixes.
         enable_chunked_prefill: split a long prefill across steps.
+        enable_kv_events: publish the cache's KV events (``kvcache.py``) for routers.
         speedup_ratio: divides every simulated duration (10 runs ten times faster).
         step_base_seconds: fixed cost of one scheduler step.
         prefill_seconds_per_token: cost of each uncached prompt token prefilled.
@@ -80,6 +87,7 @@ class MockerConfig:
     context_length: int = 8192
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    enable_kv_events: bool = True
     speedup_ratio: float = 1.0
     step_base_seconds: float = 0.005
     prefill_seconds_per_token: float = 0.00005
@@ -143,128 +151,6 @@ def _check_field(name: str, value: object) -> None:
         raise ConfigError("mocker speedup_ratio must be greater than 0, got 0")
 
 
-def cache_keys(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The names the simulated cache gives the full blocks of ``token_ids`` (a partial tail
-    has none): chained 64-bit hashes, as vLLM names its blocks.
-
-    Block ``i``'s key covers its own tokens and, through its parent's key, every token
-    before it: equal keys mean equal prefixes. Stable across processes (blake2b). These are
-    the engine's names; a router computes its own (``router.prefix.prefix_hashes``).
-    """
-    hashes: list[int] = []
-    parent = b""
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        block = token_ids[start : start + block_size]
-        digest = hashlib.blake2b(parent + struct.pack(f"<{block_size}q", *block), digest_size=8)
-        parent = digest.digest()
-        hashes.append(int.from_bytes(parent, "big"))
-    return hashes
-
-
-@dataclass(eq=False)
-class Block:
-    """One physical KV block. ``hash`` is set while it is in the prefix cache."""
-
-    id: int
-    hash: int | None = None
-    refs: int = 0
-
-
-class KvCache:
-    """A paged KV cache with prefix caching. Pure and synchronous.
-
-    A block is *used* while a request holds it (``refs`` > 0). A free block either holds
-    nothing, or is *cached*: it keeps its prefix hash and can be reused by a later request
-    with that prefix until LRU eviction recycles it. Blocks are released tail first, so a
-    prefix's last blocks are evicted before its first ones.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True) -> None:
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self.prefix_caching = prefix_caching
-        self.hits = 0
-        self.queries = 0
-        self._empty: list[Block] = [Block(i) for i in reversed(range(num_blocks))]
-        self._cached: dict[int, Block] = {}
-        self._evictable: OrderedDict[int, Block] = OrderedDict()  # cached, unused; LRU first
-
-    @property
-    def used(self) -> int:
-        return self.num_blocks - len(self._empty) - len(self._evictable)
-
-    @property
-    def cached(self) -> int:
-        """Blocks holding a prefix hash, used or not."""
-        return len(self._cached)
-
-    def match(self, hashes: Sequence[int]) -> list[Block]:
-        """The cached blocks of the longest cached prefix of ``hashes``."""
-        found: list[Block] = []
-        for h in hashes if self.prefix_caching else ():
-            block = self._cached.get(h)
-            if block is None:
-                break
-            found.append(block)
-        return found
-
-    def allocate(self, lookup: Sequence[int], count: int) -> tuple[list[Block], int] | None:
-        """Hold ``count`` blocks, reusing cached ones for the prefix ``lookup`` names.
-
-        Returns the blocks (the reused prefix first) and how many were reused, or None,
-        changing nothing, when the cache cannot supply them now.
-        """
-        hits = self.match(lookup)
-        idle_hits = sum(1 for b in hits if b.refs == 0)
-        if count - len(hits) > len(self._empty) + len(self._evictable) - idle_hits:
-            return None
-        self.queries += len(lookup)
-        self.hits += len(hits)
-        for block in hits:
-            self._hold(block)
-        fresh = [self._take() for _ in range(count - len(hits))]
-        return hits + fresh, len(hits)
-
-    def commit(self, blocks: Sequence[Block], hashes: Sequence[int]) -> None:
-        """Publish computed prompt blocks under their hashes, for later requests to reuse.
-
-        A hash already cached (another request computed the same prefix meanwhile) keeps
-        its block; this request's copy stays private and is recycled on release.
-        """
-        if not self.prefix_caching:
-            return
-        for block, h in zip(blocks, hashes, strict=False):
-            if block.hash is None and h not in self._cached:
-                block.hash = h
-                self._cached[h] = block
-
-    def release(self, blocks: Sequence[Block]) -> None:
-        """Drop one reference to each block; unreferenced ones become free (tail first)."""
-        for block in reversed(blocks):
-            block.refs -= 1
-            if block.refs > 0:
-                continue
-            if block.hash is None:
-                self._empty.append(block)
-            else:
-                self._evictable[block.hash] = block
-
-    def _hold(self, block: Block) -> None:
-        if block.refs == 0 and block.hash is not None:
-            del self._evictable[block.hash]
-        block.refs += 1
-
-    def _take(self) -> Block:
-        if self._empty:
-            block = self._empty.pop()
-        else:
-            victim, block = self._evictable.popitem(last=False)
-            del self._cached[victim]
-            block.hash = None
-        block.refs = 1
-        return block
-
-
 @dataclass(eq=False)
 class _Seq:
     """One request inside the engine."""
@@ -302,7 +188,9 @@ class MockerEngine:
             self.config.num_kv_blocks,
             self.config.block_size,
             prefix_caching=self.config.enable_prefix_caching,
+            events=self.config.enable_kv_events and self.config.enable_prefix_caching,
         )
+        self._kv_events = KvPublisher(self.config.num_kv_blocks) if self._kv.emits else None
         self._waiting: deque[_Seq] = deque()
         self._running: list[_Seq] = []
         self._wake = asyncio.Event()
@@ -318,8 +206,18 @@ class MockerEngine:
     def changes(self) -> Changes:
         return self._changes
 
+    @property
+    def kv_events(self) -> KvPublisher | None:
+        return self._kv_events
+
     def model_card(self) -> ModelCard:
         return with_tokenizer(self.config.model_card(), self._tokenizer)
+
+    async def reset_prefix_cache(self) -> bool:
+        """Empty the prefix cache, when no request holds a block (else False)."""
+        done = self._kv.reset()
+        self._publish()
+        return done
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -427,13 +325,20 @@ class MockerEngine:
         try:
             while True:
                 self._admit()
+                self._publish()
                 if not self._running:
                     self._wake.clear()
                     await self._wake.wait()
                     continue
                 await self._step()
+                self._publish()
         finally:
             self._fail_all()
+
+    def _publish(self) -> None:
+        events = self._kv.drain()
+        if events and self._kv_events is not None:
+            self._kv_events.publish(events)
 
     def _admit(self) -> None:
         """Move waiting requests to running, in order, while slots and KV blocks last."""
@@ -481,7 +386,7 @@ class MockerEngine:
         seq.computed += tokens
         seq.prefill_seconds += seconds
         if seq.prefilled:
-            self._kv.commit(seq.blocks, seq.hashes)
+            self._kv.commit(seq.blocks, seq.hashes, seq.request.prompt_ids)
             self._emit(seq)  # the step that ends prefill samples the first token
 
     def _emit(self, seq: _Seq) -> None:

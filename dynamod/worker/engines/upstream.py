@@ -20,6 +20,12 @@ running beside it (``vllm serve``, SGLang, llama.cpp's ``llama-server``, ...).
   the worker knows every request in flight (a drain that waits for them, a load without
   metrics), answers like every worker (``x-dynamo-worker-id``, 503 while draining), and
   one loopback hop is its whole cost (measured: ``bench/engines.py``).
+* **KV events** (``kv_events``): ``"auto"`` asks the upstream's ``GET
+  /kv_event_sources`` (vLLM's route: its ZMQ publisher per data-parallel rank, a ``*``
+  host replaced by the upstream's) and follows each publisher it lists, with its replay
+  socket when configured (``vllm_events.py``); no such route, or no publisher enabled:
+  no KV events (routers keep approximate overlap for this worker). An explicit
+  ``tcp://host:port`` follows that publisher (no replay); ``"off"`` none.
 * **Stop** (``__aexit__``, after the worker drained its requests): stop scraping, then
   signal a launched server's process group with SIGTERM, give it ``stop_timeout``
   seconds, then SIGKILL the group. Start ``vllm serve`` with ``--shutdown-timeout N`` as
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -51,6 +58,7 @@ from dynamod.model import ModelCard
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Publishable, with_tokenizer
 from dynamod.worker.engines.base import Changes, EngineStats
+from dynamod.worker.engines.kvevents import KvPublisher
 from dynamod.worker.engines.scrape import Scraped, parse
 
 log = logging.getLogger(__name__)
@@ -71,10 +79,18 @@ class UpstreamConfig:
     stop_timeout: float = 30.0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    kv_events: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream {self.url!r} must be an http:// or https:// URL")
+        if self.kv_events not in ("auto", "off") and not self.kv_events.startswith(
+            ("tcp://", "ipc://")
+        ):
+            raise ConfigError(
+                f"--kv-events {self.kv_events!r} must be auto, off, or a publisher endpoint "
+                "(tcp://HOST:PORT or ipc://PATH)"
+            )
         if self.scrape_interval <= 0:
             raise ConfigError(f"--scrape-interval must be above 0, got {self.scrape_interval:g}")
 
@@ -130,6 +146,8 @@ class UpstreamEngine:
         self._child: asyncio.subprocess.Process | None = None
         self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task[None] | None = None
+        self._kv_events: KvPublisher | None = None
+        self._kv_tasks: list[asyncio.Task[None]] = []
 
     @property
     def tokenizer(self) -> Publishable:
@@ -138,6 +156,18 @@ class UpstreamEngine:
     @property
     def changes(self) -> Changes:
         return self._changes
+
+    @property
+    def kv_events(self) -> KvPublisher | None:
+        return self._kv_events
+
+    async def reset_prefix_cache(self) -> bool:
+        """vLLM's ``POST /reset_prefix_cache`` (served with ``VLLM_SERVER_DEV_MODE=1``)."""
+        try:
+            async with self.session.post(self.url("/reset_prefix_cache"), timeout=_quick()) as r:
+                return r.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -179,6 +209,7 @@ class UpstreamEngine:
             context = await self._served_context()
             await self._scrape()
             self._card = self._card_of(context)
+            await self._follow_kv_events()
             self._scraper = asyncio.create_task(self._scrape_forever(), name="upstream scrape")
         except BaseException:
             await self._close()
@@ -196,6 +227,8 @@ class UpstreamEngine:
     async def _close(self) -> None:
         if self._scraper is not None:
             await cancel_and_wait(self._scraper)
+        for task in self._kv_tasks:
+            await cancel_and_wait(task)
         await self._stop_child()
         if self._session is not None:
             await self._session.close()
@@ -328,6 +361,68 @@ class UpstreamEngine:
             log.warning("upstream %s", "healthy again" if healthy else reason)
             self._healthy, self._reason = healthy, reason
             self._changes.changed()
+
+    # -- KV events
+
+    async def _follow_kv_events(self) -> None:
+        sources = await self._kv_sources()
+        if not sources:
+            return
+        try:
+            from dynamod.worker.engines.vllm_events import VllmSubscriber  # the kv extra
+        except ImportError as exc:
+            if self.config.kv_events != "auto":
+                raise ConfigError(
+                    f"--kv-events needs the kv extra (pyzmq, msgspec): {exc}"
+                ) from None
+            log.warning("not following the upstream's KV events: %s (install dynamod[kv])", exc)
+            return
+        self._kv_events = KvPublisher(self._card.total_kv_blocks)
+        for endpoint, replay in sources:
+            subscriber = VllmSubscriber(endpoint, self._kv_events, replay=replay)
+            task = asyncio.create_task(subscriber.run(), name=f"KV events {endpoint}")
+            self._kv_tasks.append(task)
+
+    async def _kv_sources(self) -> list[tuple[str, str | None]]:
+        """The publishers to follow: (endpoint, replay endpoint or None)."""
+        setting = self.config.kv_events
+        if setting == "off":
+            return []
+        if setting != "auto":
+            return [(setting, None)]
+        async with self.session.get(self.url("/kv_event_sources"), timeout=_quick()) as response:
+            if response.status != 200:
+                log.info("upstream has no /kv_event_sources (%d): no KV events", response.status)
+                return []
+            body = await response.json()
+        host = urlsplit(self.config.url).hostname or "127.0.0.1"
+        return kv_sources(body, host)
+
+
+def kv_sources(body: object, host: str) -> list[tuple[str, str | None]]:
+    """vLLM's ``/kv_event_sources`` answer (rank → its ``KVEventsConfig``) as the
+    endpoints a subscriber connects to: a wildcard host (``*``, ``0.0.0.0``, ``::``)
+    is the server's own, ``host``."""
+    found: list[tuple[str, str | None]] = []
+    for config in body.values() if isinstance(body, dict) else ():
+        if not isinstance(config, dict) or not config.get("enable_kv_cache_events"):
+            continue
+        if config.get("publisher") != "zmq" or not isinstance(config.get("endpoint"), str):
+            continue
+        replay = config.get("replay_endpoint")
+        found.append(
+            (
+                _reachable(config["endpoint"], host),
+                _reachable(replay, host) if isinstance(replay, str) else None,
+            )
+        )
+    return found
+
+
+def _reachable(endpoint: str, host: str) -> str:
+    for wildcard in ("//*:", "//0.0.0.0:", "//[::]:", "//:::"):
+        endpoint = endpoint.replace(wildcard, f"//{host}:")
+    return endpoint
 
 
 def _quick() -> aiohttp.ClientTimeout:

