@@ -88,6 +88,8 @@ class KvPublisher:
         self._backlog = backlog
         # engine hash → (parent's engine hash, the block's tokens); oldest first.
         self._mirror: dict[int, tuple[int | None, tuple[int, ...]]] = {}
+        # Copies beyond the first of a block stored twice (as ``router/kvindex.py``).
+        self._copies: dict[int, int] = {}
         self._subscribers: set[KvSubscription] = set()
         self.published = 0
         """Batches published since start."""
@@ -119,25 +121,35 @@ class KvPublisher:
             subscription.put(batches)
 
     def snapshot(self) -> list[KvBatch]:
-        """The whole mirror as batches: a ``cleared`` event, then every block stored."""
+        """The whole mirror as batches: a ``cleared`` event, then every block stored (a
+        block the engine holds twice, twice)."""
         events: list[KvEvent] = [AllBlocksCleared(), *self._runs()]
         return list(batched(events, time.time()))
 
     def _fold(self, event: KvEvent) -> None:
-        mirror = self._mirror
+        mirror, copies = self._mirror, self._copies
         if isinstance(event, BlockStored):
             parent, size = event.parent, event.block_size
             for i, engine_hash in enumerate(event.hashes):
-                mirror.pop(engine_hash, None)  # re-stored: now the newest
-                mirror[engine_hash] = (parent, event.token_ids[i * size : (i + 1) * size])
+                if engine_hash in mirror:
+                    copies[engine_hash] = copies.get(engine_hash, 0) + 1
+                else:
+                    mirror[engine_hash] = (parent, event.token_ids[i * size : (i + 1) * size])
                 parent = engine_hash
             while self.capacity and len(mirror) > self.capacity:
-                del mirror[next(iter(mirror))]
+                oldest = next(iter(mirror))
+                del mirror[oldest]
+                copies.pop(oldest, None)
         elif isinstance(event, BlockRemoved):
             for engine_hash in event.hashes:
-                mirror.pop(engine_hash, None)
+                if copies.get(engine_hash):
+                    copies[engine_hash] -= 1
+                else:
+                    copies.pop(engine_hash, None)
+                    mirror.pop(engine_hash, None)
         else:
             mirror.clear()
+            copies.clear()
 
     def _runs(self) -> Iterator[BlockStored]:
         """The mirror's blocks as stored events, a parent before its children; a chain of
@@ -152,6 +164,9 @@ class KvPublisher:
             run.append(engine_hash)
         if run:
             yield self._stored(run)
+        for engine_hash, copies in self._copies.items():
+            for _ in range(copies):  # stored again: the reader counts the copy too
+                yield self._stored([engine_hash])
 
     def _ordered(self, done: set[int]) -> Iterator[int]:
         mirror = self._mirror
