@@ -237,6 +237,12 @@ class Store(abc.ABC):
         """Parse ``url``, connect, and return a ready store (``StoreUnavailableError`` if the
         server cannot be reached in time; ``ConfigError`` for a malformed URL)."""
 
+    @classmethod
+    @abc.abstractmethod
+    def check_url(cls, url: str) -> None:
+        """Check ``url`` and every file it names as ``open`` would, without connecting or
+        changing anything; ``ConfigError`` names the first problem."""
+
     @abc.abstractmethod
     async def get(self, key: str) -> Entry | None: ...
 

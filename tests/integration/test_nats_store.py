@@ -33,7 +33,6 @@ from dynamod.store.nats import (
     HEARTBEAT,
     MARKER_TTL,
     NatsStore,
-    NatsUrl,
     decode_key,
     encode_key,
     parse_url,
@@ -73,24 +72,23 @@ async def follow(
 
 
 @pytest.mark.parametrize(
-    ("url", "target"),
+    ("url", "hosts", "bucket"),
     [
-        ("nats://127.0.0.1:4300/workers", NatsUrl(("127.0.0.1:4300",), "workers")),
-        ("nats://a,b:4223", NatsUrl(("a:4222", "b:4223"), "dynamo")),
-        ("nats://u:pw@a:1,b/x_y-z", NatsUrl(("a:1", "b:4222"), "x_y-z", "u:pw")),
-        ("nats://[::1]:4222/b", NatsUrl(("[::1]:4222",), "b")),
+        ("nats://127.0.0.1:4300/workers", ("127.0.0.1:4300",), "workers"),
+        ("nats://a,b:4223", ("a:4222", "b:4223"), "dynamo"),
+        ("nats://a:1,b/x_y-z", ("a:1", "b:4222"), "x_y-z"),
+        ("nats://[::1]:4222/b", ("[::1]:4222",), "b"),
     ],
 )
-def test_urls_name_servers_and_bucket(url: str, target: NatsUrl) -> None:
-    assert parse_url(url) == target
+def test_urls_name_servers_and_bucket(url: str, hosts: tuple[str, ...], bucket: str) -> None:
+    target = parse_url(url)
+    assert (target.hosts, target.bucket, target.shown) == (hosts, bucket, url)
+    assert target.servers == [f"nats://{host}" for host in hosts]
 
 
-def test_credentials_reach_the_client_but_no_message() -> None:
-    target = parse_url("nats://alice:s3cret@a:1,b/x")
-    assert target.servers == ["nats://alice:s3cret@a:1", "nats://alice:s3cret@b:4222"]
-    assert "s3cret" not in f"{target.url} {target!r}"
-    with pytest.raises(ConfigError) as caught:
-        parse_url("nats://alice:s3cret@a:port/x")
+def test_credentials_in_the_url_are_refused_without_repeating_them() -> None:
+    with pytest.raises(ConfigError, match="password_file") as caught:
+        parse_url("nats://alice:s3cret@a:1,b/x")
     assert "s3cret" not in str(caught.value)
 
 

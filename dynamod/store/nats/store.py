@@ -48,16 +48,17 @@ class NatsStore(Store):
     """The discovery store on a NATS JetStream KV bucket (see the package docstring)."""
 
     def __init__(self, target: NatsUrl, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__(target.url, timeout=timeout)  # shown in messages: no credentials
+        super().__init__(target.shown, timeout=timeout)  # names files, never secrets
         self._target = target
         self._nc = Client()
         js: JetStreamContext = self._nc.jetstream(timeout=timeout)
-        self._bucket = Bucket(self._nc, js, target.bucket)
+        self._bucket = Bucket(self._nc, js, target.bucket, target.replicas)
         self._consumers = Consumers(self._nc, js, self._bucket, self._reachable)
         self._leases = Leases(self._bucket)
         self._connected = asyncio.Event()
         self._deadlines: set[asyncio.Timeout] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_error = ""
 
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
@@ -69,6 +70,10 @@ class NatsStore(Store):
             await store.aclose()
             raise
         return store
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        parse_url(url).check()
 
     # -- the contract -------------------------------------------------------------------------
 
@@ -245,11 +250,16 @@ class NatsStore(Store):
     # -- connection and calls -----------------------------------------------------------------
 
     async def _connect(self) -> None:
+        options = self._target.connect_options()  # reads the secret files: ConfigError
         try:
             async with asyncio.timeout(self.timeout):
                 await self._nc.connect(
                     servers=self._target.servers,
                     name="dynamod",
+                    # In URL order, as etcd members are: the first is preferred, and an
+                    # operator can spread processes over a cluster by ordering their URLs.
+                    dont_randomize=True,
+                    **options,
                     connect_timeout=max(1, math.ceil(self.timeout)),
                     # nats-py annotates an int, but sleeps for any number of seconds.
                     reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
@@ -265,12 +275,15 @@ class NatsStore(Store):
         except TimeoutError:
             raise StoreUnavailableError(
                 f"NATS at {', '.join(self._target.hosts)} did not answer within {self.timeout} s"
+                f"{self._last_error}"
             ) from None
         except nats.errors.Error as exc:
             raise self._translate(exc, "connect") from exc
 
     async def _on_error(self, exc: Exception) -> None:
         # nats-py reports every failed reconnect attempt here; the default prints a traceback.
+        # The last one explains a connect that timed out (a refused login, a TLS failure).
+        self._last_error = f"; last error: {type(exc).__name__}: {exc}"
         log.debug("NATS client error on %s: %s", self.url, exc)
 
     async def _on_disconnect(self) -> None:
