@@ -8,14 +8,14 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
-from dynamod.aio import cancel_and_wait
+from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import StoreClosedError, StoreError, StoreUnavailableError
 from dynamod.store.base import (
     DEFAULT_TIMEOUT,
@@ -40,6 +40,7 @@ RECONNECT_WAIT: Final = 0.5
 PING_INTERVAL: Final = 5
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
+_AUTH_VIOLATION: Final = "Authorization Violation"  # the server's words for a refused login
 _LOST: Final = "the connection to NATS was lost"
 _BACK: Final = "reconnected to NATS"
 
@@ -59,6 +60,8 @@ class NatsStore(Store):
         self._deadlines: set[asyncio.Timeout] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_error = ""
+        self._refusal = ""
+        self._refused_event = asyncio.Event()
 
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
@@ -251,40 +254,53 @@ class NatsStore(Store):
 
     async def _connect(self) -> None:
         options = self._target.connect_options()  # reads the secret files: ConfigError
+        hosts = ", ".join(self._target.hosts)
         try:
             async with asyncio.timeout(self.timeout):
-                await self._nc.connect(
-                    servers=self._target.servers,
-                    name="dynamod",
-                    # In URL order, as etcd members are: the first is preferred, and an
-                    # operator can spread processes over a cluster by ordering their URLs.
-                    dont_randomize=True,
-                    **options,
-                    connect_timeout=max(1, math.ceil(self.timeout)),
-                    # nats-py annotates an int, but sleeps for any number of seconds.
-                    reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    ping_interval=PING_INTERVAL,
-                    max_outstanding_pings=2,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnect,
-                    reconnected_cb=self._on_reconnect,
-                )
+                # nats-py retries a refused login until our deadline: a refusal ends it.
+                await race(self._nc.connect(**self._connect_args(), **options), self._refused())
+                if self._refusal:
+                    raise StoreError(
+                        f"NATS at {hosts} refused the login of {self.url}: "
+                        f"{self._refusal}; check the URL's credentials"
+                    )
                 self._connected.set()
                 await self._bucket.ensure()
         except TimeoutError:
             raise StoreUnavailableError(
-                f"NATS at {', '.join(self._target.hosts)} did not answer within {self.timeout} s"
-                f"{self._last_error}"
+                f"NATS at {hosts} did not answer within {self.timeout} s{self._last_error}"
             ) from None
         except nats.errors.Error as exc:
             raise self._translate(exc, "connect") from exc
 
+    def _connect_args(self) -> dict[str, Any]:
+        return {
+            "servers": self._target.servers,
+            "name": "dynamod",
+            # In URL order, as etcd members are: the first is preferred, and an operator can
+            # spread processes over a cluster by ordering their URLs.
+            "dont_randomize": True,
+            "connect_timeout": max(1, math.ceil(self.timeout)),
+            "reconnect_time_wait": RECONNECT_WAIT,
+            "max_reconnect_attempts": -1,
+            "ping_interval": PING_INTERVAL,
+            "max_outstanding_pings": 2,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnect,
+            "reconnected_cb": self._on_reconnect,
+        }
+
+    async def _refused(self) -> None:
+        await self._refused_event.wait()
+
     async def _on_error(self, exc: Exception) -> None:
-        # nats-py reports every failed reconnect attempt here; the default prints a traceback.
-        # The last one explains a connect that timed out (a refused login, a TLS failure).
+        # nats-py reports every failed (re)connect attempt here; the default prints a
+        # traceback. The last one explains a connect that timed out (a TLS failure).
         self._last_error = f"; last error: {type(exc).__name__}: {exc}"
         log.debug("NATS client error on %s: %s", self.url, exc)
+        if isinstance(exc, nats.errors.AuthorizationError) or _AUTH_VIOLATION in str(exc):
+            self._refusal = str(exc)
+            self._refused_event.set()
 
     async def _on_disconnect(self) -> None:
         if not self._closed:
