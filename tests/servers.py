@@ -286,11 +286,13 @@ class NatsServer(ServerProcess):
         *,
         tls: Pki | None = None,
         user: tuple[str, str] | None = None,
+        nkey: str | None = None,
         node: str = "",
     ) -> None:
         super().__init__(workdir)
         self.tls = tls
         self.user = user
+        self.nkey = nkey  # a user's public NKey: the only login the server accepts
         self.node = node
         self.port = free_port()
         self.monitor_port = free_port()
@@ -312,7 +314,13 @@ class NatsServer(ServerProcess):
             *self._cluster_flags(),
             *self._tls_flags(),
             *(["--user", self.user[0], "--pass", self.user[1]] if self.user else []),
+            *(["-c", str(self._nkey_config())] if self.nkey else []),
         ]  # fmt: skip
+
+    def _nkey_config(self) -> Path:
+        path = self.workdir / "nkey.conf"
+        path.write_text(f'authorization {{ users = [ {{ nkey: "{self.nkey}" }} ] }}\n')
+        return path
 
     def _cluster_flags(self) -> list[str]:
         if not self.node:
