@@ -270,8 +270,15 @@ class EtcdCluster:
         for member in self.members:
             member.stop()
 
-    def by_port(self, port: int) -> EtcdServer | None:
-        return next((m for m in self.members if m.port == port), None)
+    def leader(self) -> int:
+        """The index of the member that leads the cluster now."""
+        for index, member in enumerate(self.members):
+            if not member.running:
+                continue
+            (status,) = json.loads(member.etcdctl("endpoint", "status", "-w", "json"))
+            if status["Status"]["leader"] == status["Status"]["header"]["member_id"]:
+                return index
+        raise RuntimeError("no running etcd member leads the cluster")
 
 
 class NatsServer(ServerProcess):
@@ -379,6 +386,10 @@ class NatsCluster:
     def stop(self) -> None:
         for member in self.members:
             member.stop()
+
+    def index(self, node: str) -> int:
+        """The index of the member with server name ``node``."""
+        return next(i for i, m in enumerate(self.members) if m.node == node)
 
 
 def require_servers() -> bool:

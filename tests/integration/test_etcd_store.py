@@ -7,7 +7,6 @@ the rest share the session's etcd under a key prefix of their own.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import signal
 import uuid
@@ -17,72 +16,13 @@ import aetcd
 import pytest
 
 from dynamod.errors import ConfigError, StoreUnavailableError
-from dynamod.store import KEEP, Resync, Store, Watch, WatchEvent
+from dynamod.store import KEEP, Resync, Store
 from dynamod.store.etcd import EtcdStore, parse_url
 from tests.servers import EtcdServer, free_port
-from tests.streams import fold, next_event
+from tests.storeload import RECOVERY, Follower, Writer
+from tests.streams import next_event
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(120)]
-
-RECOVERY = 30.0  # how long etcd may take to come back after start(); not a latency claim
-
-
-class _Progress:
-    """Counters another task advances; ``until`` waits for a condition on them."""
-
-    def __init__(self) -> None:
-        self._changed = asyncio.Condition()
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def until(self, condition: Callable[[], bool], within: float = RECOVERY) -> None:
-        async with asyncio.timeout(within), self._changed:
-            await self._changed.wait_for(condition)
-
-
-class Writer(_Progress):
-    """Writes ``w/0`` .. ``w/4`` round and round, counting what the store took and refused."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()
-        self.store = store
-        self.accepted = 0
-        self.refused = 0
-
-    async def run(self) -> None:
-        for i in itertools.count():
-            try:
-                await self.store.put(f"w/{i % 5}", b"%d" % i)
-                self.accepted += 1
-            except StoreUnavailableError:
-                self.refused += 1
-                await asyncio.sleep(0.02)  # etcd is away: pace the attempts, not a poll
-            await self._notify()
-
-
-class Follower(_Progress):
-    """Folds a watch into a key → value map, as a consumer of discovery would."""
-
-    def __init__(self, watch: Watch) -> None:
-        super().__init__()
-        self.watch = watch
-        self.state: dict[str, bytes] = {}
-        self.resyncs = 0
-        self.seen = 0
-
-    async def run(self) -> None:
-        async for event in self.watch:
-            self._apply(event)
-            await self._notify()
-
-    def _apply(self, event: WatchEvent) -> None:
-        if not isinstance(event, Resync):
-            assert event.revision > self.seen, f"{event} repeats or reorders a change"
-        fold(self.state, event)
-        self.resyncs += isinstance(event, Resync)
-        self.seen = max(self.seen, event.revision)
 
 
 class LogSeen(logging.Handler):
