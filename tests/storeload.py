@@ -6,13 +6,28 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from dynamod.errors import StoreUnavailableError
 from dynamod.store import Resync, Store, Watch, WatchEvent
 from tests.streams import fold
 
 RECOVERY = 30.0  # how long a store may take to come back after a fault; not a latency claim
+RETRY = 0.1
+
+T = TypeVar("T")
+
+
+async def answered(call: Callable[[], Awaitable[T]], within: float = RECOVERY) -> T:
+    """``call()``, again after each ``StoreUnavailableError`` (which the contract says may
+    be retried), until it answers or ``within`` seconds have passed."""
+    async with asyncio.timeout(within):
+        while True:
+            try:
+                return await call()
+            except StoreUnavailableError:
+                await asyncio.sleep(RETRY)
 
 
 class _Progress:

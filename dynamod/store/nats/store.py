@@ -40,6 +40,8 @@ RECONNECT_WAIT: Final = 0.5
 PING_INTERVAL: Final = 5
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
+REESTABLISH_ATTEMPT: Final = 1.0
+"""Seconds one attempt to re-create a watch's consumer may wait."""
 _AUTH_VIOLATION: Final = "Authorization Violation"  # the server's words for a refused login
 _LOST: Final = "the connection to NATS was lost"
 _BACK: Final = "reconnected to NATS"
@@ -240,7 +242,9 @@ class NatsStore(Store):
         while True:
             await self._connected.wait()
             try:
-                async with self._call("watch"):
+                # A short deadline: while JetStream elects a stream leader a request waits
+                # for it, and a new try soon after the election beats one that waits on.
+                async with self._call("watch", within=REESTABLISH_ATTEMPT):
                     config = self._consumers.watch_config(prefix, None)
                     return await self._consumers.open(config)
             except StoreClosedError:
@@ -322,30 +326,30 @@ class NatsStore(Store):
         return self._connected.is_set() and not self._closed
 
     @contextlib.asynccontextmanager
-    async def _call(self, what: str) -> AsyncIterator[None]:
+    async def _call(self, what: str, *, within: float | None = None) -> AsyncIterator[None]:
         """Run one store call: open store, live connection, deadline, our errors."""
         self._check_open()
         if not self._connected.is_set():
             raise StoreUnavailableError(f"store {self.url} is not connected to NATS; {what} failed")
         try:
-            async with asyncio.timeout(self.timeout) as deadline:
+            async with asyncio.timeout(within or self.timeout) as deadline:
                 self._deadlines.add(deadline)
                 try:
                     yield
                 finally:
                     self._deadlines.discard(deadline)
         except TimeoutError:
-            raise self._unavailable(what) from None
+            raise self._unavailable(what, within or self.timeout) from None
         except nats.errors.Error as exc:
             raise self._translate(exc, what) from exc
 
-    def _unavailable(self, what: str) -> StoreError:
+    def _unavailable(self, what: str, seconds: float) -> StoreError:
         if self._closed:
             return StoreClosedError(f"store {self.url} was closed during {what}")
         if not self._connected.is_set():
             return StoreUnavailableError(f"store {self.url} lost its NATS connection during {what}")
         return StoreUnavailableError(
-            f"store {self.url} did not answer {what} within {self.timeout} s"
+            f"store {self.url} did not answer {what} within {seconds} s"
         )
 
     def _translate(self, exc: nats.errors.Error, what: str) -> StoreError:
