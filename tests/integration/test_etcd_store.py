@@ -249,7 +249,6 @@ def test_urls_parse_into_endpoints_and_a_namespace() -> None:
         "etcd://host:99999",
         "etcd://host:port",
         "etcd://a:1,,b:2",
-        "etcd://user:pw@host:1",
         "etcd://host:1/a//b",
         "etcd://host:1/a b",
         "etcd://host:1/x?timeout=3",
