@@ -23,7 +23,7 @@ from dynamod.store import KEEP, Put, Resync, Store, check_url, keep_alive, open_
 from dynamod.taints import TaintUpdate
 from tests.conftest import servers_required, start_server
 from tests.pki import Pki, make_pki
-from tests.procs import daemon, running, worker
+from tests.procs import daemon, daemon_argv, env, running, worker
 from tests.servers import EtcdServer, NatsServer
 from tests.streams import next_event
 
@@ -137,6 +137,24 @@ async def test_dynamod_and_a_worker_run_on_the_secured_etcd(
             (change,) = await client.update_taints(TaintUpdate.add(["pool=tls"]), worker=found.id)
             assert change.error is None and "pool=tls" in change.after
     assert "s3cret" not in proc.stderr
+
+
+async def test_dynamod_with_a_wrong_password_exits_1_with_one_line(
+    secure_etcd: EtcdServer, pki: Pki, secrets: Path, tmp_path: Path
+) -> None:
+    url = etcd_url(secure_etcd, pki, secrets / "wrong")
+    proc = await asyncio.create_subprocess_exec(
+        *daemon_argv(url, tmp_path / "d.sock"),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env(),
+    )
+    async with asyncio.timeout(60):
+        _, stderr = await proc.communicate()
+    text = stderr.decode()
+    assert proc.returncode == 1, text
+    assert "invalid user ID or password" in text and "Traceback" not in text
+    assert "not-it" not in text
 
 
 # -- NATS ---------------------------------------------------------------------------------
