@@ -11,14 +11,14 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dynamod.store import Store, open_store
 from tests.servers import (
-    EtcdCluster,
+    Cluster,
     EtcdServer,
-    NatsCluster,
     NatsServer,
     ServerMissing,
     ServerProcess,
@@ -41,7 +41,7 @@ def servers_required() -> Iterator[None]:
         pytest.skip(str(exc))
 
 
-def start_server(server: ServerProcess | EtcdCluster | NatsCluster) -> None:
+def start_server(server: ServerProcess | Cluster[Any]) -> None:
     with servers_required():
         server.start()
 

@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     import ssl
@@ -150,6 +150,9 @@ class ServerProcess(abc.ABC):
         self.stop()
 
 
+Member = TypeVar("Member", bound=ServerProcess)
+
+
 class EtcdServer(ServerProcess):
     """One etcd: alone, or a member of an ``EtcdCluster`` (``cluster`` names every member's
     peer URL); with ``tls`` it serves clients over TLS only and requires their certificates."""
@@ -244,22 +247,19 @@ class EtcdServer(ServerProcess):
         self._root_password = root
 
 
-class EtcdCluster:
-    """Three (or ``size``) etcd members on loopback forming one cluster."""
+class Cluster(Generic[Member]):
+    """Servers on loopback that form one cluster; each can be stopped and started."""
 
-    def __init__(self, workdir: Path, size: int = 3) -> None:
-        self.members = [EtcdServer(workdir / f"m{i}", member=f"m{i}") for i in range(size)]
-        cluster = ",".join(f"{m.member}={m.peer_url}" for m in self.members)
-        for member in self.members:
-            member.cluster = cluster
+    def __init__(self, members: list[Member]) -> None:
+        self.members = members
 
-    def url(self, prefix: str = "", order: Sequence[int] | None = None) -> str:
-        """A store URL naming every member (in ``order`` of their indexes, if given)."""
-        chosen = [self.members[i] for i in (order or range(len(self.members)))]
-        return f"etcd://{','.join(m.endpoint for m in chosen)}/{prefix}".rstrip("/")
+    def chosen(self, order: Sequence[int] | None) -> list[Member]:
+        """The members, in ``order`` of their indexes if given."""
+        return [self.members[i] for i in (order or range(len(self.members)))]
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start every member that is not running and wait until each is healthy."""
+        """Start every member that is not running and wait until each is healthy (a member
+        is healthy only once enough of the others run)."""
         stopped = [m for m in self.members if not m.running]
         for member in stopped:
             member.launch()
@@ -269,6 +269,21 @@ class EtcdCluster:
     def stop(self) -> None:
         for member in self.members:
             member.stop()
+
+
+class EtcdCluster(Cluster[EtcdServer]):
+    """Three (or ``size``) etcd members forming one cluster."""
+
+    def __init__(self, workdir: Path, size: int = 3) -> None:
+        super().__init__([EtcdServer(workdir / f"m{i}", member=f"m{i}") for i in range(size)])
+        cluster = ",".join(f"{m.member}={m.peer_url}" for m in self.members)
+        for member in self.members:
+            member.cluster = cluster
+
+    def url(self, prefix: str = "", order: Sequence[int] | None = None) -> str:
+        """A store URL naming every member (in ``order`` of their indexes, if given)."""
+        endpoints = ",".join(m.endpoint for m in self.chosen(order))
+        return f"etcd://{endpoints}/{prefix}".rstrip("/")
 
     def leader(self) -> int:
         """The index of the member that leads the cluster now."""
@@ -360,11 +375,11 @@ class NatsServer(ServerProcess):
         return {int(conn["port"]) for conn in found.get("connections") or []}
 
 
-class NatsCluster:
+class NatsCluster(Cluster[NatsServer]):
     """Three (or ``size``) nats-servers with JetStream, routed into one cluster."""
 
     def __init__(self, workdir: Path, size: int = 3) -> None:
-        self.members = [NatsServer(workdir / f"n{i}", node=f"n{i}") for i in range(size)]
+        super().__init__([NatsServer(workdir / f"n{i}", node=f"n{i}") for i in range(size)])
         for member in self.members:
             member.routes = [
                 f"nats://127.0.0.1:{other.route_port}"
@@ -373,19 +388,8 @@ class NatsCluster:
             ]
 
     def url(self, bucket: str = "dynamo", order: Sequence[int] | None = None) -> str:
-        chosen = [self.members[i] for i in (order or range(len(self.members)))]
-        return f"nats://{','.join(f'127.0.0.1:{m.port}' for m in chosen)}/{bucket}"
-
-    def start(self, timeout: float = 60.0) -> None:
-        stopped = [m for m in self.members if not m.running]
-        for member in stopped:
-            member.launch()
-        for member in stopped:
-            member.wait_ready(timeout)
-
-    def stop(self) -> None:
-        for member in self.members:
-            member.stop()
+        servers = ",".join(f"127.0.0.1:{m.port}" for m in self.chosen(order))
+        return f"nats://{servers}/{bucket}"
 
     def index(self, node: str) -> int:
         """The index of the member with server name ``node``."""

@@ -63,7 +63,7 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
@@ -296,6 +296,16 @@ class Store(abc.ABC):
         finally:
             watch.close()
             self._watches.discard(watch)
+
+    async def _ready(self, start: Awaitable[None]) -> Self:
+        """Await ``start`` (connecting, preparing files) and return the store; if it fails,
+        close the store before the error propagates, so ``open`` leaves nothing behind."""
+        try:
+            await start
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
 
     async def aclose(self) -> None:
         if self._closed:

@@ -142,12 +142,7 @@ class FileStore(Store):
     ) -> FileStore:
         """Open the store in the URL's directory, creating it if missing."""
         store = cls(url, timeout=timeout, journal_bytes=journal_bytes)
-        try:
-            await store._start()
-        except BaseException:
-            await store.aclose()
-            raise
-        return store
+        return await store._ready(store._start())
 
     @classmethod
     def check_url(cls, url: str) -> None:

@@ -5,51 +5,53 @@ before the next test. The ``figures`` of a scenario go where the chaos ones go."
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 import pytest
 
 from tests.chaos.conftest import figures
 from tests.conftest import start_server
-from tests.servers import EtcdCluster, NatsCluster, ServerProcess
+from tests.servers import Cluster, EtcdCluster, NatsCluster
 
 __all__ = ["figures"]
+
+C = TypeVar("C", bound=Cluster[Any])
 
 
 @pytest.fixture(scope="module")
 def etcd_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdCluster]:
-    cluster = EtcdCluster(tmp_path_factory.mktemp("etcd-cluster"))
-    start_server(cluster)
-    yield cluster
-    cluster.stop()
+    yield from running(EtcdCluster(tmp_path_factory.mktemp("etcd-cluster")))
 
 
 @pytest.fixture
 def etcd3(etcd_cluster: EtcdCluster) -> Iterator[EtcdCluster]:
     """The module's etcd cluster, whole again after the test."""
-    yield etcd_cluster
-    thaw(etcd_cluster.members)
-    etcd_cluster.start()
+    yield from healed(etcd_cluster)
 
 
 @pytest.fixture(scope="module")
 def nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
-    cluster = NatsCluster(tmp_path_factory.mktemp("nats-cluster"))
-    start_server(cluster)
-    yield cluster
-    cluster.stop()
+    yield from running(NatsCluster(tmp_path_factory.mktemp("nats-cluster")))
 
 
 @pytest.fixture
 def nats3(nats_cluster: NatsCluster) -> Iterator[NatsCluster]:
     """The module's NATS cluster, whole again after the test."""
-    yield nats_cluster
-    thaw(nats_cluster.members)
-    nats_cluster.start()
+    yield from healed(nats_cluster)
 
 
-def thaw(members: Sequence[ServerProcess]) -> None:
-    """SIGCONT to every running member: harmless unless a test froze it."""
-    for member in members:
+def running(cluster: C) -> Iterator[C]:
+    start_server(cluster)
+    yield cluster
+    cluster.stop()
+
+
+def healed(cluster: C) -> Iterator[C]:
+    """Yield ``cluster``; then thaw (SIGCONT) every member a test froze, and start every
+    member it stopped."""
+    yield cluster
+    for member in cluster.members:
         if member.running and member.proc is not None:
-            member.proc.send_signal(signal.SIGCONT)
+            member.proc.send_signal(signal.SIGCONT)  # harmless unless it was frozen
+    cluster.start()

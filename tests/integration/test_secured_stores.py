@@ -64,8 +64,15 @@ def etcd_url(server: EtcdServer, pki: Pki, password: Path, prefix: str = PREFIX)
     return f"etcd://{server.endpoint}/{prefix}?{pki.query()}&user={USER}&password_file={password}"
 
 
-async def exercise(store: Store) -> None:
-    """Every kind of call once: writes, a compare-and-swap, a lease kept alive, a watch."""
+async def exercise(url: str) -> None:
+    """Check ``url`` without connecting, open it, and make every kind of call once: writes,
+    a compare-and-swap, a lease kept alive, a watch."""
+    check_url(url)
+    async with await open_store(url) as store:
+        await calls(store)
+
+
+async def calls(store: Store) -> None:
     async with store.watch("w") as watch:
         assert isinstance(await next_event(watch), Resync)
         lease = await store.grant(5)
@@ -89,9 +96,7 @@ async def test_etcd_over_tls_with_a_user_serves_every_call(
     secure_etcd: EtcdServer, pki: Pki, secrets: Path
 ) -> None:
     url = etcd_url(secure_etcd, pki, secrets / "password")
-    check_url(url)
-    async with await open_store(url) as store:
-        await exercise(store)
+    await exercise(url)
 
 
 async def test_a_wrong_password_is_refused_at_once_and_for_good(
@@ -178,9 +183,7 @@ async def test_nats_over_tls_with_a_user_serves_every_call(
     password = tmp_path / "nats.pass"
     password.write_text("nats-s3cret\n")
     url = nats_url(secure_nats, f"{pki.query()}&user=dynamod&password_file={password}")
-    check_url(url)
-    async with await open_store(url) as store:
-        await exercise(store)
+    await exercise(url)
 
 
 async def test_nats_refuses_a_wrong_password_at_once(
@@ -203,9 +206,7 @@ async def test_nats_with_an_nkey_login(tmp_path: Path) -> None:
         seed_file = tmp_path / "user.nk"
         seed_file.write_bytes(seed + b"\n")
         url = f"nats://127.0.0.1:{server.port}/nk?nkey={seed_file}"
-        check_url(url)
-        async with await open_store(url) as store:
-            await exercise(store)
+        await exercise(url)
         with pytest.raises(StoreError, match="refused the login"):
             await open_store(f"nats://127.0.0.1:{server.port}/nk")
     finally:

@@ -56,12 +56,7 @@ class EtcdStore(Store):
     @classmethod
     async def open(cls, url: str) -> Self:
         store = cls(parse_url(url))
-        try:
-            await store._members.open()
-        except BaseException:
-            await store.aclose()
-            raise
-        return store
+        return await store._ready(store._members.open())
 
     @classmethod
     def check_url(cls, url: str) -> None:

@@ -69,12 +69,7 @@ class NatsStore(Store):
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
         """Connect and prepare the bucket; ``call_timeout`` bounds this and every call."""
         store = cls(parse_url(url), timeout=call_timeout)
-        try:
-            await store._connect()
-        except BaseException:
-            await store.aclose()
-            raise
-        return store
+        return await store._ready(store._connect())
 
     @classmethod
     def check_url(cls, url: str) -> None:
@@ -348,9 +343,7 @@ class NatsStore(Store):
             return StoreClosedError(f"store {self.url} was closed during {what}")
         if not self._connected.is_set():
             return StoreUnavailableError(f"store {self.url} lost its NATS connection during {what}")
-        return StoreUnavailableError(
-            f"store {self.url} did not answer {what} within {seconds} s"
-        )
+        return StoreUnavailableError(f"store {self.url} did not answer {what} within {seconds} s")
 
     def _translate(self, exc: nats.errors.Error, what: str) -> StoreError:
         """A nats-py error → ours. JetStream API errors other than 503 are not transient."""
