@@ -211,6 +211,9 @@ class Members:
             except NoMember as exc:
                 failures.append(str(exc))
                 continue
+            if self._closed:  # aclose() ran while this connected: nothing may outlive it
+                await member.channel.close()
+                raise StoreClosedError(f"store {self.url} was closed while connecting")
             if failures:
                 log.info("etcd store %s now uses member %s", self.url, member.name)
             self._current = member
