@@ -127,6 +127,18 @@ class ServerProcess(abc.ABC):
             proc.kill()
             proc.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP the server, returning once the kernel says it is stopped: it keeps its
+        connections and answers nothing."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        os.waitpid(self.proc.pid, os.WUNTRACED)
+
+    def thaw(self) -> None:
+        """SIGCONT: harmless unless the server was frozen."""
+        if self.running and self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -4,7 +4,6 @@ before the next test. The ``figures`` of a scenario go where the chaos ones go."
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any, TypeVar
 
@@ -52,6 +51,5 @@ def healed(cluster: C) -> Iterator[C]:
     member it stopped."""
     yield cluster
     for member in cluster.members:
-        if member.running and member.proc is not None:
-            member.proc.send_signal(signal.SIGCONT)  # harmless unless it was frozen
+        member.thaw()
     cluster.start()

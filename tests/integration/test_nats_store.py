@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -430,11 +429,9 @@ async def test_a_frozen_server_fails_a_call_at_its_deadline(nats_server: NatsSer
 
 async def freeze(server: NatsServer) -> subprocess.Popen[bytes]:
     """Stop the server process (SIGSTOP) and return once the kernel says it is stopped."""
-    proc = server.proc
-    assert proc is not None
-    proc.send_signal(signal.SIGSTOP)
-    await asyncio.to_thread(os.waitpid, proc.pid, os.WUNTRACED)
-    return proc
+    await asyncio.to_thread(server.freeze)
+    assert server.proc is not None
+    return server.proc
 
 
 async def test_close_leaves_no_task_behind(nats_server: NatsServer) -> None:

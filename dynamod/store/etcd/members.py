@@ -133,6 +133,15 @@ class Members:
                         "the request in flight, so it may or may not have been applied"
                     ) from None
 
+    async def revision(self) -> int:
+        """The cluster's revision now: a linearizable read, which a member answers only once
+        it has applied everything committed before it."""
+
+        async def read(member: Member, seconds: float) -> Message:
+            return await member.kv.Range(self._probe, timeout=seconds, metadata=member.metadata)
+
+        return int((await self.call("read the revision", read, retry=True)).header.revision)
+
     @contextlib.asynccontextmanager
     async def translated(self, what: str, member: Member) -> AsyncIterator[None]:
         """Run one request on ``member``: a broken member raises ``MemberFailed`` (after moving on

@@ -51,8 +51,8 @@ class Stream:
     cluster: int
 
     def covers(self, position: Position) -> bool:
-        """Whether this stream, opened from ``position.revision + 1``, continues that history:
-        same cluster, and not a cluster whose revisions went back (a restored backup)."""
+        """Whether this stream, opened from ``position.revision + 1``, plainly continues that
+        history: same cluster, and already at or past that revision."""
         return self.cluster == position.cluster and self.revision >= position.revision
 
 
@@ -91,8 +91,8 @@ class Feed:
         if since is not None:
             position = Position(max(since, 0), 0)
             stream = await self._subscribe(position.revision + 1)
-            if stream.revision >= position.revision:
-                position.cluster = stream.cluster
+            position.cluster = stream.cluster
+            if await self._continues(stream, position):
                 return stream, position
             stream.call.cancel()  # revisions went back: ``since`` is from another history
         stream = await self._subscribe(None)
@@ -190,6 +190,23 @@ class Feed:
             stream.call.cancel()
         return received, True
 
+    async def _continues(self, stream: Stream, position: Position) -> bool:
+        """Whether ``stream`` continues the history up to ``position``. A member may lag a
+        little behind the one the position came from; then a linearizable read tells a lag
+        (it waits until the member caught up) from revisions that went back, as in a
+        cluster restored from a backup. A stream from a lagging member still delivers every
+        change after the position, as the member applies it."""
+        if stream.covers(position):
+            return True
+        if stream.cluster != position.cluster:
+            return False
+        try:
+            return await self._members.revision() >= position.revision
+        except StoreClosedError:
+            raise
+        except StoreError:
+            return False  # cannot tell: a Resync is always right
+
     def _canceled(self, response: Message) -> bool:
         log.warning(
             "etcd ended a watch on %s (compact revision %d, reason %r)",
@@ -231,7 +248,7 @@ class Feed:
                 log.log(level, "cannot watch again yet, retrying: %s", exc)
                 failures += 1
                 continue
-            if position is not None and not stream.covers(position):
+            if position is not None and not await self._continues(stream, position):
                 stream.call.cancel()
                 log.info(
                     "etcd at %s has another history now; the watch resyncs", stream.member.name
