@@ -320,13 +320,13 @@ class NatsServer(ServerProcess):
         *,
         tls: Pki | None = None,
         user: tuple[str, str] | None = None,
-        nkey: str | None = None,
+        config: str = "",
         node: str = "",
     ) -> None:
         super().__init__(workdir)
         self.tls = tls
         self.user = user
-        self.nkey = nkey  # a user's public NKey: the only login the server accepts
+        self.config = config  # configuration file text (logins by NKey or JWT)
         self.node = node
         self.port = free_port()
         self.monitor_port = free_port()
@@ -348,12 +348,12 @@ class NatsServer(ServerProcess):
             *self._cluster_flags(),
             *self._tls_flags(),
             *(["--user", self.user[0], "--pass", self.user[1]] if self.user else []),
-            *(["-c", str(self._nkey_config())] if self.nkey else []),
+            *(["-c", str(self._config_file())] if self.config else []),
         ]  # fmt: skip
 
-    def _nkey_config(self) -> Path:
-        path = self.workdir / "nkey.conf"
-        path.write_text(f'authorization {{ users = [ {{ nkey: "{self.nkey}" }} ] }}\n')
+    def _config_file(self) -> Path:
+        path = self.workdir / "nats.conf"
+        path.write_text(self.config + "\n")
         return path
 
     def _cluster_flags(self) -> list[str]:

@@ -22,6 +22,7 @@ from dynamod.errors import StoreError, StoreUnavailableError
 from dynamod.store import KEEP, Put, Resync, Store, check_url, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from tests.conftest import servers_required, start_server
+from tests.natsauth import Key, Operator
 from tests.pki import Pki, make_pki
 from tests.procs import daemon, daemon_argv, env, running, worker
 from tests.servers import EtcdServer, NatsServer
@@ -198,16 +199,36 @@ async def test_nats_refuses_a_wrong_password_at_once(
 
 
 async def test_nats_with_an_nkey_login(tmp_path: Path) -> None:
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-    user = nkeys.from_seed(bytearray(seed))
-    server = NatsServer(tmp_path / "nats", nkey=user.public_key.decode())
+    user = Key.new(nkeys.PREFIX_BYTE_USER)
+    config = f'authorization {{ users = [ {{ nkey: "{user.public}" }} ] }}'
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(user.seed + b"\n")
+    await login_works(tmp_path, config, f"nkey={seed}")
+
+
+async def test_nats_with_a_credentials_file(tmp_path: Path) -> None:
+    """Decentralized auth: an operator, its account with JetStream, a user's JWT and seed in
+    a creds file."""
+    operator = Operator.new()
+    creds = tmp_path / "user.creds"
+    creds.write_text(operator.creds)
+    await login_works(tmp_path, operator.server_config, f"creds={creds}")
+
+
+async def test_nats_with_a_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken-s3cret\n")
+    await login_works(tmp_path, 'authorization { token: "t0ken-s3cret" }', f"token_file={token}")
+
+
+async def login_works(tmp_path: Path, config: str, query: str) -> None:
+    """A nats-server with ``config`` serves a store whose URL logs in by ``query``, and
+    refuses one that does not log in."""
+    server = NatsServer(tmp_path / "nats", config=config)
     start_server(server)
     try:
-        seed_file = tmp_path / "user.nk"
-        seed_file.write_bytes(seed + b"\n")
-        url = f"nats://127.0.0.1:{server.port}/nk?nkey={seed_file}"
-        await exercise(url)
+        await exercise(f"nats://127.0.0.1:{server.port}/auth?{query}")
         with pytest.raises(StoreError, match="refused the login"):
-            await open_store(f"nats://127.0.0.1:{server.port}/nk")
+            await open_store(f"nats://127.0.0.1:{server.port}/auth")
     finally:
         await asyncio.to_thread(server.stop)
