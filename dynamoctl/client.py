@@ -21,22 +21,16 @@ def _read(path: Path, flag: str) -> bytes:
         raise ConfigError(f"{flag} {str(path)!r} cannot be read: {exc.strerror}") from None
 
 
-def read_token(path: Path) -> str:
-    token = _read(path, "--token-file").decode(errors="replace").strip()
-    if not token:
-        raise ConfigError(f"--token-file {str(path)!r} is empty")
-    return token
-
-
 def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
     """A client for ``options``' endpoint; use it as ``async with connect(options) as c``.
     Unreadable credential files raise ``ConfigError`` naming the flag and the file."""
+    from dynamod.auth import read_token_file
     from dynamod.client import AsyncClient, Credentials
 
     if (options.cert is None) != (options.cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
     credentials = Credentials(
-        token=read_token(options.token_file) if options.token_file else None,
+        token=read_token_file(options.token_file) if options.token_file else None,
         tls=options.tls,
         ca=_read(options.cacert, "--cacert") if options.cacert else None,
         cert=_read(options.cert, "--cert") if options.cert else None,

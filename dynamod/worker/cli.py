@@ -14,6 +14,7 @@ import typer
 
 from dynamod import __version__
 from dynamod.errors import InvalidInputError
+from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import guarded, run
 from dynamod.worker.engines.mocker import MockerConfig
 
@@ -44,20 +45,6 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
             raise InvalidInputError(f"{flag} names domain {key!r} twice")
         out[key] = value
     return out
-
-
-def read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise InvalidInputError(
-            f"--token-file {str(path)!r} cannot be read: {exc.strerror}"
-        ) from None
-    if not token:
-        raise InvalidInputError(f"--token-file {str(path)!r} is empty")
-    return token
 
 
 @app.command()
@@ -110,6 +97,15 @@ def worker(
     grace: Annotated[
         float, typer.Option(help="Seconds in-flight requests get to finish on SIGTERM.")
     ] = 10.0,
+    http_head_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's head (else 408).")
+    ] = HttpLimits.head_timeout,
+    http_body_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's body (else 408).")
+    ] = HttpLimits.body_timeout,
+    http_idle_timeout: Annotated[
+        float, typer.Option(help="Seconds a kept-alive connection may idle.")
+    ] = HttpLimits.idle_timeout,
     num_kv_blocks: Annotated[int, typer.Option(help="Mocker: KV cache blocks.")] = 16384,
     block_size: Annotated[int, typer.Option(help="Mocker: tokens per KV block.")] = 64,
     max_num_seqs: Annotated[int, typer.Option(help="Mocker: requests at once.")] = 256,
@@ -129,6 +125,7 @@ def worker(
     """Run one inference worker: register it in discovery, serve OpenAI-compatible routes,
     and accept taint updates on its system server."""
     from dynamod import logs
+    from dynamod.auth import read_token_file
     from dynamod.worker.runtime import WorkerSettings, run_worker
 
     try:
@@ -149,9 +146,10 @@ def worker(
             advertise_host=advertise_host,
             system_host=system_host,
             system_port=system_port,
-            token=read_token(token_file),
+            token=read_token_file(token_file) if token_file else None,
             lease_ttl=lease_ttl,
             grace=grace,
+            http_limits=HttpLimits(http_head_timeout, http_body_timeout, http_idle_timeout),
             mocker=MockerConfig(
                 model_name=model,
                 num_kv_blocks=num_kv_blocks,

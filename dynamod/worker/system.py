@@ -21,16 +21,14 @@ record) and ``GET /metrics`` (Prometheus).
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from dynamod.auth import same_secret
 from dynamod.discovery.records import Registration, update_taints
 from dynamod.errors import (
     ConflictError,
@@ -38,17 +36,25 @@ from dynamod.errors import (
     StoreUnavailableError,
     WorkerNotFoundError,
 )
+from dynamod.http.limits import load_json
 from dynamod.taints import TaintUpdate, caller_taints
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 State = Literal["starting", "running", "shutting down"]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error(status: int, title: str, message: str) -> web.Response:
     return web.json_response({"error": title, "message": message}, status=status)
+
+
+_TITLES = {408: "Request timeout", 413: "Payload too large"}
+
+
+def refusal(status: int, message: str) -> web.Response:
+    """A request refused before any handler (``http/server.py``), in this server's shape."""
+    return error(status, _TITLES.get(status, "Bad request"), message)
 
 
 class SystemServer:
@@ -67,7 +73,7 @@ class SystemServer:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/engine/update/model_taints", self._update_taints)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metadata", self._metadata)
@@ -80,13 +86,6 @@ class SystemServer:
 
     def shutting_down(self) -> None:
         self.state = "shutting down"
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            return error(413, "Payload too large", f"request body is over {MAX_BODY} bytes")
 
     async def _update_taints(self, request: web.Request) -> web.Response:
         denied = self._check_token(request)
@@ -124,7 +123,7 @@ class SystemServer:
         if self.token is None:
             return None
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), self.token):
+        if scheme.lower() == "bearer" and same_secret(given.strip(), self.token):
             return None
         message = "a bearer token is required" if not given else "the bearer token is not valid"
         response = error(401, "Unauthorized", message)
@@ -153,11 +152,7 @@ class SystemServer:
 
 
 async def _json(request: web.Request) -> object:
-    raw = await request.read()
-    try:
-        return json.loads(raw or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    return load_json(await request.read() or b"{}", "request body")
 
 
 def _taints_of(body: object) -> list[str]:
