@@ -49,6 +49,9 @@ Leases
 ``aclose()``
     Ends watches, cancels the store's own tasks, closes connections. Idempotent. Any call
     afterwards raises ``StoreClosedError``.
+``check_url(url)`` (a classmethod)
+    Checks a URL and every file it names as ``open`` would, without connecting or changing
+    anything: ``ConfigError`` names the first problem.
 
 Errors are ours, translated inside each backend module: ``KeyNotFoundError``,
 ``RevisionMismatchError``, ``StoreUnavailableError`` (retryable: every call has a deadline,
