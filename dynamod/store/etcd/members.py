@@ -234,11 +234,10 @@ class Members:
     async def _connect(self, index: int, limit: float) -> Member:
         host, port = self._endpoints[index]
         name = f"{host}:{port}"
-        target = f"{host}:{port}"
         if self._credentials is None:
-            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(name, options=CHANNEL_OPTIONS)
         else:
-            channel = grpc.aio.secure_channel(target, self._credentials, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.secure_channel(name, self._credentials, options=CHANNEL_OPTIONS)
         member = Member(index, name, channel)
         try:
             async with asyncio.timeout(limit):
@@ -251,7 +250,8 @@ class Members:
         except rpc.AioRpcError as exc:
             await channel.close()
             if classify(exc) is Fault.REFUSED:
-                raise refused(self.url, f"connect as {self._user or 'nobody'}", exc) from None
+                who = f"as user {self._user!r}" if self._user else "without a user"
+                raise refused(self.url, f"connect {who}", exc) from None
             raise NoMember(f"{name}: {describe(exc)}") from None
         except BaseException:
             await channel.close()
