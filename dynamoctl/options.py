@@ -1,8 +1,9 @@
 """The global options: what they are, where they come from, and the one object commands read.
 
-Precedence is flags > environment > config file > defaults. The file is
-``$XDG_CONFIG_HOME/dynamoctl/config.toml`` (``~/.config/dynamoctl/config.toml`` when
-``XDG_CONFIG_HOME`` is unset), or the path in ``DYNAMOCTL_CONFIG``. It holds top-level keys
+Precedence is flags > environment > config file > defaults. The file
+(``fastpath.config_path``) is ``$XDG_CONFIG_HOME/dynamoctl/config.toml``
+(``~/.config/dynamoctl/config.toml`` when ``XDG_CONFIG_HOME`` is unset), or the path in
+``DYNAMOCTL_CONFIG``. It holds top-level keys
 named like the options (``endpoint = "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``,
 ``output = "wide"``, ...); it becomes click's ``default_map``, so click itself applies the
 precedence. A malformed file or an unknown key is refused with a message naming both.
@@ -13,7 +14,6 @@ json``); a value given there wins over one given before the command.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -175,15 +175,6 @@ def override(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
         check = CHECKS.get(name)
         ctx.meta.setdefault(OVERRIDES, {})[name] = check(value) if check else value
     return value
-
-
-def config_path(environ: dict[str, str] | None = None) -> Path:
-    """Where the config file is looked for (it need not exist)."""
-    env = os.environ if environ is None else environ
-    if env.get("DYNAMOCTL_CONFIG"):
-        return Path(env["DYNAMOCTL_CONFIG"]).expanduser()
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "dynamoctl" / "config.toml"
 
 
 def load_config(path: Path) -> dict[str, Any]:

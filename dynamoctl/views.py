@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     )
 
 NONE = "<none>"
-SHORT_ID = 8
+SHORT_ID = 8  # dynamod.reports.ID_PREFIX; not imported, so that --help loads no model code
 
 WORKER_HEADERS = ("ID", "MODEL", "ADDRESS", "TAINTS", "LOAD", "AGE")
 WORKER_WIDE_HEADERS = (
@@ -38,10 +38,10 @@ WORKER_WIDE_HEADERS = (
 def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     """Each id → its shortest prefix of at least ``minimum`` characters that no other id
     in ``ids`` shares (the daemon accepts any unique prefix)."""
+    from dynamod.reports import id_prefix_length
+
     unique = sorted(set(ids))
-    length = minimum
-    while len({i[:length] for i in unique}) < len(unique):
-        length += 1
+    length = id_prefix_length(unique, minimum)
     return {i: i[:length] for i in unique}
 
 
@@ -80,24 +80,51 @@ def load_text(info: WorkerInfo) -> str:
     return str(info.load.active_requests)
 
 
-def worker_row(info: WorkerInfo, short: str, wide: bool, now: float) -> list[str]:
+def card_sum(info: WorkerInfo, known: dict[int, str]) -> str:
+    """The worker's mdcsum, hashed once per model card object in ``known``: the workers of a
+    listing that share a card share its object (``convert.worker_from_pb``)."""
+    card = info.record.model_card
+    found = known.get(id(card))
+    if found is None:
+        found = known[id(card)] = info.mdcsum
+    return found
+
+
+def worker_row(
+    info: WorkerInfo, short: str, wide: bool, now: float, mdcsum: str | None = None
+) -> list[str]:
     record = info.record
     domains = dict(record.runtime_config.topology_domains)
     start = [short, record.model, record.address, joined(info.caller_taints)]
     when = started_age(record.started_at, now)
     if not wide:
         return [*start, load_text(info), when]
-    extra = [topology_text(domains), load_text(info), str(info.revision), info.mdcsum[:12]]
+    summed = info.mdcsum if mdcsum is None else mdcsum
+    extra = [topology_text(domains), load_text(info), str(info.revision), summed[:12]]
     return [*start, *extra, when]
 
 
-def worker_rows(infos: Sequence[WorkerInfo], wide: bool) -> list[list[str]]:
-    shorts = short_ids(i.id for i in infos)
+def worker_rows(
+    infos: Sequence[WorkerInfo], wide: bool, id_length: int | None = None
+) -> list[list[str]]:
+    """Table rows; ids cut to ``id_length`` (the daemon's, unique over a whole streamed
+    listing) or to the shortest unique prefix among ``infos``."""
+    if id_length is None:
+        shorts = short_ids(i.id for i in infos)
+    else:
+        shorts = {i.id: i.id[:id_length] for i in infos}
     now = time.time()
-    return [worker_row(i, shorts[i.id], wide, now) for i in infos]
+    sums: dict[int, str] = {}
+    return [
+        worker_row(i, shorts[i.id], wide, now, card_sum(i, sums) if wide else None) for i in infos
+    ]
 
 
-def worker_object(info: WorkerInfo) -> dict[str, Any]:
+def worker_object(
+    info: WorkerInfo, mdcsum: str | None = None, card: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON object of a worker; ``mdcsum`` and its ``card``'s JSON when already known
+    (``card_sum``; a listing shares one dict among the workers of one card)."""
     record = info.record
     load = info.load
     return {
@@ -107,7 +134,7 @@ def worker_object(info: WorkerInfo) -> dict[str, Any]:
         "taints": sorted(info.caller_taints),
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
-        "mdcsum": info.mdcsum,
+        "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
         "key": record.key,
         "namespace": record.namespace,
         "component": record.component,
@@ -122,7 +149,7 @@ def worker_object(info: WorkerInfo) -> dict[str, Any]:
             "active_prompt_tokens": load.prefill_tokens,
             "active_kv_blocks": load.kv_blocks,
         },
-        "model_card": record.model_card.to_json(),
+        "model_card": record.model_card.to_json() if card is None else card,
     }
 
 

@@ -102,15 +102,19 @@ class Control:
         component: str = "",
         endpoint: str = "",
     ) -> tuple[list[WorkerInfo], int]:
+        """The workers that match, sorted by key, each with its revision and this router's
+        load on it; and the view's revision. An empty filter matches every worker, and
+        only the filters given are looked at (a listing of 10,000 workers is one pass)."""
         chosen = parse(selector)
-        fields = {"namespace": namespace, "component": component, "endpoint": endpoint}
-        records = [
-            r
-            for r in self.view.records()
-            if (not model or r.model == model)
-            and all(not v or getattr(r, k) == v for k, v in fields.items())
-            and chosen.matches(r)
-        ]
+        given = [(k, v) for k, v in (("namespace", namespace), ("component", component),
+                                     ("endpoint", endpoint)) if v]  # fmt: skip
+        records = self.view.records()
+        if model:
+            records = [r for r in records if r.model == model]
+        if given:
+            records = [r for r in records if all(getattr(r, k) == v for k, v in given)]
+        if chosen:
+            records = [r for r in records if chosen.matches(r)]
         return [self.info(r) for r in records], self.view.revision
 
     def get_worker(self, ref: str) -> WorkerInfo:

@@ -1,8 +1,8 @@
 """What the daemon reports to its clients, as plain frozen dataclasses (no gRPC, no protobuf).
 
-A worker as listed (``WorkerInfo``), the outcome of a taint update on one worker
-(``TaintChange``), a discovery event (``EventInfo``), a routing explanation
-(``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
+A worker as listed (``WorkerInfo``, a page of them: ``WorkerPage``), the outcome of a
+taint update on one worker (``TaintChange``), a discovery event (``EventInfo``), a routing
+explanation (``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
 ``api/convert.py`` puts them on the wire and back, and ``dynamod.client`` hands them to
 dynamoctl and to Python programs.
 """
@@ -10,6 +10,7 @@ dynamoctl and to Python programs.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +39,30 @@ class WorkerInfo:
     @property
     def caller_taints(self) -> tuple[str, ...]:
         return tuple(t for t in self.record.taints if not is_topology(t))
+
+
+@dataclass(frozen=True)
+class WorkerPage:
+    """One page of a streamed listing: its workers (by model, then id), the view's revision
+    when the listing began, and ``id_prefix`` (the same on every page)."""
+
+    workers: list[WorkerInfo]
+    revision: int
+    id_prefix: int
+
+
+ID_PREFIX = 8
+"""The fewest characters of an instance id a listing shows."""
+
+
+def id_prefix_length(ids: Iterable[str], minimum: int = ID_PREFIX) -> int:
+    """The shortest prefix length, at least ``minimum``, that no two of ``ids`` share (the
+    daemon accepts any unique prefix of an id)."""
+    unique = set(ids)
+    length = minimum
+    while len({i[:length] for i in unique}) < len(unique):
+        length += 1
+    return length
 
 
 @dataclass(frozen=True)

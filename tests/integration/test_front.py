@@ -100,10 +100,12 @@ class FrontStack:
 
 
 @asynccontextmanager
-async def serve_front(store: Store, *, client_timeout: float = 60.0) -> AsyncIterator[FrontStack]:
+async def serve_front(
+    store: Store, *, client_timeout: float = 60.0, config: RouterConfig | None = None
+) -> AsyncIterator[FrontStack]:
     """The front wired as the daemon wires it: view → router, front on loopback."""
     registry = CollectorRegistry()
-    router = Router(RouterConfig(), rng=random.Random(0), registry=registry)
+    router = Router(config or RouterConfig(), rng=random.Random(0), registry=registry)
     view = WorkerView(store)
     view.listen(router.apply)
     async with asyncio.TaskGroup() as group:

@@ -100,6 +100,7 @@ class Worker(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
     RECORD_JSON_FIELD_NUMBER: _builtins.int
+    MODEL_CARD_JSON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
@@ -123,6 +124,8 @@ class Worker(_message.Message):
     version: _builtins.str
     record_json: _builtins.str
     """the record exactly as stored"""
+    model_card_json: _builtins.str
+    """its model card (also inside record_json)"""
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """sorted; generated dynamo.topology/ taints included"""
@@ -154,10 +157,11 @@ class Worker(_message.Message):
         version: _builtins.str = ...,
         load: Global___Load | None = ...,
         record_json: _builtins.str = ...,
+        model_card_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -197,6 +201,8 @@ class ListWorkersRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     COMPONENT_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """empty: every model"""
     selector: _builtins.str
@@ -204,6 +210,16 @@ class ListWorkersRequest(_message.Message):
     namespace: _builtins.str
     component: _builtins.str
     endpoint: _builtins.str
+    page_size: _builtins.int
+    """StreamWorkers: workers per message (0: 500)"""
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them
+        but model_card_json (record_json holds it). The others are left at their defaults. A
+        table needs far less than record_json, and a large listing costs both sides in
+        proportion to what it carries.
+        """
+
     def __init__(
         self,
         *,
@@ -212,10 +228,12 @@ class ListWorkersRequest(_message.Message):
         namespace: _builtins.str = ...,
         component: _builtins.str = ...,
         endpoint: _builtins.str = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+        page_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "model", b"model", "namespace", b"namespace", "selector", b"selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -227,21 +245,27 @@ class ListWorkersResponse(_message.Message):
 
     WORKERS_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    ID_PREFIX_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """the view's store revision"""
+    id_prefix: _builtins.int
+    """The shortest id prefix, at least 8 characters, that tells apart every worker of the
+    listing (the same in every page of a stream): what a client may show as the id.
+    """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]:
-        """sorted by key"""
+        """ListWorkers: sorted by key; StreamWorkers: by model, then id"""
 
     def __init__(
         self,
         *,
         workers: _abc.Iterable[Global___Worker] | None = ...,
         revision: _builtins.int = ...,
+        id_prefix: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id_prefix", b"id_prefix", "revision", b"revision", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
