@@ -271,8 +271,9 @@ def load(
 def verify(settings: Settings) -> None:
     """Check what ``Settings`` alone cannot: the files and names a start would use — the
     tokens file parses, the store URL and the files it names check out (without connecting:
-    ``store.check_url``), the TLS files load, the audit log can be written. ``dynamod check-config`` and every start run this same check, so a
-    configuration check-config passes does not fail at start for these reasons."""
+    ``store.check_url``), the TLS files load, the audit log can be written.
+    ``dynamod check-config`` and every start run this same check, so a configuration
+    check-config passes does not fail at start for these reasons."""
     Tokens.load(settings.tokens_file)
     check_url(settings.store)
     _verify_tls(settings)
