@@ -96,6 +96,9 @@ def test_hashes_sent_as_bytes_name_blocks_as_integers() -> None:
     assert decode_event(event) == BlockRemoved((0x0102,))
 
 
+SHORT_STORED = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2, 3], "block_size": 4}
+
+
 @pytest.mark.parametrize(
     ("frames", "message_part"),
     [
@@ -105,8 +108,7 @@ def test_hashes_sent_as_bytes_name_blocks_as_integers() -> None:
         ([b"kv", b"\x00" * 8, msgspec.msgpack.encode({"a": 1})], "[ts, events"),
         (message([{"type": "BlockMoved"}]), "unknown KV event type 'BlockMoved'"),
         (message([["BlockStored", [1], None, [1, 2], "4"]]), "block_size must be an integer"),
-        (message([{"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2, 3],
-                   "block_size": 4}]), "carries 3 tokens"),  # fmt: skip
+        (message([SHORT_STORED]), "carries 3 tokens"),
         (message([42]), "a map or a tagged array"),
     ],
 )
