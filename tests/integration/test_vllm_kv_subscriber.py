@@ -38,6 +38,8 @@ class FakeVllm:
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1") if self.router else 0
         self.sent: list[tuple[int, bytes]] = []
         self.replays: list[int] = []
+        self.answer: asyncio.Event | None = None
+        """Set: replay requests wait for it (so messages sent meanwhile are replayed too)."""
 
     @property
     def endpoints(self) -> tuple[str, str | None]:
@@ -56,6 +58,8 @@ class FakeVllm:
         assert self.router is not None
         while True:
             client, _, start = await self.router.recv_multipart()
+            if self.answer is not None:
+                await self.answer.wait()
             first = int.from_bytes(start, "big")
             self.replays.append(first)
             for seq, payload in self.sent:
@@ -123,6 +127,29 @@ async def test_a_late_subscriber_replays_what_was_published_before_it_connected(
                 await fake.send(1, PAYLOADS[1])
                 assert await events_until(subscription, 2) == recorded(0, 1)
                 assert fake.replays == [0]
+    finally:
+        fake.close()
+
+
+async def test_a_live_batch_the_replay_already_gave_is_no_restart(
+    context: zmq.asyncio.Context,
+) -> None:
+    """The catch-up replay is answered after a live message went out: the replay carries
+    it, and its live copy, read next, is the same batch (not an engine starting over)."""
+    fake = FakeVllm(context, replay=True)
+    fake.answer = asyncio.Event()
+    await fake.send(0, PAYLOADS[0], lost=True)
+    publisher = KvPublisher()
+    try:
+        with publisher.subscribe() as subscription:
+            await events_until(subscription, 1)
+            async with following(fake, publisher) as subscriber:
+                await fake.send(1, PAYLOADS[1])  # queued live while the replay waits
+                fake.answer.set()
+                assert await events_until(subscription, 2) == recorded(0, 1)
+                await fake.send(2, PAYLOADS[2])
+                assert await events_until(subscription, 1) == recorded(2)
+                assert subscriber.gaps == 0 and fake.replays == [0]
     finally:
         fake.close()
 

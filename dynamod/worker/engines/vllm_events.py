@@ -153,6 +153,9 @@ class VllmSubscriber:
         self.catch_up = catch_up
         self._publisher = publisher
         self._last = -1
+        # The last sequence number that came live (not replayed): only the live stream
+        # going back means a restart.
+        self._live = -1
         # A live batch that arrived past a gap, held until the replay has filled it.
         self._held: tuple[int, KvBatch] | None = None
         self.gaps = 0
@@ -181,17 +184,24 @@ class VllmSubscriber:
         except InvalidInputError as exc:
             log.warning("vLLM KV event dropped: %s", exc)
             return
-        if seq <= self._last and live:
-            log.warning("vLLM KV events restarted at %d (after %d): clearing", seq, self._last)
+        if seq <= self._live and live:
+            # The live stream itself went back: a new engine numbering from 0 again.
+            log.warning("vLLM KV events restarted at %d (after %d): clearing", seq, self._live)
             self._publisher.publish([AllBlocksCleared()])
         elif seq <= self._last:
-            return  # replayed again
+            # Replayed again, or live but already taken from a replay that overlapped the
+            # live messages queued meanwhile: the same batch, not a restart.
+            if live:
+                self._live = seq
+            return
         elif seq > self._last + 1 and live and self.replay is not None:
             self._held = (seq, batch)
             return
         elif seq > self._last + 1:
             self._gap(seq)
         self._last = seq
+        if live:
+            self._live = seq
         self._publisher.publish(batch.events, batch.ts)
 
     def _gap(self, seq: int) -> None:
@@ -217,6 +227,8 @@ class VllmSubscriber:
         finally:
             dealer.close(linger=0)
         held, self._held = self._held, None
+        if held is not None:
+            self._live = held[0]  # it came live
         if held is not None and held[0] > self._last:
             seq, batch = held
             if seq > self._last + 1:
