@@ -2,6 +2,8 @@
 
     python -m bench.report              # everything, ~6 minutes on 2 cores
     python -m bench.report --quick      # smaller sizes, no chaos run (a smoke test)
+    python -m bench.report --peer F...  # only the peer section, from bench.peer's JSON
+    python -m bench.report --prefix F   # only the prefix-routing section, from bench.prefix's
 
 Each benchmark runs as its own process with modest sizes and ``--json``; the report is
 built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
@@ -33,7 +35,7 @@ matplotlib.use("Agg")  # files only; before pyplot is imported
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from bench import peer_report
+from bench import peer_report, prefix_report
 from bench.common import markdown_table as table
 
 BENCH = Path(__file__).resolve().parent
@@ -482,6 +484,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run nothing: (re)write only the peer section of --out and its plot from these "
         "`python -m bench.peer` results (the last one is the table)",
     )
+    parser.add_argument(
+        "--prefix",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: (re)write only the prefix-routing section of --out and its plot "
+        "from this `python -m bench.prefix` result",
+    )
     return parser.parse_args(argv)
 
 
@@ -525,12 +534,23 @@ def write_peer(files: list[Path], out: Path) -> int:
     return 0
 
 
+def write_prefix(file: Path, out: Path) -> int:
+    run = json.loads(file.read_text())
+    previous = out.read_text() if out.exists() else "# Benchmark results\n"
+    out.write_text(splice(previous, prefix_report.TITLE, prefix_report.section(run, file.name)))
+    prefix_report.plot(run, out.parent / "plots" / prefix_report.PLOT)
+    print(f"wrote the prefix section of {out} and plots/{prefix_report.PLOT}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     if args.peer:
         return write_peer(args.peer, args.out)
+    if args.prefix:
+        return write_prefix(args.prefix, args.out)
     previous = args.out.read_text() if args.out.exists() else ""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
         work = Path(scratch)
@@ -541,8 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_propagation(scale, plots / "propagation_cdf.png")
         plot_routing(scale, plots / "routing_vs_fleet.png")
     text = document(runs, chaos, args.quick)
-    peer = kept_section(previous, peer_report.TITLE)  # bench.peer is not rerun here
-    args.out.write_text(text if peer is None else splice(text, peer_report.TITLE, peer))
+    for title in (peer_report.TITLE, prefix_report.TITLE):  # neither benchmark is rerun here
+        kept = kept_section(previous, title)
+        text = text if kept is None else splice(text, title, kept)
+    args.out.write_text(text)
     print(f"wrote {args.out} and {plots}/", file=sys.stderr)
     failed = [r.suite.name for r in runs.values() if r.error and not r.missing]
     failed += [s.name for s in chaos or () if s.outcome != "pass"]
