@@ -73,7 +73,7 @@ class Chat:
 
 @dataclass
 class Served:
-    session: int
+    session: tuple[int, int]  # (the workload's seed, the session's index): unique across runs
     turn: int
     prompt_tokens: int
     cached_tokens: int
@@ -122,7 +122,7 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 def _stickiness(served: Sequence[Served]) -> float | None:
     if not all(s.worker for s in served):
         return None
-    by_session: dict[int, list[Served]] = {}
+    by_session: dict[tuple[int, int], list[Served]] = {}
     for s in sorted(served, key=lambda s: (s.session, s.turn)):
         by_session.setdefault(s.session, []).append(s)
     pairs = [pair for turns in by_session.values() for pair in itertools.pairwise(turns)]
@@ -148,7 +148,7 @@ async def play(
             for turn, prompt in enumerate(prompts):
                 run.served.append(
                     await request(
-                        http, pick(), model, prompt, chat.max_tokens, session, turn, extra
+                        http, pick(), model, prompt, chat.max_tokens, (seed, session), turn, extra
                     )
                 )
 
@@ -170,7 +170,7 @@ async def request(
     model: str,
     prompt: str,
     max_tokens: int,
-    session: int,
+    session: tuple[int, int],
     turn: int,
     extra: dict[str, Any] | None,
 ) -> Served:

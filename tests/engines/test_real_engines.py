@@ -219,6 +219,38 @@ async def test_a_repeated_prompt_is_served_from_the_prefix_cache(
     assert second.usage.prompt_tokens_details.cached_tokens % 32 == 0  # whole blocks only
 
 
+async def explain_overlap(fleet: Fleet, prompt: str, worker: str) -> tuple[int, str]:
+    """The router's overlap for ``worker`` and where it came from (``route explain``)."""
+    argv = dynamoctl("--endpoint", f"unix://{fleet.socket}", "route", "explain", "--model",
+                     MODEL, "--prompt", prompt, "-o", "json")  # fmt: skip
+    done = await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    row = next(c for c in json.loads(done.stdout)["candidates"] if c["id"] == worker)
+    return row["overlap_blocks"], row["overlap_source"]
+
+
+async def test_the_routers_overlap_is_the_blocks_vllm_stored(fleet: Fleet) -> None:
+    """vLLM's own KV events, through the worker's events stream, give the router exactly
+    the blocks the engine then serves from its cache (its ``cached_tokens``)."""
+    prompt = f"{uuid.uuid4().hex} {LONG_PROMPT}"
+    fast = constraints(["capacity/fast"])
+    worker, first = await complete(fleet, prompt, **fast)
+    assert worker == fleet.fast.field("id") and first.usage.prompt_tokens > 64
+    again, second = await complete(fleet, prompt, **fast)
+    assert again == worker
+    stored = first.usage.prompt_tokens // 32  # the prompt's whole blocks
+    # vLLM computes at least the prompt's last token: a prompt of whole blocks is served
+    # with its last block recomputed.
+    served = stored - (first.usage.prompt_tokens % 32 == 0)
+    assert second.usage.prompt_tokens_details.cached_tokens == served * 32
+    deadline = time.monotonic() + 30  # events reach the daemon with no signal to await
+    while (found := await explain_overlap(fleet, prompt, worker)) != (stored, "kv"):
+        assert time.monotonic() < deadline, f"overlap {found}; vLLM stored {stored} blocks"
+        await asyncio.sleep(0.2)
+    slow = await explain_overlap(fleet, prompt, fleet.slow.field("id"))
+    assert slow == (0, "kv"), "the other vLLM worker never saw this prompt"
+
+
 async def test_engine_load_shows_in_dynamoctl_workers_ls(fleet: Fleet) -> None:
     """Requests sent to the workers directly (no router holds them back), more than
     max_num_seqs and renewed until the listing has shown them: the tiny model finishes a
