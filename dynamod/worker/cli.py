@@ -7,12 +7,14 @@ registered.
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dynamod import __version__
+from dynamod.auth import Principal, Tokens
 from dynamod.errors import InvalidInputError
 from dynamod.lifecycle import guarded, run
 from dynamod.worker.engines.mocker import MockerConfig
@@ -46,18 +48,27 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
     return out
 
 
-def read_token(path: Path | None) -> str | None:
+def read_tokens(path: Path | None) -> Tokens | None:
+    """The tokens the taint route accepts: None without a file; else the file's one bearer
+    token (named after the file in the audit log), or dynamod's tokens file format (TOML
+    ``[[token]]`` entries with ``name``, ``secret``, ``role`` and ``prefixes``)."""
     if path is None:
         return None
     try:
-        token = path.read_text().strip()
+        text = path.read_text().strip()
     except OSError as exc:
         raise InvalidInputError(
             f"--token-file {str(path)!r} cannot be read: {exc.strerror}"
         ) from None
-    if not token:
+    if not text:
         raise InvalidInputError(f"--token-file {str(path)!r} is empty")
-    return token
+    try:
+        toml = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:  # a bare secret is not TOML
+        toml = {}
+    if isinstance(toml.get("token"), list):
+        return Tokens.load(path)
+    return Tokens(((text, Principal(path.name, "write")),))
 
 
 @app.command()
@@ -104,7 +115,15 @@ def worker(
         int, typer.Option(envvar="DYN_SYSTEM_PORT", help="System HTTP port (0 picks one).")
     ] = 0,
     token_file: Annotated[
-        Path | None, typer.Option(help="File holding the bearer token the taint route requires.")
+        Path | None,
+        typer.Option(
+            help="File holding the bearer token the taint route requires, or a dynamod tokens "
+            "file ([[token]] entries: name, secret, role, prefixes)."
+        ),
+    ] = None,
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(help="Append one JSON line per taint update to this file (default: the log)."),
     ] = None,
     lease_ttl: Annotated[float, typer.Option(help="Seconds the record outlives a crash.")] = 10.0,
     grace: Annotated[
@@ -149,7 +168,8 @@ def worker(
             advertise_host=advertise_host,
             system_host=system_host,
             system_port=system_port,
-            token=read_token(token_file),
+            tokens=read_tokens(token_file),
+            audit_log=audit_log,
             lease_ttl=lease_ttl,
             grace=grace,
             mocker=MockerConfig(
