@@ -25,7 +25,7 @@ log_format         auto                                        auto (plain under
                                                                timestamped otherwise), json
 grace              30                                          seconds for in-flight work
                                                                at shutdown
-drain              1                                           the bounded drain at exit
+drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
 replica_id         <host>-<pid>                                this replica's name
 =================  ==========================================  ==========================
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamod.errors import ConfigError
+from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterConfig
 
@@ -65,7 +66,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "auto"
     grace: float = 30.0
-    drain: float = 1.0
+    drain: float = DRAIN_SECONDS
     event_history: int = 10_000
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     router: RouterConfig = field(default_factory=RouterConfig)
