@@ -6,6 +6,9 @@ Precedence is flags > environment > config file > defaults. The file is
 named like the options (``endpoint = "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``,
 ``output = "wide"``, ...); it becomes click's ``default_map``, so click itself applies the
 precedence. A malformed file or an unknown key is refused with a message naming both.
+Where the file is, how it is read, the environment variables and the default endpoint
+live in ``dynamod.client.config``, so a Python program using ``dynamod.client`` gets the
+same defaults.
 
 kubectl habit: a global option may also follow the command (``dynamoctl workers ls -o
 json``); a value given there wins over one given before the command.
@@ -13,8 +16,6 @@ json``); a value given there wins over one given before the command.
 
 from __future__ import annotations
 
-import os
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,10 +23,11 @@ from typing import Annotated, Any
 
 import typer
 
-from dynamod.errors import ConfigError
+from dynamod.client.config import DEFAULT_TIMEOUT, config_path, default_endpoint, load_config
+
+__all__ = ["DEFAULT_TIMEOUT", "config_path", "load_config"]  # the root command uses these
 
 OUTPUTS = ("table", "wide", "json", "yaml", "name")
-DEFAULT_TIMEOUT = 10.0
 OVERRIDES = "dynamoctl.overrides"  # ctx.meta key: global options given after the command
 ENDPOINT_HELP = (
     "dynamod's gRPC endpoint: unix:///PATH (or /PATH) or HOST:PORT. Default: the daemon's "
@@ -51,15 +53,10 @@ class Options:
 
     def target(self) -> str:
         """The endpoint to dial: the flag, else the daemon's default unix socket."""
-        if self.endpoint:
-            return self.endpoint
-        from dynamod.paths import default_socket
-
-        return f"unix://{default_socket()}"
+        return self.endpoint or default_endpoint()
 
 
 FIELDS = tuple(Options.__dataclass_fields__)
-CONFIG_KEYS = tuple(f for f in FIELDS if f != "debug")
 
 
 class UsageError(typer.BadParameter):
@@ -174,40 +171,4 @@ def override(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     if source is not None and source.name == "COMMANDLINE":
         check = CHECKS.get(name)
         ctx.meta.setdefault(OVERRIDES, {})[name] = check(value) if check else value
-    return value
-
-
-def config_path(environ: dict[str, str] | None = None) -> Path:
-    """Where the config file is looked for (it need not exist)."""
-    env = os.environ if environ is None else environ
-    if env.get("DYNAMOCTL_CONFIG"):
-        return Path(env["DYNAMOCTL_CONFIG"]).expanduser()
-    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "dynamoctl" / "config.toml"
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """The config file as click's ``default_map``; ``{}`` when there is none."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - set(CONFIG_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"config file {str(path)!r} has unknown key {unknown[0]!r}; known keys are "
-            f"{', '.join(CONFIG_KEYS)}"
-        )
-    return {k: _expand(k, v) for k, v in data.items()}
-
-
-def _expand(key: str, value: Any) -> Any:
-    if key in ("token_file", "cacert", "cert", "cert_key") and isinstance(value, str):
-        return str(Path(value).expanduser())
     return value
