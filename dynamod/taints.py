@@ -123,7 +123,7 @@ def _skeleton(text: str) -> str:
 
 
 def key_of(taint: str) -> str:
-    """The ``[prefix/]name`` part of a taint: ``pool=batch`` → ``pool``."""
+    """A taint's key, everything before its first ``=``: ``pool=batch`` → ``pool``."""
     return taint.partition("=")[0]
 
 
@@ -170,7 +170,7 @@ class TaintUpdate:
 
     ``action`` is one of ``ACTIONS``: ``replace`` sets the caller taints (empty clears; the
     CLI's ``taints set``, Dynamo's route), ``add`` / ``remove`` name exact taints,
-    ``remove`` also drops every taint whose key (``[prefix/]name``) is in ``keys``, and
+    ``remove`` also drops every taint whose key (``key_of``) is in ``keys``, and
     ``clear`` removes them all. Everything is checked when the update is built, before any
     read: a reserved or malformed taint raises ``TaintError``, ``add`` / ``remove`` need at
     least one taint. Duplicates collapse.

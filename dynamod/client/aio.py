@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -288,7 +288,7 @@ class AsyncClient:
 
     async def events(
         self, since: int | None = None, *, selector: str | None = None
-    ) -> AsyncIterator[EventInfo]:
+    ) -> AsyncGenerator[EventInfo, None]:
         """Discovery events as they happen, until the daemon ends the stream; from
         ``since`` (a revision) when given, with a ``RESYNC`` snapshot first when the daemon
         no longer remembers that far back. Leave the ``async for`` to stop."""

@@ -188,8 +188,7 @@ async def _next(stream: AsyncIterator[EventInfo]) -> EventInfo:
     return await anext(stream)
 
 
-async def _close(stream: AsyncIterator[EventInfo]) -> None:
-    assert isinstance(stream, AsyncGenerator)
+async def _close(stream: AsyncGenerator[EventInfo, None]) -> None:
     await stream.aclose()
 
 
