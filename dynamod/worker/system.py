@@ -90,10 +90,13 @@ class SystemServer:
 
     async def _update_taints(self, request: web.Request) -> web.Response:
         peer = _peer(request)
+        caller: Principal | None = None
         try:
             caller = self._caller(request)
+            if caller is not None:
+                caller.require_write()
         except AccessError as exc:
-            return self._denied(exc, peer)
+            return self._denied(exc, peer, caller)
         try:
             update = TaintUpdate.replace(_taints_of(await _json(request)))
         except InvalidInputError as exc:
@@ -119,12 +122,11 @@ class SystemServer:
         log.info("taints of %s set to %s", change.worker, list(change.after))
         return web.json_response({"status": "ok", "taints": list(caller_taints(change.after))})
 
-    def _denied(self, exc: AccessError, peer: str) -> web.Response:
+    def _denied(self, exc: AccessError, peer: str, caller: Principal | None) -> web.Response:
         """401 for a missing or unknown token, 403 for a read-only one; audited."""
         unknown = isinstance(exc, UnauthenticatedError)
-        outcome = "unauthorized" if unknown else "forbidden"
-        self._updates.labels(outcome).inc()
-        self.writer.refused(None, peer=peer, caller=None, error=exc, outcome=outcome)
+        self._updates.labels("unauthorized" if unknown else "forbidden").inc()
+        self.writer.refused(None, peer=peer, caller=caller, error=exc)
         if not unknown:
             return error(403, "Forbidden", str(exc))
         response = error(401, "Unauthorized", str(exc))
@@ -132,16 +134,14 @@ class SystemServer:
         return response
 
     def _caller(self, request: web.Request) -> Principal | None:
-        """Who presented which token: None when no token is configured; the token's
-        holder (write access needed) otherwise."""
+        """Who presented which token: None when no token is configured, else the token's
+        holder (``UnauthenticatedError`` when there is none or nobody issued it)."""
         if self.tokens is None:
             return None
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise UnauthenticatedError("a bearer token is required")
-        caller = self.tokens.authenticate(given.strip())
-        caller.require_write()
-        return caller
+        return self.tokens.authenticate(given.strip())
 
     async def _health(self, request: web.Request) -> web.Response:
         writer = self.writer

@@ -24,7 +24,7 @@ from typing import Literal
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
 from dynamod.discovery.records import Registration, update_taints
-from dynamod.errors import DynamoError, ShuttingDownError, code_name
+from dynamod.errors import DynamoError, ShuttingDownError
 from dynamod.model import WorkerRecord
 from dynamod.reports import TaintChange
 from dynamod.taints import TaintUpdate
@@ -101,10 +101,9 @@ class TaintWriter:
         peer: str,
         caller: Principal | None,
         error: DynamoError,
-        outcome: str | None = None,
     ) -> None:
-        """The audit line of an attempt that changed nothing: ``outcome`` (default: the
-        error's status code name) and the error's message."""
+        """The audit line of an attempt that changed nothing: the error's class as the
+        outcome (as dynamod's audit lines have it) and its message."""
         record = self.registration.record if self.registration is not None else None
         self.audit.record(
             **_who(peer, caller),
@@ -115,7 +114,7 @@ class TaintWriter:
             before=None if record is None else list(record.taints),
             after=None,
             revision=None,
-            outcome=outcome or code_name(error),
+            outcome=type(error).__name__,
             error=str(error),
         )
 
