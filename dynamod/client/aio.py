@@ -18,6 +18,7 @@ A client that is never closed is closed at interpreter exit (``dynamod.client.dr
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
@@ -31,10 +32,11 @@ from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.config import Credentials, resolve, target_of
-from dynamod.errors import DynamoError, UnreachableError
+from dynamod.errors import ConflictError, DynamoError, UnreachableError
 from dynamod.reports import EventInfo, ExplainInfo, StatusInfo, TaintChange, WorkerInfo
 from dynamod.taints import TaintUpdate
 
+ATTEMPTS = re.compile(r"\((\d+) attempts\)")
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
@@ -146,6 +148,11 @@ class AsyncClient:
                 f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
                 "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
             )
+        if isinstance(error, ConflictError):
+            # The daemon's message names the attempts (records.update_taints); the wire
+            # carries no field for them.
+            said = ATTEMPTS.search(str(error))
+            error.attempts = int(said.group(1)) if said else None
         return error
 
     async def list_workers(
