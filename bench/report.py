@@ -1,7 +1,8 @@
 """Run the benchmarks and the chaos scenarios, and write ``bench/RESULTS.md`` and its plots.
 
-    python -m bench.report              # everything, ~6 minutes on 2 cores
+    python -m bench.report              # everything, ~6 minutes on 2 cores (+ ~15 exit drain)
     python -m bench.report --quick      # smaller sizes, no chaos run (a smoke test)
+    python -m bench.report --only exit_drain   # one benchmark: its section, the rest kept
 
 Each benchmark runs as its own process with modest sizes and ``--json``; the report is
 built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
@@ -57,6 +58,7 @@ SUITES = (
     Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
     Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
     Suite("route", "bench.route", ("--quick",), ("--quick", "--rounds", "50"), json=False),
+    Suite("exit_drain", "bench.exit_drain", (), ("--runs", "20", "--blocking-runs", "5")),
 )
 
 
@@ -267,6 +269,27 @@ def section_load(data: Json) -> list[str]:
     return [intro, "", *table(head, rows), tail, ""]
 
 
+def section_exit_drain(data: Json) -> list[str]:
+    args = data["args"]
+    rows = [
+        [r["script"], "250 ms (default)" if r["drain"] else "off (`DYNAMO_DRAIN=0`)", r["runs"],
+         r["noisy"], ", ".join(f"{k} {v}" for k, v in r["reasons"].items()) or "—",
+         f"{r['run_p50_ms']:.0f}",
+         f"{data['fisher_p'][r['script']]:.3g}" if r["drain"] else "—"]
+        for r in data["rows"]
+    ]  # fmt: skip
+    intro = (
+        "Scripts that exit with an open client and a live `events()` stream (dynamod and a "
+        f"worker on a file store, its taints moved {data['churn']:,} times during the runs), "
+        f"{args['parallel']} runs at once, interleaved; noisy = non-zero exit or hung "
+        f"(killed after {args['timeout']:g} s), or `Task was destroyed`, `Exception ignored`, "
+        "a traceback or `Fatal Python error` on stderr. The drain-off arm is the control; p is "
+        f"the two-sided Fisher exact test. {data['seconds'] / 60:.1f} minutes."
+    )
+    head = ("script", "drain at exit", "runs", "noisy", "why", "run p50 ms", "Fisher p")
+    return [intro, "", *table(head, rows)]
+
+
 ORACLE = "test_judge"  # the oracle's own tests: not scenarios, summed up in one line
 
 
@@ -394,6 +417,7 @@ SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
     "cli": ("CLI (`bench.cli`)", section_generic),
     "scale": ("Scale (`bench.scale`)", section_scale),
     "load": ("Load with moving taints (`bench.load`)", section_load),
+    "exit_drain": ("Exit drain (`bench.exit_drain`)", section_exit_drain),
 }
 
 
@@ -427,11 +451,44 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes, no chaos run")
     parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
+    parser.add_argument(
+        "--only", choices=sorted(SECTIONS), help="run one benchmark; rewrite only its section"
+    )
     return parser.parse_args(argv)
+
+
+def splice(document: str, title: str, lines: list[str]) -> str:
+    """``document`` with the section ``## title`` replaced by ``lines`` (added before the
+    routing section when it has none): one benchmark rerun, every other figure kept."""
+    head = f"## {title}"
+    parts = document.rstrip("\n").split("\n")
+    sections = [i for i, line in enumerate(parts) if line.startswith("## ")]
+    if head in parts:
+        start = parts.index(head)
+        end = next((i for i in sections if i > start), len(parts))
+    else:
+        routing = [i for i in sections if parts[i].startswith("## Routing decision")]
+        start = end = routing[0] if routing else len(parts)
+    parts[start:end] = [head, "", *lines]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def only(name: str, out: Path, quick: bool) -> int:
+    with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
+        ran = run_suite(next(s for s in SUITES if s.name == name), Path(scratch), quick)
+    if ran.data is None:
+        print(f"not passed: {name}: {ran.error}", file=sys.stderr)
+        return 1
+    title, render = SECTIONS[name]
+    out.write_text(splice(out.read_text(), title, render(ran.data)))
+    print(f"rewrote the {title!r} section of {out}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    if args.only:
+        return only(args.only, args.out, args.quick)
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:

@@ -197,3 +197,42 @@ async def test_async_client_helpers(fleet: tuple[Proc, Path]) -> None:
         with pytest.raises(WorkerNotFoundError):
             await client.clear_taints("ffffffffffff")
     assert client.closed
+
+
+FORGETFUL = {
+    "blocking": """
+import sys
+from dynamod.client import Client
+client = Client()
+events = client.events()
+print(next(events).kind, flush=True)
+""",
+    "async": """
+import asyncio
+from dynamod.client import AsyncClient
+
+async def main():
+    client = AsyncClient()
+    first = asyncio.Event()
+
+    async def follow():
+        async for _ in client.events():
+            first.set()
+
+    globals()["follower"] = asyncio.create_task(follow())
+    await first.wait()
+    print("RESYNC", flush=True)
+
+asyncio.run(main())
+""",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FORGETFUL))
+async def test_a_script_that_forgets_to_close_its_client_exits_cleanly(
+    fleet: tuple[Proc, Path], tmp_path: Path, kind: str
+) -> None:
+    """The client's drain at exit closes it (bench/exit_drain.py measures the difference)."""
+    _, socket = fleet
+    code, out, err = await run_script(FORGETFUL[kind], tmp_path, DYNAMO_ENDPOINT=f"unix://{socket}")
+    assert (code, out, err) == (0, "RESYNC\n", "")
