@@ -11,6 +11,8 @@ at interpreter exit (``dynamod.client.drain``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sys
 import threading
 import time
 import weakref
@@ -25,6 +27,8 @@ from dynamod.reports import EventInfo, ExplainInfo, StatusInfo, TaintChange, Wor
 from dynamod.taints import TaintUpdate
 
 T = TypeVar("T")
+RELEASE_SECONDS = 5.0
+"""How long closing a stream the caller left may take (its call is cancelled by then)."""
 
 
 class Client:
@@ -175,8 +179,17 @@ class Client:
                     return
                 yield event
         finally:
-            if not self._closed:
-                self._run(_close(stream))
+            self._release(stream)
+
+    def _release(self, stream: AsyncGenerator[EventInfo, None]) -> None:
+        """Close an events stream the caller left (or dropped). Not at interpreter
+        shutdown: this client's thread may be frozen by then, and waiting for it would
+        hang the exit (the drain has closed the client before, if it may)."""
+        if self._closed or sys.is_finalizing() or not self._thread.is_alive():
+            return
+        closing = asyncio.run_coroutine_threadsafe(_close(stream), self._loop)
+        with contextlib.suppress(TimeoutError):
+            closing.result(timeout=RELEASE_SECONDS)
 
 
 async def _open(endpoint: str, credentials: Credentials, seconds: float) -> AsyncClient:
