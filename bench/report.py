@@ -34,6 +34,9 @@ matplotlib.use("Agg")  # files only; before pyplot is imported
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
+from bench import peer_report
+from bench.common import markdown_table as table
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 Json = dict[str, Any]
@@ -137,12 +140,6 @@ def _outcome(case: ElementTree.Element) -> str:
 
 
 # -- markdown ------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
 
 
 def ms(value: float | None) -> str:
@@ -452,28 +449,61 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes, no chaos run")
     parser.add_argument("--out", type=Path, default=BENCH / "RESULTS.md")
     parser.add_argument(
+        "--peer",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="run nothing: (re)write only the peer section of --out and its plot from these "
+        "`python -m bench.peer` results (the last one is the table)",
+    )
+    parser.add_argument(
         "--only", choices=sorted(SECTIONS), help="run one benchmark; rewrite only its section"
     )
     return parser.parse_args(argv)
 
 
-def splice(document: str, title: str, lines: list[str]) -> str:
-    """``document`` with the section ``## title`` replaced by ``lines`` (added before the
-    routing section when it has none): one benchmark rerun, every other figure kept."""
-    head = f"## {title}"
-    parts = document.rstrip("\n").split("\n")
-    sections = [i for i, line in enumerate(parts) if line.startswith("## ")]
-    if head in parts:
-        start = parts.index(head)
-        end = next((i for i in sections if i > start), len(parts))
-    else:
-        routing = [i for i in sections if parts[i].startswith("## Routing decision")]
-        start = end = routing[0] if routing else len(parts)
-    parts[start:end] = [head, "", *lines]
-    return "\n".join(parts).rstrip() + "\n"
+# -- the peer section: written from bench.peer's JSON, kept as it is by a full run ---------
+
+
+def section_bounds(lines: list[str], title: str) -> tuple[int, int] | None:
+    """Where the section ``## title`` starts and ends (the next ``## `` line, or the end)."""
+    heading = f"## {title}"
+    if heading not in lines:
+        return None
+    start = lines.index(heading)
+    ends = [i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")]
+    return start, ends[0] if ends else len(lines)
+
+
+def splice(text: str, title: str, body: list[str]) -> str:
+    """``text`` with the section ``title`` replaced by ``body``, or added at the end."""
+    lines = text.rstrip("\n").split("\n")
+    section = [f"## {title}", "", *body]
+    found = section_bounds(lines, title)
+    start, end = found if found else (len(lines), len(lines))
+    lines[start:end] = ([""] if not found else []) + section
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def kept_section(previous: str, title: str) -> list[str] | None:
+    """The body of the section ``title`` in ``previous``, if it has one."""
+    lines = previous.rstrip("\n").split("\n")
+    found = section_bounds(lines, title)
+    return None if found is None else lines[found[0] + 2 : found[1]]
+
+
+def write_peer(files: list[Path], out: Path) -> int:
+    runs = [json.loads(f.read_text()) for f in files]
+    previous = out.read_text() if out.exists() else "# Benchmark results\n"
+    body = peer_report.section(runs, [f.name for f in files])
+    out.write_text(splice(previous, peer_report.TITLE, body))
+    peer_report.plot(runs[-1], out.parent / "plots" / peer_report.PLOT)
+    print(f"wrote the peer section of {out} and plots/{peer_report.PLOT}", file=sys.stderr)
+    return 0
 
 
 def only(name: str, out: Path, quick: bool) -> int:
+    """Run the one benchmark ``name`` and rewrite its section of ``out``; the others stay."""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
         ran = run_suite(next(s for s in SUITES if s.name == name), Path(scratch), quick)
     if ran.data is None:
@@ -487,10 +517,13 @@ def only(name: str, out: Path, quick: bool) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
-    if args.only:
-        return only(args.only, args.out, args.quick)
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
+    if args.peer:
+        return write_peer(args.peer, args.out)
+    if args.only:
+        return only(args.only, args.out, args.quick)
+    previous = args.out.read_text() if args.out.exists() else ""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
         work = Path(scratch)
         runs = {s.name: run_suite(s, work, args.quick) for s in SUITES}
@@ -499,7 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if scale:
         plot_propagation(scale, plots / "propagation_cdf.png")
         plot_routing(scale, plots / "routing_vs_fleet.png")
-    args.out.write_text(document(runs, chaos, args.quick))
+    text = document(runs, chaos, args.quick)
+    peer = kept_section(previous, peer_report.TITLE)  # bench.peer is not rerun here
+    args.out.write_text(text if peer is None else splice(text, peer_report.TITLE, peer))
     print(f"wrote {args.out} and {plots}/", file=sys.stderr)
     failed = [r.suite.name for r in runs.values() if r.error and not r.missing]
     failed += [s.name for s in chaos or () if s.outcome != "pass"]

@@ -2,7 +2,14 @@
 
 Each line: ``time`` (RFC 3339, UTC), ``caller``, ``action``, ``taints``, ``keys``, ``worker``,
 ``before``, ``after``, ``revision``, ``outcome`` (``ok``, ``unchanged``, or the error
-code) and, on failure, ``error``. A dry run is not a mutation and is not logged.
+code) and, on failure, ``error``. A dry run is not a mutation and is not logged. A
+refused attempt (no or a wrong token, no right, invalid input) is one line too, with the
+caller as far as known, what was asked and why it was refused.
+
+The audit line is written after the store has committed the change: a line that cannot be
+written (a full disk, a removed directory) does not undo it, and the caller is told what
+happened — the change. The failure is loud instead: an ERROR log line naming the change, and
+``on_failure`` (the daemon counts ``dynamod_audit_failures_total``).
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import datetime as dt
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -18,9 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class AuditLog:
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, on_failure: Callable[[], None] = lambda: None) -> None:
         self.path = path
         self._file: IO[str] | None = None
+        self._on_failure = on_failure
 
     def open(self) -> None:
         if self.path is None:
@@ -42,5 +51,9 @@ class AuditLog:
         if self._file is None:
             log.info("audit %s", line)
             return
-        self._file.write(line + "\n")
-        self._file.flush()
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except OSError as exc:
+            self._on_failure()
+            log.error("audit log %s cannot be written (%s); not recorded: %s", self.path, exc, line)

@@ -60,6 +60,40 @@ class Principal:
 UNIX = Principal("unix-socket", "write")
 
 
+def same_secret(given: str, secret: str) -> bool:
+    """Constant-time comparison of a presented token with a secret. Works on bytes: a
+    header may hold any bytes (HTTP servers decode them with surrogate escapes), and
+    comparing ``str`` with non-ASCII characters is a ``TypeError`` in ``hmac``."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
+def check_bearer(token: str, where: str) -> str:
+    """``token`` when it can travel as a bearer token (RFC 6750: visible ASCII, no spaces),
+    else ``ConfigError`` naming ``where``. An HTTP header or gRPC metadata value cannot hold
+    anything else, so a token that breaks this could never be presented."""
+    bad = next((c for c in token if not "!" <= c <= "~"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{where} holds a token with character {bad!r}; a bearer token is visible ASCII "
+            "without spaces (RFC 6750)"
+        )
+    return token
+
+
+def read_token_file(path: Path, flag: str = "--token-file") -> str:
+    """The bearer token in the file ``path`` (surrounding whitespace dropped), checked;
+    ``ConfigError`` naming ``flag`` and the file when it cannot be read, is empty or holds
+    characters a token cannot carry."""
+    where = f"{flag} {str(path)!r}"
+    try:
+        token = path.expanduser().read_bytes().decode(errors="replace").strip()
+    except OSError as exc:
+        raise ConfigError(f"{where} cannot be read: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"{where} is empty")
+    return check_bearer(token, where)
+
+
 @dataclass(frozen=True)
 class Tokens:
     entries: tuple[tuple[str, Principal], ...] = ()
@@ -70,14 +104,16 @@ class Tokens:
             return cls()
         try:
             data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"tokens file {str(path)!r} cannot be read: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"tokens file {str(path)!r} cannot be read: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"tokens file {str(path)!r} is not valid TOML: {exc}") from None
         return cls(tuple(_entry(path, i, e) for i, e in enumerate(data.get("token", []))))
 
     def authenticate(self, token: str) -> Principal:
         found = None
         for secret, principal in self.entries:
-            if hmac.compare_digest(secret.encode(), token.encode()):
+            if same_secret(token, secret):
                 found = principal
         if found is None:
             raise UnauthenticatedError("the bearer token is not valid")
@@ -103,6 +139,7 @@ def _entry(path: Path, index: int, raw: object) -> tuple[str, Principal]:
     prefixes = raw.get("prefixes", [])
     if not isinstance(secret, str) or len(secret) < 8:
         raise ConfigError(f"{where} needs a secret of at least 8 characters")
+    check_bearer(secret, f"{where}'s secret")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where} needs a name")
     if role not in ("read", "write"):

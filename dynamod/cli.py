@@ -102,13 +102,22 @@ def _load(config: Path | None, flags: dict[str, object]) -> Settings:
     return settings_module.load(path=config, flags=flags)
 
 
+def _checked(config: Path | None, flags: dict[str, object]) -> Settings:
+    """The settings, and everything a start needs from them verified (``config.verify``)."""
+    from dynamod.config import verify
+
+    settings = _load(config, flags)
+    verify(settings)
+    return settings
+
+
 def _serve(config: Path | None, flags: dict[str, object]) -> int:
     from dynamod import logs
     from dynamod.daemon import run_daemon
     from dynamod.lifecycle import guarded, run
 
     try:
-        settings = _load(config, flags)
+        settings = _checked(config, flags)
     except ConfigError as exc:
         print(f"dynamod: configuration error: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -127,7 +136,7 @@ def check_config(
     """Validate the settings (file, environment, flags) and print them; start nothing."""
     parent_config, flags = ctx.obj
     try:
-        settings = _load(config or parent_config, flags)
+        settings = _checked(config or parent_config, flags)
     except ConfigError as exc:
         print(f"dynamod: configuration error: {exc}", file=sys.stderr)
         raise typer.Exit(EX_CONFIG) from None

@@ -27,6 +27,11 @@ grace              30                                          seconds for in-fl
                                                                at shutdown
 drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
+event_history_mb   64                                          ... and at most this many MB
+http_head_timeout  10                                          seconds for a request's head
+http_body_timeout  30                                          seconds for a request's body
+http_idle_timeout  75                                          seconds a kept-alive
+                                                               connection may idle
 replica_id         <host>-<pid>                                this replica's name
 =================  ==========================================  ==========================
 """
@@ -37,16 +42,20 @@ import dataclasses
 import math
 import os
 import socket
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynamod.errors import ConfigError
+from dynamod.auth import Tokens
+from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterConfig
+from dynamod.store import store_class
 
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -68,6 +77,10 @@ class Settings:
     grace: float = 30.0
     drain: float = DRAIN_SECONDS
     event_history: int = 10_000
+    event_history_mb: float = 64.0
+    http_head_timeout: float = HttpLimits.head_timeout
+    http_body_timeout: float = HttpLimits.body_timeout
+    http_idle_timeout: float = HttpLimits.idle_timeout
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     router: RouterConfig = field(default_factory=RouterConfig)
 
@@ -84,6 +97,14 @@ class Settings:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
         if self.event_history < 1:
             raise ConfigError(f"event_history must be at least 1, got {self.event_history}")
+        if not 0 < self.event_history_mb < 1e6:
+            raise ConfigError(
+                f"event_history_mb must be above 0 (megabytes), got {self.event_history_mb!r}"
+            )
+        try:
+            self.http_limits  # noqa: B018 - built to check the three timeouts
+        except InvalidInputError as exc:
+            raise ConfigError(f"http_{exc}") from None
         if not self.listen:
             raise ConfigError("listen needs at least one address")
         for address in self.listen:
@@ -94,6 +115,10 @@ class Settings:
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(self.http_head_timeout, self.http_body_timeout, self.http_idle_timeout)
 
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
@@ -153,6 +178,10 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "grace": _number(float),
     "drain": _number(float),
     "event_history": _number(int),
+    "event_history_mb": _number(float),
+    "http_head_timeout": _number(float),
+    "http_body_timeout": _number(float),
+    "http_idle_timeout": _number(float),
     "replica_id": str,
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterConfig)}
@@ -238,3 +267,38 @@ def load(
     _apply(values, router, _env(env), "environment")
     _apply(values, router, {k: v for k, v in (flags or {}).items() if v is not None}, "flags")
     return Settings(**values, router=RouterConfig(**router))
+
+
+def verify(settings: Settings) -> None:
+    """Check what ``Settings`` alone cannot: the files and names a start would use — the
+    tokens file parses, the store URL names a known backend, the TLS files load, the audit
+    log can be written. ``dynamod check-config`` and every start run this same check, so a
+    configuration check-config passes does not fail at start for these reasons."""
+    Tokens.load(settings.tokens_file)
+    store_class(settings.store)
+    _verify_tls(settings)
+    if settings.audit_log is not None:
+        _verify_writable(settings.audit_log, "audit_log")
+
+
+def _verify_tls(settings: Settings) -> None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        if settings.tls_client_ca is not None:
+            context.load_verify_locations(settings.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"TLS files cannot be used: {exc}") from None
+
+
+def _verify_writable(path: Path, name: str) -> None:
+    """``path`` can be appended to, or created (with its missing parent directories)."""
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing.is_dir() and existing == path:
+        raise ConfigError(f"{name} {str(path)!r} is a directory")
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(
+            f"{name} {str(path)!r} cannot be written (no write access to {str(existing)!r})"
+        )

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dynamod import __version__
@@ -24,7 +24,13 @@ from dynamod.audit import AuditLog
 from dynamod.auth import Principal
 from dynamod.discovery.records import update_taints
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import DynamoError, InvalidInputError, StoreUnavailableError, code_name
+from dynamod.errors import (
+    DynamoError,
+    InvalidInputError,
+    PermissionDeniedError,
+    StoreUnavailableError,
+    code_name,
+)
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import WorkerRecord
 from dynamod.reports import (
@@ -162,7 +168,11 @@ class Control:
         one named worker, its error raises. With a selector or all, 16 workers are updated
         at a time and each failure is reported in its change. Who may write, and which
         workers are meant, is settled before the first worker is touched."""
-        caller.require_write()
+        try:
+            caller.require_write()
+        except PermissionDeniedError as exc:
+            self.audit_refused(caller.name, _asked(update, target), exc)
+            raise
         records = self.targets(target)
         single = target.worker is not None
         gate = asyncio.Semaphore(BULK_CONCURRENCY)
@@ -254,6 +264,13 @@ class Control:
             **({"error": str(error)} if error is not None else {}),
         )
 
+    def audit_refused(self, caller: str, asked: Mapping[str, object], error: DynamoError) -> None:
+        """One audit line for a taint update refused as a whole: who (as far as known),
+        what was asked, and why (no or a wrong token, no right, invalid input)."""
+        if self.metrics is not None:
+            self.metrics.taint_updates.labels(type(error).__name__).inc()
+        self.audit.record(caller=caller, **asked, outcome=type(error).__name__, error=str(error))
+
     def explain(self, model: str, constraints: RoutingConstraints, prompt: str) -> ExplainInfo:
         """The router's decision for a hypothetical request, as data. The prompt is
         tokenized and its blocks hashed as the front would, so prefix overlap shows up
@@ -311,6 +328,12 @@ class Control:
             revision=self.view.revision,
             state=self.state,
         )
+
+
+def _asked(update: TaintUpdate, target: Target) -> dict[str, object]:
+    which = target.worker or target.selector or ("all" if target.all else "")
+    taints, keys = list(update.taints), list(update.keys)
+    return {"action": update.action, "taints": taints, "keys": keys, "target": which}
 
 
 def _failed(record: WorkerRecord, error: DynamoError) -> TaintChange:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -36,7 +37,9 @@ from dynamod.control import Control
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
 from dynamod.frontend import Frontend
-from dynamod.http.server import serve_app, url
+from dynamod.http.limits import MAX_BODY
+from dynamod.http.openai import openai_refusal
+from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.metrics import DaemonMetrics
 from dynamod.reports import DaemonState
@@ -45,6 +48,8 @@ from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
 
 log = logging.getLogger(__name__)
+
+Listener = socket.socket | None
 
 
 class Daemon:
@@ -65,7 +70,7 @@ class Daemon:
         self._reload_settings = reload
         self.registry = CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
-        self.audit = AuditLog(settings.audit_log)
+        self.audit = AuditLog(settings.audit_log, on_failure=self.metrics.audit_failures.inc)
         self.ready = asyncio.Event()
         self.http_url = ""
 
@@ -85,11 +90,19 @@ class Daemon:
 
     async def _serve(self, stack: contextlib.AsyncExitStack, signals: Signals) -> int:
         settings = self.settings
+        # Listeners first: a busy socket or port ends the start before anything changed.
+        listener = self._listen_http(stack)
+        grpc = await grpc_server.bind(settings)
+        stack.push_async_callback(grpc.stop, 0)
         store = self._store
         if store is None:
             store = await open_store(settings.store)
             stack.push_async_callback(store.aclose)
-        view = WorkerView(store, history=settings.event_history)
+        view = WorkerView(
+            store,
+            history=settings.event_history,
+            history_bytes=int(settings.event_history_mb * 1024 * 1024),
+        )
         router = Router(settings.router, registry=self.registry)
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
@@ -108,11 +121,11 @@ class Daemon:
             if signals.stopping.is_set():
                 watcher.cancel()
                 return EX_OK
-            grpc = await grpc_server.start(self.api, settings)
+            await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
                 Frontend(router, view, tokenizer, registry=self.registry)
             )
-            http = await self._start_http(stack, front)
+            http = await self._start_http(stack, front, listener)
             await grpc.serving(True)
             control.state = DaemonState.SERVING
             self.http_url = http
@@ -134,20 +147,25 @@ class Daemon:
         if view.ready.is_set():
             log.info("first snapshot applied: %d workers at revision %d", len(view), view.revision)
 
-    async def _start_http(self, stack: contextlib.AsyncExitStack, front: Frontend) -> str:
+    def _listen_http(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack) -> Listener:
         if not self.settings.http:
+            return None
+        host, port = parse_hostport(self.settings.http, "http")
+        listener = listen(host, port)
+        stack.callback(listener.close)
+        return listener
+
+    async def _start_http(
+        self, stack: contextlib.AsyncExitStack, front: Frontend, listener: Listener
+    ) -> str:
+        if listener is None:
             return ""
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app = web.Application(client_max_size=MAX_BODY)
         front.add_to(app)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
-        host, port = parse_hostport(self.settings.http, "http")
-        try:
-            bound_host, bound_port = await serve_app(stack, app, host, port)
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot listen on http {self.settings.http}: {exc.strerror}"
-            ) from None
+        limits = self.settings.http_limits
+        bound_host, bound_port = await serve_app(stack, app, listener, openai_refusal, limits)
         return url(bound_host, bound_port)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -35,7 +35,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   │                                       credentials
     │   └── PermissionDeniedError               credentials lack     PERMISSION_DENIED
     │                                           the right
-    └── UnreachableError (ConnectionError)      the daemon cannot be reached at all
+    ├── UnreachableError (ConnectionError)      the daemon cannot be reached at all
+    └── ListenError (OSError)                   a listener cannot be bound (address in use)
 
 Each class's ``code`` is the gRPC status code name it travels as (``code_name``); a class
 without one in the column above inherits its parent's, and the root's is ``INTERNAL``.
@@ -250,3 +251,8 @@ class PermissionDeniedError(AccessError):
 
 class UnreachableError(DynamoError, ConnectionError):
     """The daemon did not answer at the endpoint (not running, wrong socket, firewall)."""
+
+
+class ListenError(DynamoError, OSError):
+    """A socket or port to serve on cannot be bound: another process holds it, or the
+    address is not this machine's. Nothing was started."""

@@ -30,12 +30,13 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from dynamod.errors import DynamoError
+from dynamod.errors import DynamoError, ListenError
 
 log = logging.getLogger(__name__)
 
 EX_OK = 0
 EX_FAILURE = 1
+EX_UNAVAILABLE = 69  # a socket or port to serve on is taken (sysexits.h)
 EX_SOFTWARE = 70  # the shutdown deadline ran out (sysexits.h)
 DRAIN_SECONDS = 0.25
 DRAIN_ENV = "DYNAMO_DRAIN"
@@ -101,13 +102,14 @@ async def wait_any(*events: asyncio.Event) -> None:
 
 
 async def guarded(main: Coroutine[Any, Any, int], program: str) -> int:
-    """Run ``main``; a ``DynamoError`` or ``OSError`` (a port in use, a store that cannot
-    be reached) ends it with one line on stderr and exit code 1 instead of a traceback."""
+    """Run ``main``; a ``DynamoError`` or ``OSError`` (a store that cannot be reached)
+    ends it with one line on stderr and exit code 1 instead of a traceback; a socket or
+    port already taken (``ListenError``) with 69."""
     try:
         return await main
     except (DynamoError, OSError) as exc:
         log.error("%s: %s", program, exc)
-        return EX_FAILURE
+        return EX_UNAVAILABLE if isinstance(exc, ListenError) else EX_FAILURE
 
 
 async def _drain(deadline: float) -> list[str]:

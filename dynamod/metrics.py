@@ -7,7 +7,7 @@ daemon makes (a store event carries no commit time, so other writers' lag cannot
 known without polling); ``dynamod_view_events_total{kind}`` counts events by kind,
 resyncs included; ``dynamod_view_revision`` is the store revision the view has reached;
 ``dynamod_store_errors_total{operation}`` counts calls that failed on an unavailable
-store.
+store; ``dynamod_audit_failures_total`` counts audit lines that could not be written.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class DaemonMetrics:
             "dynamod_store_errors",
             "API calls that failed because the store was unavailable, by method.",
             ["operation"],
+            registry=registry,
+        )
+        self.audit_failures = Counter(
+            "dynamod_audit_failures",
+            "Audit lines that could not be written (the changes they describe were made).",
             registry=registry,
         )
         self._written: dict[str, tuple[int, float]] = {}

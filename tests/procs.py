@@ -1,8 +1,10 @@
 """Real subprocesses of the product (dynamo-worker, dynamod, dynamoctl) for tests.
 
-A process is started with its stdout piped; ``started()`` waits for its readiness line
-(with a deadline, and the stderr tail in the failure message). ``stop(sig)`` signals it
-and returns the exit code; ``stderr`` holds everything it wrote there.
+``Proc`` (asyncio): a process started with its stdout piped; ``start()`` waits for its
+readiness line (with a deadline, and the stderr tail in the failure message). ``stop(sig)``
+signals it and returns the exit code; ``stderr`` holds everything it wrote there.
+``Started`` is its synchronous twin for module-scoped fixtures and hypothesis tests: its
+stderr goes to a file that ``stop()`` checks for tracebacks.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import asyncio
 import contextlib
 import os
 import re
+import selectors
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -143,6 +148,75 @@ class Proc:
     def assert_clean_stderr(self) -> None:
         for bad in BAD_STDERR:
             assert bad not in self.stderr, f"{bad!r} on stderr of {self.argv[0]}:\n{self.stderr}"
+
+
+READY_WITHIN = 30.0
+
+
+class Started:
+    """One product process, ready; ``stop()`` ends it and checks its stderr."""
+
+    def __init__(
+        self, argv: list[str], ready: str, log: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.log = log
+        self.program = argv[0]
+        with log.open("wb") as err:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                stdin=subprocess.DEVNULL,
+                env=env(**(extra_env or {})),
+            )
+        try:
+            self.ready_line = self._ready(re.compile(ready))
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            raise
+
+    def _ready(self, pattern: re.Pattern[str]) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + READY_WITHIN
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.proc.stdout, selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if not selector.select(deadline - time.monotonic()):
+                    continue
+                line = self.proc.stdout.readline().decode()
+                if not line:
+                    break
+                if pattern.search(line):
+                    return line
+        raise AssertionError(f"{self.program} not ready:\n{self.log.read_text()}")
+
+    def field(self, name: str) -> str:
+        match = re.search(rf"\b{name}=(\S+)", self.ready_line)
+        assert match, f"no {name}= in {self.ready_line!r}"
+        return match.group(1)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and the stderr it wrote (asserted free of tracebacks)."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+        text = self.log.read_text(errors="replace")
+        for bad in BAD_STDERR:
+            assert bad not in text, f"{bad!r} on stderr of {self.program}:\n{text}"
+        return text
 
 
 def worker_argv(store_url: str, model: str = "llama", *args: str) -> list[str]:

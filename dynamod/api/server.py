@@ -1,5 +1,6 @@
 """The gRPC server: listeners (unix socket 0660, TCP with TLS / mTLS), the services,
-``grpc.health.v1`` and reflection.
+``grpc.health.v1`` and reflection. ``bind`` takes the listeners (and fails at once when one
+is busy); ``start`` serves on them once the daemon has its first snapshot.
 
 Health is NOT_SERVING until the daemon says it is ready (first snapshot applied), and
 NOT_SERVING again from the start of a drain.
@@ -11,8 +12,10 @@ import contextlib
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc import aio
@@ -20,8 +23,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dynamod.api.service import ServiceContext, add_services
+from dynamod.api.status import status_of
 from dynamod.config import Settings, parse_hostport
-from dynamod.errors import ConfigError
+from dynamod.errors import ConfigError, DynamoError, ListenError
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +48,44 @@ class _ClientGone(logging.Filter):
 logging.getLogger("grpc._cython.cygrpc").addFilter(_ClientGone())
 
 
+class _ReflectionNeedsCredentials(aio.ServerInterceptor):
+    """Server reflection lists every method: on TCP it asks for the same credentials as
+    the API (a token or a client certificate); on the unix socket file permissions decide,
+    as for everything else. Health stays open: probes carry no credentials."""
+
+    def __init__(self) -> None:
+        self.api: ServiceContext | None = None
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None or not details.method.startswith("/grpc.reflection."):
+            return handler
+        answer = handler.stream_stream
+
+        async def guarded(requests: Any, context: Any) -> AsyncIterator[Any]:
+            assert self.api is not None, "start() sets the API before serving"
+            try:
+                self.api.identify(context)
+            except DynamoError as exc:
+                await context.abort(status_of(exc), str(exc))
+            async for reply in answer(requests, context):
+                yield reply
+
+        return grpc.stream_stream_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 @dataclass
 class GrpcServer:
     server: aio.Server
     health: health.aio.HealthServicer
     services: list[str]
+    reflection_guard: _ReflectionNeedsCredentials
     addresses: list[str] = field(default_factory=list)
     sockets: list[Path] = field(default_factory=list)
 
@@ -68,28 +105,43 @@ class GrpcServer:
                 path.unlink()
 
 
-async def start(api: ServiceContext, settings: Settings) -> GrpcServer:
+async def bind(settings: Settings) -> GrpcServer:
+    """The gRPC server with every listener bound, serving nothing yet: a busy socket or
+    port fails here (``ListenError``), before the daemon has changed anything, and leaves
+    no socket file behind."""
+    guard = _ReflectionNeedsCredentials()
     server = aio.server(
+        interceptors=[guard],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE),
             ("grpc.max_send_message_length", MAX_MESSAGE),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
-    services = add_services(server, api)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*services, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-    )
-    result = GrpcServer(server, health_servicer, services)
-    await result.serving(False)
-    for address in settings.listen:
-        _bind(result, address, settings)
-    await server.start()
+    result = GrpcServer(server, health.aio.HealthServicer(), [], guard)
+    try:
+        for address in settings.listen:
+            _bind(result, address, settings)
+    except BaseException:
+        await result.stop(None)
+        raise
     for path in result.sockets:
         os.chmod(path, SOCKET_MODE)
     return result
+
+
+async def start(grpc: GrpcServer, api: ServiceContext) -> None:
+    """Add the services (ours, health NOT_SERVING until ``serving(True)``, reflection) and
+    start serving on the listeners ``bind`` took."""
+    server = grpc.server
+    grpc.reflection_guard.api = api
+    grpc.services = add_services(server, api)
+    health_pb2_grpc.add_HealthServicer_to_server(grpc.health, server)
+    reflection.enable_server_reflection(
+        [*grpc.services, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    await grpc.serving(False)
+    await server.start()
 
 
 def _bind(result: GrpcServer, address: str, settings: Settings) -> None:
@@ -103,13 +155,16 @@ def _bind(result: GrpcServer, address: str, settings: Settings) -> None:
     host, port = parse_hostport(address, "listen")
     credentials = _tls(settings)
     target = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
-    bound = (
-        result.server.add_secure_port(target, credentials)
-        if credentials is not None
-        else result.server.add_insecure_port(target)
-    )
+    try:
+        bound = (
+            result.server.add_secure_port(target, credentials)
+            if credentials is not None
+            else result.server.add_insecure_port(target)
+        )
+    except RuntimeError:  # grpc: "Failed to bind to address"
+        bound = 0
     if bound == 0:
-        raise ConfigError(f"cannot listen on {address}: the address is in use or invalid")
+        raise ListenError(f"cannot listen on {address}: the address is in use or not this host's")
     result.addresses.append(f"{host}:{bound}")
 
 
@@ -123,7 +178,7 @@ def _prepare_socket(path: Path) -> None:
         except OSError:
             path.unlink()  # a stale socket from a process that is gone
             return
-    raise ConfigError(f"another process is already listening on {path}")
+    raise ListenError(f"cannot listen on unix://{path}: another process is listening there")
 
 
 def _tls(settings: Settings) -> grpc.ServerCredentials | None:

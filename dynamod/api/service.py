@@ -27,7 +27,13 @@ from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal, Tokens
 from dynamod.control import Control, Target
 from dynamod.discovery.view import Subscription
-from dynamod.errors import DynamoError, ShuttingDownError, StoreUnavailableError
+from dynamod.errors import (
+    DynamoError,
+    InvalidInputError,
+    ShuttingDownError,
+    StoreUnavailableError,
+    UnauthenticatedError,
+)
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
 from dynamod.reports import EventInfo, TaintChange
@@ -61,8 +67,13 @@ class ServiceContext:
         self.draining = False
 
     def identify(self, context: Context) -> Principal:
-        metadata = dict(context.invocation_metadata() or ())
-        scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
+        metadata = context.invocation_metadata() or ()
+        presented = [str(value) for key, value in metadata if key == "authorization"]
+        if len(presented) > 1:
+            raise UnauthenticatedError(
+                f"{len(presented)} authorization headers were sent; send exactly one bearer token"
+            )
+        scheme, _, token = (presented[0] if presented else "").partition(" ")
         names = list(context.auth_context().get("x509_common_name") or [])
         cert = names[0].decode() if names else None
         return self.tokens.identify(
@@ -71,10 +82,23 @@ class ServiceContext:
         )  # fmt: skip
 
     async def call(
-        self, method: str, context: Context, body: Callable[[Principal], Awaitable[R]]
+        self,
+        method: str,
+        context: Context,
+        body: Callable[[Principal], Awaitable[R]],
+        *,
+        asked: dict[str, object] | None = None,
     ) -> R:
+        """Identify the caller and run ``body``; a ``DynamoError`` leaves as its status.
+        ``asked``: what a mutation asks for; a caller refused at the door is audited."""
         try:
-            result = await body(self.identify(context))
+            caller = self.identify(context)
+        except DynamoError as exc:
+            if asked is not None:
+                self.control.audit_refused(f"unauthenticated {context.peer()}", asked, exc)
+            await self.fail(method, context, exc)
+        try:
+            result = await body(caller)
         except DynamoError as exc:
             await self.fail(method, context, exc)
         self.calls.labels(method, "OK").inc()
@@ -137,7 +161,7 @@ class TaintService(rpc.TaintServiceServicer):
             changes = await self._update(request, caller)
             return pb.UpdateTaintsResponse(results=[convert.change_to_pb(c) for c in changes])
 
-        return await self.api.call("UpdateTaints", context, body)
+        return await self.api.call("UpdateTaints", context, body, asked=_asked(request))
 
     # grpc.aio lets a server-streaming handler write with context.write() and return None;
     # the generated stubs know only the generator form. Writing from the update's own
@@ -154,7 +178,7 @@ class TaintService(rpc.TaintServiceServicer):
         async def body(caller: Principal) -> None:
             await self._update(request, caller, progress=sent)
 
-        await self.api.call("StreamUpdateTaints", context, body)
+        await self.api.call("StreamUpdateTaints", context, body, asked=_asked(request))
 
     async def _update(
         self,
@@ -164,14 +188,33 @@ class TaintService(rpc.TaintServiceServicer):
     ) -> list[TaintChange]:
         if self.api.draining:
             raise ShuttingDownError("dynamod is shutting down; retry on another replica")
-        update = TaintUpdate(
-            convert.ACTION_NAMES.get(request.action, ""),  # type: ignore[arg-type]
-            tuple(request.taints),
-            tuple(request.keys),
+        control = self.api.control
+        try:
+            update = TaintUpdate(
+                convert.ACTION_NAMES.get(request.action, ""),  # type: ignore[arg-type]
+                tuple(request.taints),
+                tuple(request.keys),
+            )
+            target = _target(request)
+        except InvalidInputError as exc:
+            control.audit_refused(caller.name, _asked(request), exc)
+            raise
+        return await control.update_taints(
+            target, update, caller=caller, dry_run=request.dry_run, progress=progress
         )
-        return await self.api.control.update_taints(
-            _target(request), update, caller=caller, dry_run=request.dry_run, progress=progress
-        )
+
+
+def _asked(request: pb.UpdateTaintsRequest) -> dict[str, object]:
+    """What a taint update request asks for, for the audit line of a refusal (cut short:
+    a refused request may be huge)."""
+    which = request.WhichOneof("target")
+    return {
+        "action": convert.ACTION_NAMES.get(request.action, f"#{request.action}"),
+        "taints": [t[:100] for t in request.taints[:20]],
+        "keys": [k[:100] for k in request.keys[:20]],
+        "target": str(getattr(request, which))[:100] if which else "",
+        "dry_run": request.dry_run,
+    }
 
 
 def _target(request: pb.UpdateTaintsRequest) -> Target:

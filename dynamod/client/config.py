@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dynamod.auth import read_token_file
 from dynamod.errors import ConfigError
 from dynamod.paths import default_socket
 
@@ -149,7 +150,7 @@ def connection(
     if (cert is None) != (cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
     credentials = Credentials(
-        token=read_token(Path(token_file)) if token_file else None,
+        token=read_token_file(Path(token_file)) if token_file else None,
         tls=bool(tls),
         ca=read_file(Path(cacert), "--cacert") if cacert else None,
         cert=read_file(Path(cert), "--cert") if cert else None,
@@ -166,13 +167,6 @@ def read_file(path: Path, flag: str) -> bytes:
         return path.expanduser().read_bytes()
     except OSError as exc:
         raise ConfigError(f"{flag} {str(path)!r} cannot be read: {exc.strerror}") from None
-
-
-def read_token(path: Path) -> str:
-    token = read_file(path, "--token-file").decode(errors="replace").strip()
-    if not token:
-        raise ConfigError(f"--token-file {str(path)!r} is empty")
-    return token
 
 
 def _from_env(key: str, raw: str) -> Any:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 Listener = Callable[[DiscoveryEvent], None]
 HISTORY = 10_000
+HISTORY_BYTES = 64 * 1024 * 1024
 SUBSCRIPTION_QUEUE = 1024
 
 
@@ -79,14 +80,26 @@ class Subscription:
 class WorkerView:
     """Workers by store key, kept current by ``run()``; see the module docstring."""
 
-    def __init__(self, store: Store, *, prefix: str = WORKERS_PREFIX, history: int = HISTORY):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        prefix: str = WORKERS_PREFIX,
+        history: int = HISTORY,
+        history_bytes: int = HISTORY_BYTES,
+    ) -> None:
+        """``history`` / ``history_bytes``: the ring buffer of past events that ``since``
+        replays from holds at most that many events and about that many bytes; the oldest
+        go first (a subscription from before them starts with a ``ViewResync``)."""
         self.store = store
         self.prefix = prefix
         self.ready = asyncio.Event()
         self._translator = EventTranslator()
         self._listeners: list[Listener] = []
         self._subscriptions: set[Subscription] = set()
-        self._history: deque[DiscoveryEvent] = deque(maxlen=history)
+        self._history: deque[tuple[DiscoveryEvent, int]] = deque()
+        self._history_limits = (history, history_bytes)
+        self._history_size = 0
         self._stopped = False
 
     @property
@@ -154,8 +167,8 @@ class WorkerView:
     def backlog(self, since: int | None) -> list[DiscoveryEvent]:
         """What a subscription from ``since`` starts with: the events after it, or a
         ``ViewResync`` of the current view (when ``since`` is None or too old)."""
-        if since is not None and self._history and self._history[0].revision <= since + 1:
-            return [e for e in self._history if e.revision > since]
+        if since is not None and self._history and self._history[0][0].revision <= since + 1:
+            return [e for e, _ in self._history if e.revision > since]
         if since is not None and since >= self.revision and self.ready.is_set():
             return []
         return [self.snapshot()] if self.ready.is_set() else []
@@ -173,7 +186,7 @@ class WorkerView:
                 subscription.close()
 
     def _publish(self, event: DiscoveryEvent) -> None:
-        self._history.append(event)
+        self._remember(event)
         for listener in list(self._listeners):
             listener(event)
         for subscription in self._subscriptions:
@@ -181,6 +194,16 @@ class WorkerView:
         if isinstance(event, ViewResync) and not self.ready.is_set():
             self.ready.set()
             log.info("worker view ready: %d workers at revision %d", len(self), event.revision)
+
+    def _remember(self, event: DiscoveryEvent) -> None:
+        size = _footprint(event)
+        self._history.append((event, size))
+        self._history_size += size
+        count, budget = self._history_limits
+        while len(self._history) > count or (
+            self._history_size > budget and len(self._history) > 1
+        ):
+            self._history_size -= self._history.popleft()[1]
 
     async def wait_for(
         self, predicate: Callable[[WorkerView], bool], *, within: float = 10.0
@@ -193,3 +216,11 @@ class WorkerView:
                 async for _ in events:
                     if predicate(self):
                         return
+
+
+def _footprint(event: DiscoveryEvent) -> int:
+    """About how many bytes keeping ``event`` may cost: its records, once the view has moved
+    on from them. A record's size is dominated by its taints (CPython: ~50 bytes per str
+    plus its characters); a resync holds every record of its time."""
+    records = event.records if isinstance(event, ViewResync) else (event.record,)
+    return 64 + sum(1024 + sum(len(t) + 64 for t in r.taints) for r in records)

@@ -48,10 +48,7 @@ class Inbound:
 
 async def read_inbound(request: web.Request, api: OpenAIApi, tokenizer: Tokenizer) -> Inbound:
     """Read and check the body of ``request``; raises ``FieldError``."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise FieldError(None, f"the request body is too large: {exc.text}", status=413) from None
+    raw = await request.read()  # read in time and bounded before any handler: http/server.py
     body = json_object(raw)
     model = model_of(body)
     constraints, max_wait = _nvext(body.get("nvext"))

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from aiohttp import web
 
 from dynamod.errors import InvalidInputError
+from dynamod.http.limits import load_json
 from dynamod.tokenizers import ChatMessage, Tokenizer
 
 Json = dict[str, Any]
@@ -47,9 +48,9 @@ def brief(value: object, limit: int = 80) -> str:
 
 def json_object(raw: bytes) -> Json:
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FieldError(None, f"the request body is not valid JSON: {exc}") from None
+        body = load_json(raw)
+    except InvalidInputError as exc:
+        raise FieldError(None, str(exc)) from None
     if not isinstance(body, dict):
         raise FieldError(None, f"the request body must be a JSON object, got {type(body).__name__}")
     return body
@@ -131,6 +132,15 @@ def error_response(
     return web.json_response(
         error_body(status, message, code, param), status=status, headers=headers
     )
+
+
+_REFUSALS = {408: "request_timeout", 413: "request_too_large"}
+
+
+def openai_refusal(status: int, message: str) -> web.Response:
+    """A request the server refuses before any handler (``http/server.py``), in OpenAI's
+    error shape."""
+    return error_response(status, message, _REFUSALS.get(status, "invalid_request"))
 
 
 def sse_event(data: Json | str) -> bytes:

@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from dynamod.errors import StoreError
@@ -39,12 +38,10 @@ def boot_id() -> str:
 class LeaseFiles:
     """The lease files in ``directory``; ``clock`` is the shared monotonic clock."""
 
-    def __init__(
-        self, directory: Path, tmp_dir: Path, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, directory: Path, tmp_dir: Path) -> None:
         self.directory = directory
         self.tmp_dir = tmp_dir
-        self.clock = clock
+        self.clock = time.monotonic
         self.boot = boot_id()
 
     def create(self, ttl: float) -> Lease:
@@ -66,9 +63,6 @@ class LeaseFiles:
         if found is None or found[1] <= self.clock():
             return None
         return Lease(lease_id, found[0])
-
-    def exists(self, lease_id: int) -> bool:
-        return self._path(lease_id).exists()
 
     def remove(self, lease_id: int) -> None:
         self._path(lease_id).unlink(missing_ok=True)

@@ -63,9 +63,9 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import ClassVar, Final, Literal, Self
+from typing import Final, Literal, Self
 
 from dynamod.errors import (
     InvalidKeyError,
@@ -149,15 +149,6 @@ def in_prefix(key: str, prefix: str) -> bool:
     return not prefix or key == prefix or key.startswith(prefix + "/")
 
 
-@contextlib.contextmanager
-def translate_timeout(url: str, what: str) -> Iterator[None]:
-    """Turn a deadline that ran out into ``StoreUnavailableError``."""
-    try:
-        yield
-    except TimeoutError:
-        raise StoreUnavailableError(f"store {url} did not answer {what} in time") from None
-
-
 class Watch:
     """One watch's events, as an async iterator.
 
@@ -168,24 +159,21 @@ class Watch:
     gives the first snapshot, gap-free recovery and bounded memory for slow consumers.
     """
 
-    def __init__(self, store: Store, prefix: str, *, maxsize: int | None = None) -> None:
+    def __init__(self, store: Store, prefix: str) -> None:
         self._store = store
         self._prefix = prefix
-        self._maxsize = WATCH_QUEUE if maxsize is None else maxsize
         self._queue: deque[Put | Delete] = deque()
         self._wakeup = asyncio.Event()
         self._needs_resync = False
         self._floor = -1
         self._closed = False
-        self.overflows = 0
 
     def push(self, event: Put | Delete) -> None:
         """Queue one change (called by the backend feed, in store order)."""
         if self._closed or event.revision <= self._floor or not in_prefix(event.key, self._prefix):
             return
-        if len(self._queue) >= self._maxsize:
-            self.overflows += 1
-            log.warning("watch on %r fell %d events behind; resyncing", self._prefix, self._maxsize)
+        if len(self._queue) >= WATCH_QUEUE:
+            log.warning("watch on %r fell %d events behind; resyncing", self._prefix, WATCH_QUEUE)
             self.lost()
             return
         self._queue.append(event)
@@ -200,10 +188,6 @@ class Watch:
     def close(self) -> None:
         self._closed = True
         self._wakeup.set()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def __aiter__(self) -> Watch:
         return self
@@ -240,8 +224,6 @@ class Watch:
 class Store(abc.ABC):
     """The contract in this module's docstring. Subclasses implement the abstract methods
     and ``_feed``; ``watch`` and the bookkeeping around closing are shared."""
-
-    scheme: ClassVar[str]
 
     def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url
@@ -316,10 +298,6 @@ class Store(abc.ABC):
         for watch in list(self._watches):
             watch.close()
         await self._close()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def _check_open(self) -> None:
         if self._closed:

@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 import aetcd
 from aetcd import rpc
 
+from dynamod.aio import cancel_and_wait
 from dynamod.errors import (
     ConfigError,
     InvalidInputError,
@@ -171,12 +172,8 @@ class _Stream(NamedTuple):
 
 
 class EtcdStore(Store):
-    scheme = "etcd"
-
-    def __init__(
-        self, url: str, client: aetcd.Client, root: str, *, timeout: float = DEFAULT_TIMEOUT
-    ) -> None:
-        super().__init__(url, timeout=timeout)
+    def __init__(self, url: str, client: aetcd.Client, root: str) -> None:
+        super().__init__(url)
         self._client = client
         self._root = root.encode()
         self._watch_stub = rpc.WatchStub(client.channel)
@@ -276,11 +273,10 @@ class EtcdStore(Store):
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.wait([task])
-            self._feeds.discard(task)
-            if not task.cancelled() and (error := task.exception()) is not None:
-                raise error
+            try:
+                await cancel_and_wait(task)  # raises what the feed ended with, if not cancelled
+            finally:
+                self._feeds.discard(task)  # it has ended: cancel_and_wait waited for that
 
     async def _close(self) -> None:
         feeds = set(self._feeds)

@@ -111,8 +111,6 @@ def store_root(url: str) -> Path:
 class FileStore(Store):
     """The store contract (``dynamod.store.base``) over a directory; see the module doc."""
 
-    scheme = "file"
-
     def __init__(
         self, url: str, *, timeout: float = DEFAULT_TIMEOUT, journal_bytes: int = JOURNAL_BYTES
     ) -> None:

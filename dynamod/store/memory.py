@@ -38,24 +38,18 @@ class _LeaseState:
 
 
 class MemoryStore(Store):
-    scheme = "memory"
-
-    def __init__(self, url: str = "memory://", *, history: int = HISTORY) -> None:
+    def __init__(self, url: str = "memory://") -> None:
         super().__init__(url)
         self._data: dict[str, Entry] = {}
         self._key_lease: dict[str, int] = {}
         self._leases: dict[int, _LeaseState] = {}
         self._revision = 0
-        self._history: deque[Put | Delete] = deque(maxlen=history)
+        self._history: deque[Put | Delete] = deque(maxlen=HISTORY)
         self._lease_ids = itertools.count(1)
 
     @classmethod
     async def open(cls, url: str) -> MemoryStore:
         return cls(url)
-
-    @property
-    def revision(self) -> int:
-        return self._revision
 
     async def get(self, key: str) -> Entry | None:
         self._check_open()

@@ -14,8 +14,9 @@ from typing import Annotated
 import typer
 
 from dynamod import __version__
-from dynamod.auth import Principal, Tokens
+from dynamod.auth import Principal, Tokens, read_token_file
 from dynamod.errors import InvalidInputError
+from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import guarded, run
 from dynamod.worker.engines.mocker import MockerConfig
 
@@ -55,20 +56,12 @@ def read_tokens(path: Path | None) -> Tokens | None:
     if path is None:
         return None
     try:
-        text = path.read_text().strip()
-    except OSError as exc:
-        raise InvalidInputError(
-            f"--token-file {str(path)!r} cannot be read: {exc.strerror}"
-        ) from None
-    if not text:
-        raise InvalidInputError(f"--token-file {str(path)!r} is empty")
-    try:
-        toml = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:  # a bare secret is not TOML
-        toml = {}
+        toml = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):  # a bare secret, or
+        toml = {}  # unreadable: read_token_file says why
     if isinstance(toml.get("token"), list):
         return Tokens.load(path)
-    return Tokens(((text, Principal(path.name, "write")),))
+    return Tokens(((read_token_file(path), Principal(path.name, "write")),))
 
 
 @app.command()
@@ -129,6 +122,15 @@ def worker(
     grace: Annotated[
         float, typer.Option(help="Seconds in-flight requests get to finish on SIGTERM.")
     ] = 10.0,
+    http_head_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's head (else 408).")
+    ] = HttpLimits.head_timeout,
+    http_body_timeout: Annotated[
+        float, typer.Option(help="Seconds a client has to send a request's body (else 408).")
+    ] = HttpLimits.body_timeout,
+    http_idle_timeout: Annotated[
+        float, typer.Option(help="Seconds a kept-alive connection may idle.")
+    ] = HttpLimits.idle_timeout,
     num_kv_blocks: Annotated[int, typer.Option(help="Mocker: KV cache blocks.")] = 16384,
     block_size: Annotated[int, typer.Option(help="Mocker: tokens per KV block.")] = 64,
     max_num_seqs: Annotated[int, typer.Option(help="Mocker: requests at once.")] = 256,
@@ -172,6 +174,7 @@ def worker(
             audit_log=audit_log,
             lease_ttl=lease_ttl,
             grace=grace,
+            http_limits=HttpLimits(http_head_timeout, http_body_timeout, http_idle_timeout),
             mocker=MockerConfig(
                 model_name=model,
                 num_kv_blocks=num_kv_blocks,

@@ -38,7 +38,9 @@ from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
 from dynamod.discovery.records import Registration, new_instance_id
 from dynamod.errors import ConfigError, InvalidKeyError, ShuttingDownError
-from dynamod.http.server import serve_app, url
+from dynamod.http.limits import MAX_BODY, HttpLimits
+from dynamod.http.openai import openai_refusal
+from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.store import open_store
@@ -47,7 +49,7 @@ from dynamod.taints import TaintUpdate, validate_caller_taints, with_topology
 from dynamod.worker.engines.base import Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.inference import InferenceRoutes
-from dynamod.worker.system import SystemServer
+from dynamod.worker.system import SystemServer, refusal
 from dynamod.worker.writer import IN_PROCESS, TaintWriter
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class WorkerSettings:
     audit_log: Path | None = None
     lease_ttl: float = 10.0
     grace: float = 10.0
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
     mocker: MockerConfig = field(default_factory=MockerConfig)
 
     def __post_init__(self) -> None:
@@ -183,18 +186,22 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
     registry = CollectorRegistry()
     instance_id = new_instance_id()
     async with contextlib.AsyncExitStack() as stack:
+        # Listeners first: a busy port ends the start before anything is registered.
+        inference_socket = listen(settings.host, settings.port, "inference http")
+        stack.callback(inference_socket.close)
+        system_socket = listen(settings.system_host, settings.system_port, "system http")
+        stack.callback(system_socket.close)
         store = await open_store(settings.store)
         stack.push_async_callback(store.aclose)
         engine = await stack.enter_async_context(make_engine(settings))
         registry.register(EngineCollector(engine))
         routes = InferenceRoutes(engine, instance_id, registry=registry)
         system = SystemServer(tokens=settings.tokens, registry=registry, writer=writer)
-        inference = web.Application()
+        inference = web.Application(client_max_size=MAX_BODY)
         routes.add_to(inference)
-        host, port = await serve_app(stack, inference, settings.host, settings.port)
-        sys_host, sys_port = await serve_app(
-            stack, system.app(), settings.system_host, settings.system_port
-        )
+        limits = settings.http_limits
+        host, port = await serve_app(stack, inference, inference_socket, openai_refusal, limits)
+        sys_host, sys_port = await serve_app(stack, system.app(), system_socket, refusal, limits)
         advertised = settings.advertise_host or (
             socket.gethostname() if host in ("0.0.0.0", "::") else host
         )

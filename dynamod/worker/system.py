@@ -26,9 +26,7 @@ otherwise), ``GET /metadata`` (the current record) and ``GET /metrics`` (Prometh
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -44,17 +42,25 @@ from dynamod.errors import (
     UnauthenticatedError,
     WorkerNotFoundError,
 )
+from dynamod.http.limits import load_json
 from dynamod.taints import TaintUpdate, caller_taints
 from dynamod.worker.writer import TaintWriter
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def error(status: int, title: str, message: str, **extra: object) -> web.Response:
     return web.json_response({"error": title, "message": message, **extra}, status=status)
+
+
+_TITLES = {408: "Request timeout", 413: "Payload too large"}
+
+
+def refusal(status: int, message: str) -> web.Response:
+    """A request refused before any handler (``http/server.py``), in this server's shape."""
+    return error(status, _TITLES.get(status, "Bad request"), message)
 
 
 class SystemServer:
@@ -74,19 +80,12 @@ class SystemServer:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY, middlewares=[self._errors])
+        app = web.Application(client_max_size=MAX_BODY)
         app.router.add_post("/engine/update/model_taints", self._update_taints)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metadata", self._metadata)
         app.router.add_get("/metrics", self._metrics)
         return app
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            return error(413, "Payload too large", f"request body is over {MAX_BODY} bytes")
 
     async def _update_taints(self, request: web.Request) -> web.Response:
         peer = _peer(request)
@@ -175,11 +174,7 @@ def _peer(request: web.Request) -> str:
 
 
 async def _json(request: web.Request) -> object:
-    raw = await request.read()
-    try:
-        return json.loads(raw or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidInputError(f"request body is not valid JSON: {exc}") from None
+    return load_json(await request.read() or b"{}", "request body")
 
 
 def _taints_of(body: object) -> list[str]:

@@ -126,7 +126,7 @@ async def test_invalid_and_reserved_taints_are_invalid_argument(
     assert str(caught.value) == RESERVED
     with pytest.raises(TaintError, match="has leading or trailing whitespace"):
         await client.update_taints(TaintUpdate.replace(["bad taint "]), selector="model=llama")
-    with pytest.raises(TaintError, match="looks like reserved prefix 'dynamo.topology/'"):
+    with pytest.raises(TaintError, match=r"looks like reserved prefix 'dynamo\.topology/'"):
         await client.update_taints(TaintUpdate.add(["Dynamo.Topology/zone=b"]), worker="aa01")
     with pytest.raises(InvalidInputError, match="add needs at least one taint"):
         await client.update_taints(TaintUpdate.add([]), worker="aa01")

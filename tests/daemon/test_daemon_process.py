@@ -214,11 +214,20 @@ async def test_access_control_over_tcp(shared_store_url: str, tmp_path: Path) ->
             assert change.after == ("capacity/y",)
         assert await proc.stop() == 0
     lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
-    assert [(x["caller"], x["outcome"]) for x in lines] == [
+    # refused attempts are audited too: who (as far as known), what, why
+    assert lines[0]["caller"].startswith("unauthenticated ipv4:127.0.0.1:")
+    assert [(x["caller"], x["outcome"]) for x in lines[1:]] == [
+        ("viewer", "PermissionDeniedError"),
         ("scaler", "ok"),
         ("scaler", "PermissionDeniedError"),
         ("admin", "ok"),
     ]
+    assert lines[0]["outcome"] == "UnauthenticatedError"
+    assert (lines[0]["action"], lines[0]["taints"], lines[0]["target"]) == (
+        "add",
+        ["capacity/x"],
+        wid,
+    )
 
 
 async def test_tcp_listener_without_credentials_is_a_config_error(tmp_path: Path) -> None:

@@ -28,7 +28,9 @@ from dynamod.discovery.records import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
 from dynamod.frontend.relay import carries_output
-from dynamod.http.openai import WORKER_ID_HEADER
+from dynamod.http.limits import MAX_BODY, HttpLimits
+from dynamod.http.openai import WORKER_ID_HEADER, openai_refusal
+from dynamod.http.server import listen, serve_app, url
 from dynamod.model import WorkerRecord
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
@@ -45,16 +47,12 @@ PROMPT = "the quiet river runs north"
 
 
 @asynccontextmanager
-async def serve_app(app: web.Application) -> AsyncIterator[str]:
-    """Serve ``app`` on a free loopback port, cancelling handlers of clients that leave."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        host, port = runner.addresses[0][:2]
-        yield f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+async def served(app: web.Application) -> AsyncIterator[str]:
+    """Serve ``app`` on a free loopback port as the daemon serves its front."""
+    async with AsyncExitStack() as stack:
+        listener = listen("127.0.0.1", 0)
+        stack.callback(listener.close)
+        yield url(*await serve_app(stack, app, listener, openai_refusal, HttpLimits()))
 
 
 @dataclass
@@ -116,16 +114,16 @@ async def serve_front(store: Store, *, client_timeout: float = 60.0) -> AsyncIte
             front = Frontend(
                 router, view, SimpleTokenizer(), registry=registry, client_timeout=client_timeout
             )
-            app = web.Application()
+            app = web.Application(client_max_size=MAX_BODY)
             front.add_to(app)
             async with AsyncExitStack() as stack:
                 await stack.enter_async_context(front)
-                url = await stack.enter_async_context(serve_app(app))
+                base = await stack.enter_async_context(served(app))
                 # No retries in the client: a 503 or 429 must reach the test as it is.
-                client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0)
+                client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="-", max_retries=0)
                 await stack.enter_async_context(client)
                 http = await stack.enter_async_context(aiohttp.ClientSession())
-                yield FrontStack(store, router, view, front, registry, url, client, http)
+                yield FrontStack(store, router, view, front, registry, base, client, http)
         finally:
             watcher.cancel()
 
@@ -392,11 +390,11 @@ async def test_malformed_requests_get_400_naming_the_problem() -> None:
             assert response.status == 400
             reply = await response.json()
         assert reply["error"]["message"].startswith("the request body is not valid JSON: ")
-        big = b'{"prompt": "' + b"a" * (1024 * 1024) + b'"}'  # over aiohttp's default 1 MiB
+        big = b'{"prompt": "' + b"a" * MAX_BODY + b'"}'  # over the limit workers share
         async with s.http.post(f"{s.url}/v1/completions", data=io.BytesIO(big)) as response:
             assert response.status == 413
             reply = await response.json()
-        assert reply["error"]["message"].startswith("the request body is too large: ")
+        assert reply["error"]["message"].startswith("the request body is over the limit of ")
         assert s.metric("dynamod_front_requests_total", route="completions", status="400") == 4
 
 
@@ -419,7 +417,7 @@ async def fake_worker(store: Store, handler: Handler, *taints: str) -> AsyncIter
     """A registered worker whose inference routes all answer with ``handler``."""
     app = web.Application()
     app.router.add_post("/v1/{api:.*}", handler)
-    async with serve_app(app) as url:
+    async with served(app) as url:
         record = make_record(model=MODEL, taints=taints, address=url)
         async with Registration(store, record, ttl=30):
             yield record
@@ -433,7 +431,7 @@ async def mocker_worker(store: Store) -> AsyncIterator[WorkerRecord]:
     async with MockerEngine(config) as engine:
         app = web.Application()
         InferenceRoutes(engine, instance_id).add_to(app)
-        async with serve_app(app) as url:
+        async with served(app) as url:
             record = make_record(model=MODEL, instance_id=instance_id, address=url)
             async with Registration(store, record, ttl=30):
                 yield record

@@ -33,7 +33,7 @@ from dynamod.store.nats import (
     HEARTBEAT,
     MARKER_TTL,
     NatsStore,
-    Target,
+    NatsUrl,
     decode_key,
     encode_key,
     parse_url,
@@ -75,13 +75,13 @@ async def follow(
 @pytest.mark.parametrize(
     ("url", "target"),
     [
-        ("nats://127.0.0.1:4300/workers", Target(("127.0.0.1:4300",), "workers")),
-        ("nats://a,b:4223", Target(("a:4222", "b:4223"), "dynamo")),
-        ("nats://u:pw@a:1,b/x_y-z", Target(("a:1", "b:4222"), "x_y-z", "u:pw")),
-        ("nats://[::1]:4222/b", Target(("[::1]:4222",), "b")),
+        ("nats://127.0.0.1:4300/workers", NatsUrl(("127.0.0.1:4300",), "workers")),
+        ("nats://a,b:4223", NatsUrl(("a:4222", "b:4223"), "dynamo")),
+        ("nats://u:pw@a:1,b/x_y-z", NatsUrl(("a:1", "b:4222"), "x_y-z", "u:pw")),
+        ("nats://[::1]:4222/b", NatsUrl(("[::1]:4222",), "b")),
     ],
 )
-def test_urls_name_servers_and_bucket(url: str, target: Target) -> None:
+def test_urls_name_servers_and_bucket(url: str, target: NatsUrl) -> None:
     assert parse_url(url) == target
 
 

@@ -149,7 +149,8 @@ def test_tokens_roles_and_prefixes(tmp_path: Path) -> None:
         ('[[token]]\nname = "x"\nsecret = "short"', "needs a secret of at least 8 characters"),
         ('[[token]]\nsecret = "long-enough"', "needs a name"),
         ('[[token]]\nname = "x"\nsecret = "long-enough"\nrole = "root"', "has role 'root'"),
-        ("[[token", "cannot be read"),
+        ("[[token", "is not valid TOML"),
+        ('[[token]]\nname = "x"\nsecret = "a b c d e f"', "a bearer token is visible ASCII"),
     ],
 )
 def test_bad_token_files_are_refused(tmp_path: Path, text: str, message: str) -> None:

@@ -134,7 +134,7 @@ async def test_token_oversize_and_metrics(
         assert (status, reply["message"]) == (401, "the bearer token is not valid")
         status, reply = await post_taints(http, proc, {"taints": ["x" * 60] * 2000}, token="s3cret")
         assert status == 413
-        assert reply["message"] == "request body is over 65536 bytes"
+        assert reply["message"] == "the request body is over the limit of 65536 bytes"
         assert await stored(shared_store, proc) == before
         status, reply = await post_taints(http, proc, {"taints": ["a"]}, token="s3cret")
         assert (status, reply) == (200, {"status": "ok", "taints": ["a"]})

@@ -1,0 +1,71 @@
+"""The bounds every HTTP surface puts on what a client sends: time (``HttpLimits``), body
+size (``MAX_BODY``) and JSON nesting (``load_json``). Their defaults are documented in the
+README ("Limits and threat model")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from dynamod.errors import InvalidInputError
+
+MAX_BODY = 8 * 1024 * 1024
+"""The largest request body the worker's inference routes and the daemon's front accept.
+One number for both: the front refuses, before routing, what a worker would refuse."""
+MAX_JSON_DEPTH = 64
+"""Arrays and objects nested deeper than this are refused; an OpenAI body needs 5."""
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Time bounds on every HTTP server (``http/server.py``): a request's head must arrive
+    within ``head_timeout`` of its first byte, its body within ``body_timeout``, and an
+    idle keep-alive connection is closed after ``idle_timeout`` (all seconds)."""
+
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 75.0
+
+    def __post_init__(self) -> None:
+        for name in ("head_timeout", "body_timeout", "idle_timeout"):
+            value = getattr(self, name)
+            if not 0 < value < 86_400:
+                raise InvalidInputError(
+                    f"{name} must be a number of seconds above 0 and below a day, got {value!r}"
+                )
+
+
+def load_json(raw: bytes, what: str = "the request body") -> object:
+    """``raw`` parsed, or ``InvalidInputError`` saying why not: not UTF-8 JSON, or nested
+    deeper than ``MAX_JSON_DEPTH`` (which would otherwise exhaust the parser's recursion)."""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        value = None
+        depth = MAX_JSON_DEPTH + 1
+    else:
+        depth = _depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidInputError(
+            f"{what} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
+        )
+    return value
+
+
+def _depth(value: object) -> int:
+    """How deeply arrays and objects nest in ``value`` (a scalar is 0), without recursion."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        level.extend((child, depth + 1) for child in children)
+    return deepest

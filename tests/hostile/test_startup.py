@@ -1,0 +1,159 @@
+"""Start-up and configuration under hostile or careless hands.
+
+``dynamod check-config`` refuses what a start would refuse (exit 78, one line); a second
+daemon on a taken socket or port says so in one line and exits 69, leaves no socket file
+and does not disturb the first; an audit log that cannot be written does not turn a
+committed change into an error; credential files a token cannot come from are refused
+with a message naming them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dynamod.lifecycle import EX_UNAVAILABLE
+from tests.procs import BIN, Proc, daemon, dynamoctl, env, running, worker
+from tests.servers import free_port
+
+EX_CONFIG = 78
+EX_USAGE = 2
+
+
+async def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+    """``dynamoctl ARGS``, run off the event loop (the daemons under test share it)."""
+    run = subprocess.run
+    return await asyncio.to_thread(
+        run, dynamoctl(*args), capture_output=True, text=True, env=env(), timeout=60
+    )
+
+
+def errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " ERROR " in line]
+
+
+def check_config(*args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(BIN / "dynamod"), *args, "check-config"]
+    return subprocess.run(argv, capture_output=True, text=True, env=env(), timeout=60)
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> list[str]:
+    return [
+        "--store", (tmp_path / "store").as_uri(),
+        "--listen", f"unix://{tmp_path}/d.sock",
+        "--audit-log", str(tmp_path / "audit.log"),
+    ]  # fmt: skip
+
+
+def test_check_config_accepts_a_good_configuration(good: list[str]) -> None:
+    result = check_config(*good)
+    assert result.returncode == 0, result.stderr
+    assert "configuration OK" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--store", "zookeeper://h/x"], "unknown scheme 'zookeeper'"),
+        (["--tokens-file", "{tmp}/missing.toml"], "missing.toml' cannot be read"),
+        (["--tokens-file", "{tmp}/bad.toml"], "is not valid TOML"),
+        (["--tokens-file", "{tmp}/weak.toml"], "needs a secret of at least 8 characters"),
+        (["--tokens-file", "{tmp}/spaced.toml"], "a bearer token is visible ASCII"),
+        (["--tls-cert", "{tmp}/junk.pem", "--tls-key", "{tmp}/junk.pem"], "TLS files cannot"),
+        (["--audit-log", "{tmp}/adir"], "is a directory"),
+    ],
+)
+def test_check_config_refuses_what_a_start_would_refuse(
+    good: list[str], tmp_path: Path, extra: list[str], said: str
+) -> None:
+    (tmp_path / "bad.toml").write_text("[[token]\n")
+    (tmp_path / "weak.toml").write_text('[[token]]\nname = "a"\nsecret = "short"\n')
+    (tmp_path / "spaced.toml").write_text('[[token]]\nname = "a"\nsecret = "has a space"\n')
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    (tmp_path / "adir").mkdir()
+    args = [*good, *(a.format(tmp=tmp_path) for a in extra)]
+    checked = check_config(*args)
+    assert checked.returncode == EX_CONFIG
+    assert said in checked.stderr
+    assert len(checked.stderr.strip().splitlines()) == 1, checked.stderr
+    started = subprocess.run(
+        [str(BIN / "dynamod"), *args], capture_output=True, text=True, env=env(), timeout=60
+    )
+    assert (started.returncode, started.stderr) == (checked.returncode, checked.stderr)
+
+
+async def test_a_taken_socket_or_port_is_one_line_and_disturbs_nobody(tmp_path: Path) -> None:
+    store = (tmp_path / "store").as_uri()
+    first_socket = tmp_path / "first.sock"
+    http_port = free_port()
+    first = daemon(store, first_socket, "--http", f"127.0.0.1:{http_port}")
+    async with running(first):
+        cases = [
+            (tmp_path / "second.sock", ["--http", f"127.0.0.1:{http_port}"], f"{http_port}"),
+            (first_socket, ["--http", "127.0.0.1:0"], "another process is listening there"),
+        ]
+        for socket, args, said in cases:
+            second = Proc(
+                [str(BIN / "dynamod"), "--store", store, "--listen", f"unix://{socket}", *args],
+                r"^dynamod ready:",
+            )
+            with pytest.raises(AssertionError):  # it never becomes ready
+                await second.start(within=20)
+            assert await second.wait() == EX_UNAVAILABLE
+            assert said in second.stderr
+            assert "Traceback" not in second.stderr
+            assert len(errors(second.stderr)) == 1, second.stderr
+            assert socket == first_socket or not socket.exists(), "no socket file left behind"
+        status = await ctl("--endpoint", f"unix://{first_socket}", "status", "-o", "json")
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["state"] == "serving"
+
+
+async def test_a_worker_on_a_taken_port_says_so_in_one_line(tmp_path: Path) -> None:
+    port = free_port()
+    store = (tmp_path / "store").as_uri()
+    async with running(worker(store, "--port", str(port))):
+        second = worker(store, "--port", str(port))
+        with pytest.raises(AssertionError):
+            await second.start(within=20)
+        assert await second.wait() == EX_UNAVAILABLE
+        assert f"cannot listen on inference http 127.0.0.1:{port}" in second.stderr
+        assert "Traceback" not in second.stderr
+
+
+async def test_an_unwritable_audit_log_does_not_fail_a_committed_change(tmp_path: Path) -> None:
+    """/dev/full takes the open and refuses every write (ENOSPC), as a full disk would."""
+    store = (tmp_path / "store").as_uri()
+    socket = tmp_path / "d.sock"
+    async with (
+        running(worker(store, "--taint", "pool=a")) as w,
+        running(daemon(store, socket, "--audit-log", "/dev/full")),
+    ):
+        endpoint = f"unix://{socket}"
+        changed = await ctl(
+            "--endpoint", endpoint, "taints", "add", w.field("id"), "b", "-o", "json"
+        )
+        assert changed.returncode == 0, changed.stderr
+        assert "b" in json.loads(changed.stdout)[0]["after"]
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [(b"", "is empty"), (b"t\xc3\xb6ken\n", "character 'ö'"), (b"two words", "character ' '")],
+)
+def test_dynamoctl_refuses_a_token_file_no_token_can_come_from(
+    tmp_path: Path, content: bytes, said: str
+) -> None:
+    (tmp_path / "token").write_bytes(content)
+    result = subprocess.run(
+        dynamoctl("--token-file", str(tmp_path / "token"), "--endpoint", "127.0.0.1:9", "status"),
+        capture_output=True, text=True, env=env(), timeout=60,
+    )  # fmt: skip
+    assert result.returncode == EX_USAGE
+    assert said in result.stderr and "--token-file" in result.stderr
+    assert "internal error" not in result.stderr
