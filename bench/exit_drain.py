@@ -5,7 +5,8 @@
 A real ``dynamod`` and a mocker worker run on a file store while a churner moves the
 worker's taints through its route 50 times a second, so every discovery event stream is
 live. Each run is a fresh Python process executing a script that **forgets to close its
-client** and exits while its ``events()`` stream is open and receiving:
+client**: once its ``events()`` stream has delivered an event it prints a line and ends,
+with the client open and the stream still receiving.
 
 * ``async``: ``asyncio.run(main())`` where ``main`` opens an ``AsyncClient``, starts a task
   iterating ``client.events()``, waits for the first event and returns (the script the
@@ -13,12 +14,14 @@ client** and exits while its ``events()`` stream is open and receiving:
 * ``blocking``: a ``Client`` whose ``events()`` iterator has yielded one event, left open.
 
 Each script runs in two arms, interleaved in a shuffled order so background load hits both
-alike: **with the drain** (the default, 250 ms) and **without** (``DYNAMO_DRAIN=0``). A
-run is *noisy* when it exits non-zero (or is killed at the ``--timeout``: it hung), or
-its stderr holds ``Task was destroyed``, ``Exception ignored``, a ``Traceback`` or
-``Fatal Python error``. The table gives both counts per script and the two-sided Fisher
-exact p-value of the difference (computed here from the hypergeometric distribution),
-plus each arm's p50 run time (what the drain costs).
+alike: **with the drain** (the default, 250 ms) and **without** (``DYNAMO_DRAIN=0``). What
+is judged is the exit, from the script's line to the process's end: a run is *noisy* when
+it exits non-zero, does not exit within ``--exit-timeout`` (hung: killed), or its stderr
+holds ``Task was destroyed``, ``Exception ignored``, a ``Traceback`` or ``Fatal Python
+error``. A run that does not reach its line within ``--start-timeout`` (a start starved by
+load) is counted apart and left out of the comparison. The table gives both counts per
+script, the two-sided Fisher exact p-value of the difference (computed here from the
+hypergeometric distribution) and each arm's p50 exit time (what the drain costs).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import json
 import math
 import os
 import random
-import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Stats, header, interruptible, render_table, write_json
-from tests.procs import daemon_argv, env, worker_argv
+from tests.procs import Started, daemon_argv, env, worker_argv
 
 NOISE = ("Task was destroyed", "Exception ignored", "Traceback", "Fatal Python error")
 CHURN_PER_SECOND = 50
@@ -66,7 +69,7 @@ async def main():
 
     globals()["follower"] = asyncio.create_task(follow())  # kept, never awaited
     await first.wait()
-    # returns with the client open and its stream receiving
+    print("streaming", flush=True)  # returns with the client open, its stream receiving
 
 asyncio.run(main())
 """,
@@ -77,18 +80,22 @@ from dynamod.client import Client
 client = Client(sys.argv[1])
 events = client.events()
 next(events)
-# exits with the client open and its stream receiving
+print("streaming", flush=True)  # exits with the client open, its stream receiving
 """,
 }
 
 
 @dataclass(frozen=True)
 class Run:
+    """One run. ``code`` None: it did not exit in time after its line (hung, killed);
+    ``started`` False: it never reached its line (left out of the comparison)."""
+
     script: str
     drain: bool
-    code: int | None  # None: killed at the timeout (hung)
+    started: bool
+    code: int | None
     stderr: str
-    seconds: float
+    exit_seconds: float
 
     @property
     def reasons(self) -> list[str]:
@@ -126,56 +133,17 @@ def _log_choose(n: int, k: int) -> float:
 # -- the cluster --------------------------------------------------------------------------
 
 
-class Spawned:
-    """A product process started with its readiness line on stdout."""
-
-    def __init__(self, argv: list[str], ready: str, log: Path) -> None:
-        self._log = log.open("w")
-        self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=self._log, stdin=subprocess.DEVNULL, env=env()
-        )
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode()
-            if re.search(ready, line):
-                self.line = line
-                return
-        raise RuntimeError(f"{argv[0]} exited before it was ready; see {log}")
-
-    def field(self, name: str) -> str:
-        found = re.search(rf"\b{name}=(\S+)", self.line)
-        assert found, self.line
-        return found.group(1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-
-
 @contextlib.contextmanager
 def cluster(scratch: Path) -> Iterator[tuple[str, str]]:
     """dynamod and one worker on a file store: (gRPC endpoint, the worker's route URL)."""
     store = (scratch / "store").as_uri()
     socket = scratch / "dynamod.sock"
-    started: list[Spawned] = []
-    try:
-        started.append(Spawned(daemon_argv(store, socket), r"^dynamod ready:", scratch / "d.log"))
-        started.append(
-            Spawned(worker_argv(store, "llama"), r"^dynamo-worker ready:", scratch / "w.log")
-        )
-        route = started[-1].field("system") + "/engine/update/model_taints"
-        yield f"unix://{socket}", route
-    finally:
-        for proc in reversed(started):
-            proc.stop()
+    with contextlib.ExitStack() as stack:
+        dynamod = Started(daemon_argv(store, socket), r"^dynamod ready:", scratch / "d.log")
+        stack.callback(dynamod.stop)
+        worker = Started(worker_argv(store, "llama"), r"^dynamo-worker ready:", scratch / "w.log")
+        stack.callback(worker.stop)
+        yield f"unix://{socket}", worker.field("system") + "/engine/update/model_taints"
 
 
 @contextlib.contextmanager
@@ -210,21 +178,33 @@ def churning(route: str) -> Iterator[Counter[int]]:
 # -- the runs ---------------------------------------------------------------------------------
 
 
-def run_once(script: Path, name: str, drain: bool, endpoint: str, timeout: float) -> Run:
-    """One fresh process running ``script`` against ``endpoint``, with or without the drain."""
+def run_once(script: Path, name: str, drain: bool, endpoint: str, args: argparse.Namespace) -> Run:
+    """One fresh process running ``script`` against ``endpoint``, with or without the drain;
+    its exit is timed from the line the script prints once its stream is live."""
     environ = {k: v for k, v in env().items() if k != "DYNAMO_DRAIN"}
     if not drain:
         environ["DYNAMO_DRAIN"] = "0"
-    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), endpoint],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=environ,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    starved = threading.Timer(args.start_timeout, proc.kill)
+    starved.start()
+    line = proc.stdout.readline()
+    starved.cancel()
+    marked = time.perf_counter()
     try:
-        done = subprocess.run(
-            [sys.executable, str(script), endpoint],
-            capture_output=True, text=True, timeout=timeout, env=environ, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as expired:  # killed: it hung at exit
-        err = expired.stderr.decode(errors="replace") if isinstance(expired.stderr, bytes) else ""
-        return Run(name, drain, None, err, time.perf_counter() - started)
-    return Run(name, drain, done.returncode, done.stderr, time.perf_counter() - started)
+        _, err = proc.communicate(timeout=args.exit_timeout)
+    except subprocess.TimeoutExpired:  # it hung at exit
+        proc.kill()
+        _, err = proc.communicate()
+        return Run(name, drain, True, None, err.decode(errors="replace"), args.exit_timeout)
+    seconds = time.perf_counter() - marked
+    text = err.decode(errors="replace")
+    if not line and proc.returncode == -signal.SIGKILL:  # killed before its line: starved
+        return Run(name, drain, False, proc.returncode, text, seconds)
+    return Run(name, drain, True, proc.returncode, text, seconds)
 
 
 def plan(runs: int, blocking_runs: int, seed: int) -> list[tuple[str, bool]]:
@@ -245,9 +225,7 @@ def experiment(args: argparse.Namespace, scratch: Path) -> tuple[list[Run], Coun
         churning(route) as answers,
         ThreadPoolExecutor(max_workers=args.parallel) as pool,
     ):
-        done = list(
-            pool.map(lambda a: run_once(scripts[a[0]], a[0], a[1], endpoint, args.timeout), order)
-        )
+        done = list(pool.map(lambda a: run_once(scripts[a[0]], a[0], a[1], endpoint, args), order))
     return done, answers
 
 
@@ -258,19 +236,22 @@ def arm_rows(runs: Sequence[Run]) -> list[dict[str, Any]]:
     rows = []
     for script in SCRIPTS:
         for drain in (True, False):
-            mine = [r for r in runs if r.script == script and r.drain == drain]
+            arm = [r for r in runs if r.script == script and r.drain == drain]
+            mine = [r for r in arm if r.started]
             if not mine:
                 continue
             reasons = Counter(reason for r in mine for reason in r.reasons)
-            seconds = Stats.of([int(r.seconds * 1e9) for r in mine])
+            seconds = Stats.of([int(r.exit_seconds * 1e9) for r in mine])
             rows.append(
                 {
                     "script": script,
                     "drain": drain,
                     "runs": len(mine),
+                    "not_started": len(arm) - len(mine),
                     "noisy": sum(r.noisy for r in mine),
                     "reasons": dict(sorted(reasons.items())),
-                    "run_p50_ms": seconds.p50_ms,
+                    "exit_p50_ms": seconds.p50_ms,
+                    "exit_p99_ms": seconds.p99_ms,
                 }
             )
     return rows
@@ -300,11 +281,12 @@ def table(rows: Sequence[dict[str, Any]], p_values: dict[str, float]) -> str:
                 str(row["runs"]),
                 str(row["noisy"]),
                 reasons,
-                f"{row['run_p50_ms']:.0f}",
+                f"{row['exit_p50_ms']:.0f} / {row['exit_p99_ms']:.0f}",
+                str(row["not_started"]),
                 "—" if p is None or not row["drain"] else f"{p:.3g}",
             ]
         )
-    headers = ["script", "drain", "runs", "noisy", "why", "run p50 ms", "Fisher p"]
+    headers = ["script", "drain", "runs", "noisy", "why", "exit p50/p99 ms", "starved", "Fisher p"]
     return render_table(headers, lines)
 
 
@@ -313,7 +295,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=1000, help="runs per arm, async script")
     parser.add_argument("--blocking-runs", type=int, default=200, help="per arm, blocking")
     parser.add_argument("--parallel", type=int, default=8, help="runs at once")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before 'hung'")
+    parser.add_argument(
+        "--exit-timeout", type=float, default=10.0, help="seconds from the line to 'hung'"
+    )
+    parser.add_argument(
+        "--start-timeout", type=float, default=60.0, help="seconds to the line ('starved')"
+    )
     parser.add_argument("--seed", type=int, default=15, help="order of the interleaved runs")
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)
@@ -335,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows, p_values))
     churned = sum(answers.values())
     print(f"\ntaint moves during the runs: {churned} ({dict(answers)} by status)")
-    samples = [r for r in runs if r.noisy][:3]
+    samples = [r for r in runs if r.started and r.noisy][:3]
     for sample in samples:
         print(f"\nnoisy {sample.script} run (drain {'on' if sample.drain else 'off'}): "
               f"{sample.reasons}\n{sample.stderr.strip()[-600:]}")  # fmt: skip

@@ -271,19 +271,22 @@ def section_exit_drain(data: Json) -> list[str]:
     rows = [
         [r["script"], "250 ms (default)" if r["drain"] else "off (`DYNAMO_DRAIN=0`)", r["runs"],
          r["noisy"], ", ".join(f"{k} {v}" for k, v in r["reasons"].items()) or "—",
-         f"{r['run_p50_ms']:.0f}",
+         f"{r['exit_p50_ms']:.0f} / {r['exit_p99_ms']:.0f}", r["not_started"],
          f"{data['fisher_p'][r['script']]:.3g}" if r["drain"] else "—"]
         for r in data["rows"]
     ]  # fmt: skip
     intro = (
         "Scripts that exit with an open client and a live `events()` stream (dynamod and a "
         f"worker on a file store, its taints moved {data['churn']:,} times during the runs), "
-        f"{args['parallel']} runs at once, interleaved; noisy = non-zero exit or hung "
-        f"(killed after {args['timeout']:g} s), or `Task was destroyed`, `Exception ignored`, "
-        "a traceback or `Fatal Python error` on stderr. The drain-off arm is the control; p is "
-        f"the two-sided Fisher exact test. {data['seconds'] / 60:.1f} minutes."
+        f"{args['parallel']} runs at once, interleaved. Each exit is judged from the line the "
+        "script prints once its stream is live: noisy = non-zero exit, no exit within "
+        f"{args['exit_timeout']:g} s (hung), or `Task was destroyed`, `Exception ignored`, a "
+        "traceback or `Fatal Python error` on stderr; starved = no line within "
+        f"{args['start_timeout']:g} s (load; left out). The drain-off arm is the control; p "
+        f"is the two-sided Fisher exact test. {data['seconds'] / 60:.1f} minutes."
     )
-    head = ("script", "drain at exit", "runs", "noisy", "why", "run p50 ms", "Fisher p")
+    head = ("script", "drain at exit", "runs", "noisy", "why", "exit p50 / p99 ms", "starved",
+            "Fisher p")  # fmt: skip
     return [intro, "", *table(head, rows)]
 
 

@@ -42,7 +42,7 @@ def test_fisher_exact_is_symmetric_in_the_arms() -> None:
     ],
 )
 def test_what_counts_as_a_noisy_exit(code: int | None, stderr: str, reasons: list[str]) -> None:
-    run = Run("async", True, code, stderr, 0.5)
+    run = Run("async", True, True, code, stderr, 0.5)
     assert (run.reasons, run.noisy) == (reasons, bool(reasons))
 
 
