@@ -18,6 +18,7 @@ A client that is never closed is closed at interpreter exit (``dynamod.client.dr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
@@ -108,16 +109,11 @@ class AsyncClient:
         """Close this forgotten client at interpreter exit, if its event loop can still run
         (it was not closed, and is not running); return what is still open then."""
         loop = self._loop
-        if self._closed or loop is None or loop.is_running():
+        if self._closed or loop is None or loop.is_running() or loop.is_closed():
             return self._still_open()
-        if loop.is_closed():
-            return self._still_open()
-        try:
-            loop.run_until_complete(
-                asyncio.wait_for(self.close(), timeout=max(0.0, deadline - time.monotonic()))
-            )
-        except TimeoutError:
-            pass
+        left = max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(self.close(), timeout=left))
         return self._still_open()
 
     def _still_open(self) -> list[str]:
@@ -296,9 +292,10 @@ class AsyncClient:
     async def events(
         self, since: int | None = None, *, selector: str | None = None
     ) -> AsyncGenerator[EventInfo, None]:
-        """Discovery events as they happen, until the daemon ends the stream; from
-        ``since`` (a revision) when given, with a ``RESYNC`` snapshot first when the daemon
-        no longer remembers that far back. Leave the ``async for`` to stop."""
+        """Discovery events as they happen, until the daemon ends the stream. Without
+        ``since`` a ``RESYNC`` snapshot of the workers comes first; with ``since`` (a
+        revision) the events after it are replayed first, or a ``RESYNC`` when the daemon no
+        longer remembers that far back. Leave the ``async for`` to stop."""
         async for event in self.tail_events(since=since, selector=selector or ""):
             yield event
 
