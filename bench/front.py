@@ -49,6 +49,7 @@ from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Fixed
 from tests.procs import Proc, running, worker
 
 WARMUP = 50
@@ -69,17 +70,27 @@ async def front_on_loopback(store: Store) -> AsyncIterator[tuple[str, WorkerView
     router = Router(RouterConfig(), registry=CollectorRegistry())
     view = WorkerView(store)
     view.listen(router.apply)
-    async with owned(view.run(), "worker view"), Frontend(router, view, SimpleTokenizer()) as front:
-        app = web.Application()
-        front.add_to(app)
-        runner = web.AppRunner(app, handler_cancellation=True)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            host, port = runner.addresses[0][:2]
-            yield f"http://{host}:{port}", view
-        finally:
-            await runner.cleanup()
+    async with (
+        owned(view.run(), "worker view"),
+        Frontend(router, view, Fixed(SimpleTokenizer())) as front,
+        serve_front(front) as url,
+    ):
+        yield url, view
+
+
+@contextlib.asynccontextmanager
+async def serve_front(front: Frontend) -> AsyncIterator[str]:
+    """``front`` served on a free loopback port, as the daemon serves it; yields its URL."""
+    app = web.Application()
+    front.add_to(app)
+    runner = web.AppRunner(app, handler_cancellation=True)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 async def one(http: aiohttp.ClientSession, url: str, expect_worker: str) -> int:

@@ -21,12 +21,13 @@ import hashlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 os.environ["RAYON_RS_NUM_CPUS"] = "1"  # one thread: a reproducible merge order
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-from tokenizers import (  # type: ignore[import-not-found]  # Dynamo's venv only
+from tokenizers import (  # runs in Dynamo's venv (tokenizers is ours too, the [hf] extra)
     Tokenizer,
     decoders,
     models,
@@ -75,7 +76,7 @@ def train(words: list[str]) -> Tokenizer:
     return tokenizer
 
 
-def configs(tokenizer: Tokenizer) -> dict[str, dict[str, object]]:
+def configs(tokenizer: Tokenizer) -> dict[str, Mapping[str, object]]:
     ids = {name: tokenizer.token_to_id(name) for name in (PAD, BOS, EOS)}
     special = {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS], "pad_token_id": ids[PAD]}
     added = {

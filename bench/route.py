@@ -1,34 +1,55 @@
-"""Routing benchmark: decision latency by fleet size and required taints, and wake latency.
+"""Routing benchmark, in process: decision latency and memory from 100 to 100,000 workers,
+against the brute-force scan, and how long waking a waiting request takes.
 
-    python -m bench.route            # the full table (well under a minute on 2 cores)
-    python -m bench.route --quick    # 100 and 1,000 workers only
+    python -m bench.route            # 100 → 100,000 workers (a few minutes on 2 cores)
+    python -m bench.route --quick    # 100 → 10,000
 
-Decision latency, beside a brute-force scan measured in the same run:
+The fleet: every worker holds a capacity, a pool and a zone taint, in ``--groups``
+combinations (16 by default: the "16 taint groups" of issue 17), so the router sees that
+many groups however large the fleet; about one worker in 97 is cordoned in its own group
+besides. Every request carries two preferred taints. Per fleet size and required taints
+(none: every worker eligible; one: half; three: a sixteenth):
 
-* ``index``  — ``RoutingTable.eligible``: intersect the required taints' sets;
-* ``scan``   — the obvious filter: ``taints.matches`` + the cordon rule over every worker;
-* ``route``  — a whole ``Router.acquire`` + ``release`` (eligibility, busy filter, scoring
-  with two preferred taints, selection, reservation);
-* ``scan+score`` — the naive decision: the scan, then the cost formula evaluated for
-  every worker it found, and the same selection.
+* ``route`` — a whole ``Router.acquire`` + ``release``: eligibility, the busy filter,
+  scoring with the preferred taints, selection, the reservation and its release. This is
+  the decision the front makes per request;
+* ``scan`` — the same decision made the obvious way (the floor it replaces): every worker
+  against the eligibility rule (``taints.matches`` and the cordon), the cost formula
+  (``scoring.cost_terms``) for each eligible one, and the same selection;
+* ``x`` — scan p50 / route p50, both measured in this run.
+
+A last row repeats the largest fleet with 1,024 groups: a decision looks at one worker per
+eligible group (``dynamod/router/choice.py``), so that is what it grows with.
+
+Memory: ``router B/worker`` is what the router's table, groups and load orders allocate
+per worker (``tracemalloc``, records excluded); ``view+router`` is a ``WorkerView`` and
+its router fed the same fleet by a memory store, as the daemon wires them (the decoded
+records, the view's maps and the snapshot it keeps, the router; not the store's own
+copy); one worker record as discovery decodes it is printed below the table.
 
 Wake latency: a request waits for a ``capacity/fast`` worker while the only one is busy;
 ``apply(TaintsUpdated)`` adds ``capacity/fast`` to an idle worker. ``dispatch`` is apply →
 the waiter's worker reserved (inside ``apply``), ``resume`` is apply → the waiting task
-running again. The floor is a bare ``Future.set_result`` → the awaiting task resuming.
+running again; alone, behind 999 alike requests (one case: one decision answers for all),
+and beside 999 requests in cases of their own (each requires a taint nobody holds, and
+waits with ``max_wait``: the event does not concern them, so they cost a subset test
+each, no decision). The floor is a bare ``Future.set_result`` → the awaiting task
+resuming.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import random
 import statistics
 import time
+import tracemalloc
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-from dynamod.errors import ShuttingDownError
+from dynamod.errors import RoutingError, ShuttingDownError
 from dynamod.load import IDLE
 from dynamod.model import ModelCard, RuntimeConfig, TaintsUpdated, ViewResync, WorkerRecord
 from dynamod.router import (
@@ -41,43 +62,47 @@ from dynamod.router import (
 )
 from dynamod.taints import CORDONED, RoutingConstraints, matches, normalize, preference
 
-SIZES = (100, 1_000, 10_000)
-REQUIRED: dict[int, tuple[str, ...]] = {
-    0: (),
-    1: ("capacity/fast",),
-    3: ("capacity/fast", "pool=p1", "zone=z2"),
+SIZES = (100, 1_000, 10_000, 100_000)
+GROUPS = 16
+MANY_GROUPS = 1_024
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "all": (),
+    "1/2": ("capacity/fast",),
+    "1/16": ("capacity/fast", "pool=p1", "zone=z1"),
 }
-PREFERRED = {"gpu=h100": 0.5, "zone=z3": -0.3}
-CELL_SECONDS = 0.5  # time budget per measured column and row
-MAX_ROUNDS = 2_000
+PREFERRED = {"pool=p2": 0.5, "zone=z1": -0.3}
+CELL_SECONDS = 1.0  # time budget per measured cell
+MAX_ROUNDS = 20_000
+CARD = ModelCard(name="m", max_num_seqs=1 << 30)
 
 
-def worker(index: int, *taints: str, max_num_seqs: int = 1 << 30) -> WorkerRecord:
-    card = ModelCard(name="m", max_num_seqs=max_num_seqs)
+def worker(index: int, *taints: str, card: ModelCard = CARD) -> WorkerRecord:
     return WorkerRecord(
         instance_id=f"{index:08x}",
         namespace="bench",
         component="backend",
         endpoint="generate",
-        address=f"http://10.0.{index // 256 % 256}.{index % 256}:8000",
+        address=f"http://10.{index // 65536 % 256}.{index // 256 % 256}.{index % 256}:8000",
         model_card=card,
         runtime_config=RuntimeConfig(taints=normalize(taints)),
     )
 
 
-def fleet(size: int) -> list[WorkerRecord]:
-    """Workers with a mix of taints; about 1 % cordoned. The 3-taint filter keeps ~1/20."""
-    return [
-        worker(
-            i,
-            "capacity/fast" if i % 2 else "capacity/slow",
-            f"pool=p{i % 4}",
-            f"zone=z{i % 5}",
-            "gpu=h100" if i % 3 == 0 else "gpu=a100",
-            *((CORDONED,) if i % 97 == 0 else ()),
-        )
-        for i in range(size)
-    ]
+def fleet_taints(index: int, groups: int) -> tuple[str, ...]:
+    """A capacity, a pool and a zone: ``groups`` combinations in all (capacity halves the
+    fleet, pool and zone split the rest), plus the cordon on about 1 in 97."""
+    combo = index % groups
+    pools = max(1, groups // 4)
+    taints = (
+        "capacity/fast" if combo % 2 else "capacity/slow",
+        f"pool=p{combo // 2 % pools}",
+        f"zone=z{combo // 2 // pools}",
+    )
+    return (*taints, CORDONED) if index % 97 == 0 else taints
+
+
+def fleet(size: int, groups: int = GROUPS) -> list[WorkerRecord]:
+    return [worker(i, *fleet_taints(i, groups)) for i in range(size)]
 
 
 def scan(records: list[WorkerRecord], constraints: RoutingConstraints) -> list[WorkerRecord]:
@@ -129,29 +154,99 @@ async def timed_async(call: Callable[[], Awaitable[object]]) -> list[float]:
     return samples
 
 
-def p50_p99(samples: list[float]) -> str:
-    cuts = statistics.quantiles(samples, n=100, method="inclusive")
-    return f"{cuts[49] * 1e6:9.1f} {cuts[98] * 1e6:9.1f}"
+def cuts(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) in microseconds."""
+    found = statistics.quantiles(samples, n=100, method="inclusive")
+    return found[49] * 1e6, found[98] * 1e6
 
 
-async def decision_rows(size: int) -> list[str]:
-    records = fleet(size)
+def memory(records: list[WorkerRecord]) -> tuple[Router, float]:
+    """A router holding ``records``, and the bytes per worker its structures took."""
     router = Router(RouterConfig(), rng=random.Random(1))
-    router.apply(ViewResync(tuple(records), 1))
+    snapshot = ViewResync(tuple(records), 1)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        router.apply(snapshot)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return router, grown / len(records)
+
+
+async def view_memory(records: list[WorkerRecord]) -> float:
+    """Bytes per worker of a ``WorkerView`` and its ``Router`` holding ``records``, as the
+    daemon wires them, fed by a memory store (whose own copy is not counted): the records
+    as decoded, the view's maps and history, the router's table."""
+    from dynamod.discovery.records import register
+    from dynamod.discovery.view import WorkerView
+    from dynamod.store import open_store
+
+    async with await open_store("memory://") as store:
+        lease = await store.grant(3600)
+        for record in records:
+            await register(store, record, lease)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            view, router = WorkerView(store), Router(RouterConfig())
+            view.listen(router.apply)
+            async with asyncio.TaskGroup() as group:
+                watching = group.create_task(view.run())
+                await view.ready.wait()
+                gc.collect()
+                grown = tracemalloc.get_traced_memory()[0] - before
+                watching.cancel()
+        finally:
+            tracemalloc.stop()
+    return grown / len(records)
+
+
+def record_bytes() -> float:
+    """One record as discovery decodes it (its own card and runtime config, as parsed)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [
+            WorkerRecord.from_json(worker(i, *fleet_taints(i, GROUPS)).to_json())
+            for i in range(1000)
+        ]
+        for record in kept:
+            _ = record.key  # computed once and kept, as the router reads it
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    return grown / len(kept)
+
+
+async def size_rows(size: int, groups: int) -> list[list[str]]:
+    records = fleet(size, groups)
+    router, per_worker = memory(records)
+    with_view = await view_memory(records) if groups == GROUPS else None
     rows = []
-    for count, taints in REQUIRED.items():
+    for share, taints in REQUIRED.items():
         constraints = RoutingConstraints(frozenset(taints), PREFERRED)
-        found = router.table.eligible("m", constraints)
-        assert {w.key for w in found} == {w.key for w in scan(records, constraints)}
-        cells = await measure(router, records, constraints)
-        rows.append(f"{size:>7} {count:>4} {len(found):>6} " + " ".join(map(p50_p99, cells)))
+        eligible = len(scan(records, constraints))
+        assert eligible == len(router.table.eligible("m", constraints))
+        route, brute = await measure(router, records, constraints)
+        (r50, r99), (s50, s99) = cuts(route), cuts(brute)
+        rows.append([
+            f"{size:,}", str(len(router.table.groups("m"))), share, f"{eligible:,}",
+            f"{r50:.1f}", f"{r99:.1f}", f"{s50:.1f}", f"{s99:.1f}", f"{s50 / r50:.0f}",
+            f"{per_worker:.0f}", "—" if with_view is None else f"{with_view:.0f}",
+        ])  # fmt: skip
+    router.close()
     return rows
 
 
 async def measure(
     router: Router, records: list[WorkerRecord], constraints: RoutingConstraints
-) -> list[list[float]]:
-    """The four columns of one row."""
+) -> tuple[list[float], list[float]]:
+    """(route, scan) samples, in seconds."""
     request = RouteRequest("m", constraints, prompt_tokens=512)
     rng = random.Random(2)
 
@@ -159,12 +254,9 @@ async def measure(
         async with router.route(request):
             pass
 
-    return [
-        timed(lambda: router.table.eligible("m", constraints)),
-        timed(lambda: scan(records, constraints)),
-        await timed_async(route),
-        timed(lambda: scan_and_score(records, request, router.config, rng)),
-    ]
+    return await timed_async(route), timed(
+        lambda: scan_and_score(records, request, router.config, rng)
+    )
 
 
 async def _acquire_stamped(
@@ -179,23 +271,37 @@ async def _acquire_stamped(
     return assignment
 
 
-async def wake_latency(queue: int, rounds: int) -> tuple[list[float], list[float]]:
-    """(apply → dispatch, apply → resume) with ``queue`` requests waiting."""
-    busy = worker(0, "capacity/fast", max_num_seqs=1)
-    idle = worker(1, "capacity/slow", max_num_seqs=1)
-    router = Router(RouterConfig(max_queue_wait=None), rng=random.Random(3))
+async def _wait_in_vain(router: Router, request: RouteRequest) -> None:
+    """A request that waits until the router closes (a taint nobody holds)."""
+    try:
+        await router.acquire(request)
+    except RoutingError:
+        return
+
+
+async def wake_latency(others: int, rounds: int, *, alike: bool) -> tuple[list[float], list[float]]:
+    """(apply → dispatch, apply → resume) with ``others`` more requests waiting: ``alike``
+    (the same constraints, queued behind the woken one), or each in a case of its own."""
+    card = ModelCard(name="m", max_num_seqs=1)
+    busy, idle = worker(0, "capacity/fast", card=card), worker(1, "capacity/slow", card=card)
+    config = RouterConfig(max_queue_wait=None, max_queue=others + 10)
+    router = Router(config, rng=random.Random(3))
     router.apply(ViewResync((busy, idle), 1))
     fast = RouteRequest("m", RoutingConstraints(frozenset({"capacity/fast"})), prompt_tokens=64)
     held = await router.acquire(fast)
     stamps: dict[int, float] = {}
     dispatch, resume = [], []
     async with asyncio.TaskGroup() as tg:
-        waiting = deque(
-            tg.create_task(_acquire_stamped(router, fast, stamps)) for _ in range(queue)
-        )
+        waiting = deque([tg.create_task(_acquire_stamped(router, fast, stamps))])
+        for n in range(others):
+            if alike:
+                waiting.append(tg.create_task(_acquire_stamped(router, fast, stamps)))
+            else:
+                never = RoutingConstraints(frozenset({f"pool=nowhere{n}"}))
+                tg.create_task(_wait_in_vain(router, RouteRequest("m", never, max_wait=3600)))
         await asyncio.sleep(0)
         for revision in range(2, 2 * rounds + 2, 2):
-            event = TaintsUpdated(worker(1, "capacity/fast", max_num_seqs=1), (), (), revision)
+            event = TaintsUpdated(worker(1, "capacity/fast", card=card), (), (), revision)
             started = time.perf_counter()
             router.apply(event)
             dispatch.append(time.perf_counter() - started)
@@ -230,28 +336,50 @@ async def bare_wake(rounds: int) -> list[float]:
     return samples
 
 
+WAKE_ROWS = (
+    ("1", 0, True),
+    ("1,000 alike (1 case)", 999, True),
+    ("1,000 in 1,000 cases", 999, False),
+)
+HEADERS = ["workers", "groups", "eligible", "", "route p50", "p99", "scan p50", "p99", "x",
+           "router B/worker", "view+router"]  # fmt: skip
+
+
+def table(rows: list[list[str]]) -> str:
+    """Right-aligned columns; the third header cell is the share of the fleet eligible."""
+    head = [*HEADERS[:2], "share", *HEADERS[2:3], *HEADERS[4:]]
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in (head, *rows)
+    )
+
+
 async def main(sizes: tuple[int, ...], rounds: int) -> None:
-    print("decision latency, microseconds (p50 p99); 2 preferred taints on every request")
-    head = f"{'':>19} {'index':>19} {'scan':>19} {'route':>19} {'scan+score':>19}"
-    print(f"{'workers':>7} {'req':>4} {'elig':>6} {head[19:]}")
+    print("decision latency, microseconds; 2 preferred taints on every request; route =")
+    print("Router.acquire + release, scan = the brute-force decision; x = scan p50 / route p50")
+    rows = []
     for size in sizes:
-        for row in await decision_rows(size):
-            print(row)
+        rows += await size_rows(size, GROUPS)
+    rows += (await size_rows(sizes[-1], MANY_GROUPS))[:1]
+    print(table(rows))
+    print(f"\none worker record as decoded: {record_bytes():.0f} B")
     print()
     print(f"wake latency after apply(TaintsUpdated), microseconds (p50 p99), {rounds} rounds")
-    print(f"{'waiting':>12} {'dispatch':>19} {'resume':>19}")
-    for queue in (1, 1_000):
-        dispatch, resume = await wake_latency(queue, rounds)
-        print(f"{queue:>12} {p50_p99(dispatch)} {p50_p99(resume)}")
-    print(f"{'floor':>12} {'':>19} {p50_p99(await bare_wake(rounds))}  (bare future wake)")
+    print(f"{'waiting':>26} {'dispatch':>19} {'resume':>19}")
+    for label, others, alike in WAKE_ROWS:
+        dispatch, resume = await wake_latency(others, rounds, alike=alike)
+        (d50, d99), (r50, r99) = cuts(dispatch), cuts(resume)
+        print(f"{label:>26} {d50:9.1f} {d99:9.1f} {r50:9.1f} {r99:9.1f}")
+    f50, f99 = cuts(await bare_wake(rounds))
+    print(f"{'floor':>26} {'':>19} {f50:9.1f} {f99:9.1f}  (bare future wake)")
 
 
 def cli() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.route", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="skip the 10,000-worker fleet")
+    parser.add_argument("--quick", action="store_true", help="skip the 100,000-worker fleet")
     parser.add_argument("--rounds", type=int, default=300, help="wake-up rounds per row")
     args = parser.parse_args()
-    sizes = SIZES[:2] if args.quick else SIZES
+    sizes = SIZES[:3] if args.quick else SIZES
     asyncio.run(main(sizes, args.rounds))
 
 

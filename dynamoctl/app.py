@@ -10,15 +10,14 @@ ls``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+import importlib
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any
 
 import typer
 import typer.main
 
 from dynamoctl import options
-from dynamoctl.commands import completion as completion_cmd
-from dynamoctl.commands import events, route, status, taints, workers
 from dynamod import __version__
 
 HELP = """Operate dynamod: list workers, change their taints, watch discovery events, explain
@@ -31,24 +30,42 @@ scripts. Exit status: 0 ok, 1 the operation failed, 2 usage, 3 dynamod unreachab
 EPILOG = "See dynamoctl(1) for selectors, output formats, the config file and examples."
 
 VISIBLE_ON_LEAVES = ("output", "no_headers")
-ORDER = ("workers", "taints", "events", "route", "status", "completion")
 
-app = typer.Typer(
-    name="dynamoctl",
-    help=HELP,
-    epilog=EPILOG,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    no_args_is_help=True,
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
-)
-app.add_typer(workers.app, name="workers")
-app.add_typer(taints.app, name="taints")
-app.add_typer(events.app, name="events")
-app.add_typer(route.app, name="route")
-app.command("status")(status.status)
-app.command("completion")(completion_cmd.completion)
+# Each command: its module, the attribute there, and whether that is a sub-app (a noun with
+# verbs) or one command. Imported only when the command tree is built with it.
+COMMANDS: dict[str, tuple[str, str, bool]] = {
+    "workers": ("dynamoctl.commands.workers", "app", True),
+    "taints": ("dynamoctl.commands.taints", "app", True),
+    "events": ("dynamoctl.commands.events", "app", True),
+    "route": ("dynamoctl.commands.route", "app", True),
+    "status": ("dynamoctl.commands.status", "status", False),
+    "completion": ("dynamoctl.commands.completion", "completion", False),
+}
+ORDER = tuple(COMMANDS)
+
+
+def _app(names: Sequence[str]) -> typer.Typer:
+    """The root app with the commands ``names``, in a fresh ``Typer`` (building it twice
+    must not register anything twice)."""
+    app = typer.Typer(
+        name="dynamoctl",
+        help=HELP,
+        epilog=EPILOG,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode=None,
+        no_args_is_help=True,
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    )
+    app.callback()(root)
+    for name in names:
+        module, attribute, group = COMMANDS[name]
+        found = getattr(importlib.import_module(module), attribute)
+        if group:
+            app.add_typer(found, name=name)
+        else:
+            app.command(name)(found)
+    return app
 
 
 def _version(value: bool) -> None:
@@ -63,7 +80,6 @@ Version = Annotated[
 ]
 
 
-@app.callback()
 def root(
     endpoint: options.Endpoint = None,
     token_file: options.TokenFile = None,
@@ -80,10 +96,13 @@ def root(
     """The global options; commands read them with ``options.from_context``."""
 
 
-def command() -> Any:
-    """The click command tree, ready to run (see the module docstring)."""
-    cli: Any = typer.main.get_command(app)
-    cli.commands = {name: cli.commands[name] for name in ORDER}
+def command(only: str | None = None) -> Any:
+    """The click command tree, ready to run (see the module docstring). With ``only``, a
+    command's name, the tree holds that command alone: running it imports and builds
+    nothing else (``main`` passes the command it finds on the command line)."""
+    names = ORDER if only is None else (only,)
+    cli: Any = typer.main.get_command(_app(names))
+    cli.commands = {name: cli.commands[name] for name in names}
     shared = [p for p in cli.params if p.name in options.FIELDS]
     for leaf in leaves(cli):
         _plain_arguments(leaf)
@@ -97,6 +116,26 @@ def _plain_arguments(leaf: Any) -> None:
     for param in leaf.params:
         if param.param_type_name == "argument":
             param.display_type_rich = lambda ctx: None
+
+
+def invoked(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs, when that is plain: the first word after the global
+    options (and their values) that names a command; None when in doubt (an option the
+    root does not know, no command), and then the whole tree is built."""
+    takes_value = {"-e", "--endpoint", "--token-file", "--cacert", "--cert", "--cert-key",
+                   "--timeout", "-o", "--output"}  # fmt: skip
+    flags = {"--tls", "--no-headers", "--debug"}
+    words = iter(argv)
+    for word in words:
+        if word in takes_value:
+            next(words, None)
+        elif word in flags or (word.startswith("--") and word.partition("=")[0] in takes_value):
+            continue
+        elif word.startswith("-"):
+            return None
+        else:
+            return word if word in COMMANDS else None
+    return None
 
 
 def leaves(command: Any) -> Iterator[Any]:

@@ -2,8 +2,9 @@
 
 Errors inside a command are handled by ``session.execute`` (the one boundary for
 everything that talks to the daemon) and usage errors by click (exit 2). What is left here
-is start-up: a broken config file (exit 2), and answering shell completion before any
-command runs.
+is start-up: what the command tree's snapshot can answer without typer (``fastpath``:
+help, the version, completion of names), a broken config file (exit 2), and answering
+shell completion before any command runs.
 """
 
 from __future__ import annotations
@@ -11,28 +12,32 @@ from __future__ import annotations
 import os
 import sys
 
-from dynamoctl import exits
-from dynamod.errors import ConfigError
+from dynamoctl import exits, fastpath
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    answered = fastpath.answer(args, os.environ)
+    if answered is not None:
+        return answered
+
     from dynamoctl import coercion, completion
-    from dynamoctl.app import command
-    from dynamoctl.options import config_path, load_config
+    from dynamoctl.app import command, invoked
+    from dynamoctl.options import load_config
+    from dynamod.errors import ConfigError
 
     coercion.install()  # this process only: typer's parameters without pydantic
     try:
-        default_map = load_config(config_path())
+        default_map = load_config(fastpath.config_path())
     except ConfigError as exc:
         sys.stderr.write(f"dynamoctl: error: {exc}\n")
         return exits.USAGE
-    cli = command()
-    instruction = os.environ.get(completion.COMPLETE_VAR)
+    instruction = os.environ.get(fastpath.COMPLETE_VAR)
     if instruction:
-        return completion.respond(cli, instruction, default_map)
-    args = sys.argv[1:] if argv is None else argv
+        return completion.respond(command(), instruction, default_map)
+    cli = command(invoked(args))
     # Standalone mode: click prints usage errors (exit 2) and ends with SystemExit.
-    cli.main(args, prog_name=completion.PROG, default_map=default_map)
+    cli.main(args, prog_name=fastpath.PROG, default_map=default_map)
     return exits.OK
 
 

@@ -1,14 +1,15 @@
 """The global options: what they are, where they come from, and the one object commands read.
 
-Precedence is flags > environment > config file > defaults. The file is
-``$XDG_CONFIG_HOME/dynamoctl/config.toml`` (``~/.config/dynamoctl/config.toml`` when
-``XDG_CONFIG_HOME`` is unset), or the path in ``DYNAMOCTL_CONFIG``. It holds top-level keys
-named like the options (``endpoint = "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``,
-``output = "wide"``, ...); it becomes click's ``default_map``, so click itself applies the
-precedence. A malformed file or an unknown key is refused with a message naming both.
-Where the file is, how it is read, the environment variables and the default endpoint
-live in ``dynamod.client.config``, so a Python program using ``dynamod.client`` gets the
-same defaults.
+Precedence is flags > environment > config file > defaults. The file
+(``fastpath.config_path``) is ``$XDG_CONFIG_HOME/dynamoctl/config.toml``
+(``~/.config/dynamoctl/config.toml`` when ``XDG_CONFIG_HOME`` is unset), or the path in
+``DYNAMOCTL_CONFIG``. It holds top-level keys named like the options (``endpoint =
+"10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``, ``output = "wide"``, ...); it becomes
+click's ``default_map``, so click itself applies the precedence. A malformed file or an
+unknown key is refused with a message naming both. How the file is read, the environment
+variables and the default endpoint live in ``dynamod.client.config``, so a Python program
+using ``dynamod.client`` gets the same defaults (its ``config_path`` and
+``fastpath.config_path`` agree: a test holds them to it).
 
 kubectl habit: a global option may also follow the command (``dynamoctl workers ls -o
 json``); a value given there wins over one given before the command.
@@ -23,9 +24,9 @@ from typing import Annotated, Any
 
 import typer
 
-from dynamod.client.config import DEFAULT_TIMEOUT, config_path, default_endpoint, load_config
+from dynamod.client.config import DEFAULT_TIMEOUT, default_endpoint, load_config
 
-__all__ = ["DEFAULT_TIMEOUT", "config_path", "load_config"]  # the root command uses these
+__all__ = ["DEFAULT_TIMEOUT", "load_config"]  # the root command uses these
 
 OUTPUTS = ("table", "wide", "json", "yaml", "name")
 OVERRIDES = "dynamoctl.overrides"  # ctx.meta key: global options given after the command

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     )
 
 NONE = "<none>"
-SHORT_ID = 8
+SHORT_ID = 8  # dynamod.reports.ID_PREFIX; not imported, so that --help loads no model code
 
 WORKER_HEADERS = ("ID", "MODEL", "ADDRESS", "TAINTS", "LOAD", "AGE")
 WORKER_WIDE_HEADERS = (
@@ -42,10 +42,10 @@ WORKER_WIDE_HEADERS = (
 def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     """Each id → its shortest prefix of at least ``minimum`` characters that no other id
     in ``ids`` shares (the daemon accepts any unique prefix)."""
+    from dynamod.reports import id_prefix_length
+
     unique = sorted(set(ids))
-    length = minimum
-    while len({i[:length] for i in unique}) < len(unique):
-        length += 1
+    length = id_prefix_length(unique, minimum)
     return {i: i[:length] for i in unique}
 
 
@@ -81,27 +81,75 @@ def topology_text(domains: dict[str, str]) -> str:
 
 
 def load_text(info: WorkerInfo) -> str:
-    return str(info.load.active_requests)
+    """The router's in-flight count, then what the engine reports when it reports:
+    ``2 (run 3, wait 1, kv 12%)``, or ``2 (unhealthy)``."""
+    own = str(info.load.active_requests)
+    engine = info.engine
+    if engine is None:
+        return own
+    if not engine.healthy:
+        return f"{own} (unhealthy)"
+    return f"{own} (run {engine.running}, wait {engine.waiting}, kv {engine.kv_usage:.0%})"
 
 
-def worker_row(info: WorkerInfo, short: str, wide: bool, now: float) -> list[str]:
+def engine_text(info: WorkerInfo) -> str:
+    """``workers get``: the engine's own report, in words."""
+    engine = info.engine
+    if engine is None:
+        return NONE
+    health = "healthy" if engine.healthy else f"unhealthy: {engine.reason}"
+    return (
+        f"{engine.running} running, {engine.waiting} waiting, KV {engine.kv_usage:.1%} "
+        f"({engine.kv_blocks_used} of {engine.kv_blocks_total} blocks), {health}, "
+        f"from {engine.source}"
+    )
+
+
+def card_sum(info: WorkerInfo, known: dict[int, str]) -> str:
+    """The worker's mdcsum, hashed once per model card object in ``known``: the workers of a
+    listing that share a card share its object (``convert.worker_from_pb``)."""
+    card = info.record.model_card
+    found = known.get(id(card))
+    if found is None:
+        found = known[id(card)] = info.mdcsum
+    return found
+
+
+def worker_row(
+    info: WorkerInfo, short: str, wide: bool, now: float, mdcsum: str | None = None
+) -> list[str]:
     record = info.record
     domains = dict(record.runtime_config.topology_domains)
     start = [short, record.model, record.address, joined(info.taints)]
     when = started_age(record.started_at, now)
     if not wide:
         return [*start, load_text(info), when]
-    extra = [topology_text(domains), load_text(info), str(info.revision), info.mdcsum[:12]]
+    summed = info.mdcsum if mdcsum is None else mdcsum
+    extra = [topology_text(domains), load_text(info), str(info.revision), summed[:12]]
     return [*start, *extra, when]
 
 
-def worker_rows(infos: Sequence[WorkerInfo], wide: bool) -> list[list[str]]:
-    shorts = short_ids(i.id for i in infos)
+def worker_rows(
+    infos: Sequence[WorkerInfo], wide: bool, id_length: int | None = None
+) -> list[list[str]]:
+    """Table rows; ids cut to ``id_length`` (the daemon's, unique over a whole streamed
+    listing) or to the shortest unique prefix among ``infos``."""
+    if id_length is None:
+        shorts = short_ids(i.id for i in infos)
+    else:
+        shorts = {i.id: i.id[:id_length] for i in infos}
     now = time.time()
-    return [worker_row(i, shorts[i.id], wide, now) for i in infos]
+    sums: dict[int, str] = {}
+    return [
+        worker_row(i, shorts[i.id], wide, now, card_sum(i, sums) if wide else None) for i in infos
+    ]
 
 
-def worker_object(info: WorkerInfo) -> dict[str, Any]:
+def worker_object(
+    info: WorkerInfo, mdcsum: str | None = None, card: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON object of a worker; ``mdcsum`` and its ``card``'s JSON when already known
+    (``card_sum``; a listing shares one dict among the workers of one card)."""
     record = info.record
     load = info.load
     return {
@@ -111,7 +159,7 @@ def worker_object(info: WorkerInfo) -> dict[str, Any]:
         **taint_lists(info),
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
-        "mdcsum": info.mdcsum,
+        "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
         "key": record.key,
         "namespace": record.namespace,
         "component": record.component,
@@ -126,7 +174,8 @@ def worker_object(info: WorkerInfo) -> dict[str, Any]:
             "active_prompt_tokens": load.prefill_tokens,
             "active_kv_blocks": load.kv_blocks,
         },
-        "model_card": record.model_card.to_json(),
+        "model_card": record.model_card.to_json() if card is None else card,
+        "engine": None if info.engine is None else info.engine.to_json(),
     }
 
 
@@ -148,6 +197,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Version", record.version or NONE),
         ("Age", started_age(record.started_at)),
         ("Load", f"{info.load.active_requests} requests, {info.load.kv_blocks} KV blocks"),
+        ("Engine load", engine_text(info)),
         ("Engine", card.engine),
         ("KV blocks", f"{card.total_kv_blocks} of {card.kv_block_size} tokens"),
         ("Context length", str(card.context_length)),

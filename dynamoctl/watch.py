@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dynamoctl import views
-from dynamoctl.output import Printer
+from dynamoctl.output import Printer, widths_of
 
 if TYPE_CHECKING:
     from dynamod.reports import EventInfo, WorkerInfo
@@ -39,7 +39,8 @@ class Columns:
             minimum = [EVENT_WIDTH if i == self.event_column else 0 for i in range(len(rows[0]))]
             self.widths = self.printer.table(self.headers, rows, style=self._style, minimum=minimum)
         else:
-            self.widths = [max(w, len(c)) for w, c in zip(self.widths, rows[0], strict=True)]
+            grown = widths_of(rows)
+            self.widths = [max(w, g) for w, g in zip(self.widths, grown, strict=True)]
             for row in rows:
                 self.printer.row(row, self.widths, style=self._style)
         self.printer.flush()

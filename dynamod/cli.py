@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from dynamod.config import Settings
 
 EX_CONFIG = 78  # sysexits.h EX_CONFIG: systemd does not restart-loop on a config error
+EX_USAGE = 2
 
 app = typer.Typer(
     add_completion=False,
@@ -153,11 +154,30 @@ def demo(
         typer.Option("--dir", help="Directory for the store and socket (default: a temp dir)."),
     ] = None,
     http: Annotated[str, typer.Option(help="HOST:PORT of the OpenAI front.")] = "127.0.0.1:8080",
+    engine: Annotated[
+        str, typer.Option(help="The workers' engine: mocker, or vllm (needs --model-path).")
+    ] = "mocker",
+    model_path: Annotated[
+        Path | None, typer.Option(help="vllm: the model directory every worker serves.")
+    ] = None,
+    python: Annotated[
+        Path | None,
+        typer.Option(help="vllm: the Python (with vLLM installed) the workers run under."),
+    ] = None,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option(help="vllm: an engine argument NAME=VALUE for every worker (repeatable)."),
+    ] = None,
 ) -> None:
-    """Run dynamod on a file store with mocker workers; Ctrl-C stops everything."""
-    from dynamod.demo import run_demo
+    """Run dynamod on a file store with mocker (or vLLM) workers; Ctrl-C stops everything."""
+    from dynamod.demo import Engine, run_demo
 
-    raise typer.Exit(run_demo(workers=workers, directory=directory, http=http))
+    try:
+        chosen = Engine.of(engine, model_path, python, tuple(vllm_arg or ()))
+    except ConfigError as exc:
+        print(f"dynamod: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EX_USAGE) from None
+    raise typer.Exit(run_demo(workers=workers, directory=directory, http=http, engine=chosen))
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ from dynamod.errors import (
     code_name,
 )
 from dynamod.metrics import DaemonMetrics
-from dynamod.model import WorkerRecord
+from dynamod.model import ModelCard, WorkerRecord
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -46,7 +46,7 @@ from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.selectors import Selector, parse
 from dynamod.store import Store
 from dynamod.taints import RoutingConstraints, TaintUpdate
-from dynamod.tokenizers import Tokenizer
+from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -110,9 +110,9 @@ class Control:
     router: Router
     audit: AuditLog
     replica_id: str
-    tokenizer: Tokenizer
-    """The one tokenizer the front uses too: ``explain`` counts and hashes prompts as the
-    front would."""
+    tokenizers: Tokenizers
+    """The tokenizers the front uses too: ``explain`` counts and hashes prompts as the
+    front would, with the tokenizer the model's workers publish."""
     metrics: DaemonMetrics | None = None
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
@@ -123,7 +123,9 @@ class Control:
     jittered backoff."""
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
-        return WorkerInfo(record, self.view.revision_of(record.key), self.router.load(record.key))
+        key = record.key
+        revision = self.view.revision_of(key)
+        return WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
 
     def list_workers(
         self,
@@ -134,15 +136,19 @@ class Control:
         component: str = "",
         endpoint: str = "",
     ) -> tuple[list[WorkerInfo], int]:
+        """The workers that match, sorted by key, each with its revision and this router's
+        load on it; and the view's revision. An empty filter matches every worker, and
+        only the filters given are looked at (a listing of 10,000 workers is one pass)."""
         chosen = parse(selector)
-        fields = {"namespace": namespace, "component": component, "endpoint": endpoint}
-        records = [
-            r
-            for r in self.view.records()
-            if (not model or r.model == model)
-            and all(not v or getattr(r, k) == v for k, v in fields.items())
-            and chosen.matches(r)
-        ]
+        given = [(k, v) for k, v in (("namespace", namespace), ("component", component),
+                                     ("endpoint", endpoint)) if v]  # fmt: skip
+        records = self.view.records()
+        if model:
+            records = [r for r in records if r.model == model]
+        if given:
+            records = [r for r in records if all(getattr(r, k) == v for k, v in given)]
+        if chosen:
+            records = [r for r in records if chosen.matches(r)]
         return [self.info(r) for r in records], self.view.revision
 
     def get_worker(self, ref: str) -> WorkerInfo:
@@ -271,12 +277,17 @@ class Control:
             self.metrics.taint_updates.labels(type(error).__name__).inc()
         self.audit.record(caller=caller, **asked, outcome=type(error).__name__, error=str(error))
 
-    def explain(self, model: str, constraints: RoutingConstraints, prompt: str) -> ExplainInfo:
+    async def explain(
+        self, model: str, constraints: RoutingConstraints, prompt: str
+    ) -> ExplainInfo:
         """The router's decision for a hypothetical request, as data. The prompt is
         tokenized and its blocks hashed as the front would, so prefix overlap shows up
         exactly as a real request would see it."""
-        tokens = self.tokenizer.encode(prompt) if prompt else []
         card = self.router.card(model)
+        tokens: list[int] = []
+        if prompt:
+            tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
+            tokens = tokenizer.encode(prompt)
         block_size = card.kv_block_size if card is not None else DEFAULT_BLOCK_SIZE
         result = self.router.explain(
             RouteRequest.for_prompt(model, constraints, tokens, block_size)

@@ -36,6 +36,7 @@ from dynamod.config import Settings, parse_hostport
 from dynamod.control import Control
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
+from dynamod.feed import Feeds, TokenizerRegistry
 from dynamod.frontend import Frontend
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
@@ -45,7 +46,6 @@ from dynamod.metrics import DaemonMetrics
 from dynamod.reports import DaemonState
 from dynamod.router import Router
 from dynamod.store import Store, open_store
-from dynamod.tokenizers import SimpleTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +106,11 @@ class Daemon:
         router = Router(settings.router, registry=self.registry)
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
-        # The workers' tokenizer: the front and explain must count and hash prompts alike.
-        tokenizer = SimpleTokenizer()
+        # Each model's workers' own tokenizer: the front and explain count and hash alike.
+        tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
+        feeds = Feeds(view, router.report)
         control = Control(
-            store, view, router, self.audit, settings.replica_id, tokenizer, metrics=self.metrics
+            store, view, router, self.audit, settings.replica_id, tokenizers, metrics=self.metrics
         )
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, self.metrics
@@ -117,13 +118,15 @@ class Daemon:
         self.router = router
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")
+            followers = group.create_task(feeds.run(), name="engine feeds")
             await self._first_snapshot(view, watcher, signals)
             if signals.stopping.is_set():
                 watcher.cancel()
+                followers.cancel()
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
-                Frontend(router, view, tokenizer, registry=self.registry)
+                Frontend(router, view, tokenizers, registry=self.registry)
             )
             http = await self._start_http(stack, front, listener)
             await grpc.serving(True)
@@ -134,7 +137,7 @@ class Daemon:
             dog = self._start_watchdog(group)
             await signals.stopping.wait()
             code = await self._drain(control, grpc, front, signals)
-            for task in (watcher, dog):
+            for task in (watcher, followers, dog):
                 if task is not None:
                     task.cancel()
         return code

@@ -1,9 +1,11 @@
 """``dynamod demo``: the whole product on one machine, for the README's run command.
 
 A fresh directory holds a file store and the gRPC socket; dynamod runs in this process;
-a few ``dynamo-worker --engine mocker`` processes run as supervised children (restarted
-with back-off if they die), each with different taints. Ctrl-C (or SIGTERM) stops the
-daemon first, then the workers, then removes a temporary directory.
+a few ``dynamo-worker`` processes run as supervised children (restarted with back-off if
+they die), each with different taints: mocker workers, or with ``--engine vllm`` real
+vLLM workers serving ``--model-path`` under the ``--python`` that has vLLM (run from this
+checkout: ``python -m dynamod.worker``). Ctrl-C (or SIGTERM) stops the daemon first, then
+the workers, then removes a temporary directory.
 """
 
 from __future__ import annotations
@@ -12,14 +14,19 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
+import signal
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import dynamod
 from dynamod import logs
 from dynamod.config import Settings
 from dynamod.daemon import Daemon
+from dynamod.errors import ConfigError
 from dynamod.lifecycle import guarded, run
 
 log = logging.getLogger(__name__)
@@ -32,18 +39,58 @@ TAINTS = [
 ]
 ZONES = ["a", "b"]
 BIN = Path(sys.executable).parent
+CHECKOUT = Path(dynamod.__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What the demo's workers run: the mocker, or vLLM on ``model_path`` under ``python``."""
+
+    name: str = "mocker"
+    model_path: Path | None = None
+    python: Path | None = None
+    vllm_args: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls, name: str, model_path: Path | None, python: Path | None, vllm_args: tuple[str, ...]
+    ) -> Engine:
+        if name not in ("mocker", "vllm"):
+            raise ConfigError(f"--engine {name!r}: the demo runs mocker or vllm workers")
+        if name == "vllm" and (model_path is None or not model_path.is_dir()):
+            raise ConfigError("--engine vllm needs --model-path DIR, an existing model directory")
+        return cls(name, model_path, python, vllm_args)
+
+    @property
+    def ready_within(self) -> float:
+        return 300.0 if self.name == "vllm" else 30.0  # vLLM starts in 15-50 s each
+
+    def argv(self) -> list[str]:
+        if self.name == "mocker":
+            return [str(BIN / "dynamo-worker"), "--speedup-ratio", "10"]
+        assert self.model_path is not None
+        args = [a for arg in self.vllm_args for a in ("--vllm-arg", arg)]
+        python = str(self.python or sys.executable)
+        return [python, "-m", "dynamod.worker", "--engine", "vllm",
+                "--model-path", str(self.model_path), *args]  # fmt: skip
+
+    def env(self) -> dict[str, str] | None:
+        if self.name == "mocker":
+            return None
+        path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH")) if p)
+        return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1"}
 
 
 class Child:
     """One supervised worker process: restarted with back-off until ``stop()``."""
 
-    def __init__(self, index: int, store: str) -> None:
+    def __init__(self, index: int, store: str, engine: Engine) -> None:
         self.index = index
+        self.engine = engine
         self.argv = [
-            str(BIN / "dynamo-worker"),
+            *engine.argv(),
             "--model", MODEL,
             "--store", store,
-            "--speedup-ratio", "10",
             "--lease-ttl", "5",
             "--topology", f"zone={ZONES[index % len(ZONES)]}",
             *[arg for taint in TAINTS[index % len(TAINTS)] for arg in ("--taint", taint)],
@@ -72,6 +119,7 @@ class Child:
             stdout=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches only dynamod, which stops us in order
+            env=self.engine.env(),
         )
 
     async def _wait_ready_then_exit(self) -> int:
@@ -83,7 +131,7 @@ class Child:
                 self.ready.set()
         return await self.proc.wait()
 
-    async def stop(self, grace: float = 10.0) -> None:
+    async def stop(self, grace: float = 30.0) -> None:
         self.stopping = True
         proc = self.proc
         if proc is None or proc.returncode is not None:
@@ -93,7 +141,9 @@ class Child:
             async with asyncio.timeout(grace):
                 await proc.wait()
         except TimeoutError:
-            proc.kill()
+            # Its whole group: a vLLM worker's engine processes would outlive it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
 
 
@@ -136,7 +186,7 @@ Try, in another shell:
 """
 
 
-async def _demo(count: int, root: Path, http: str) -> int:
+async def _demo(count: int, root: Path, http: str, engine: Engine) -> int:
     settings = Settings(
         store=(root / "store").as_uri(),
         listen=(f"unix://{root / 'dynamod.sock'}",),
@@ -145,13 +195,13 @@ async def _demo(count: int, root: Path, http: str) -> int:
         grace=5.0,
     )
     daemon = Daemon(settings)
-    children = [Child(i, settings.store) for i in range(count)]
+    children = [Child(i, settings.store, engine) for i in range(count)]
     async with asyncio.TaskGroup() as group:
         served = group.create_task(daemon.run(), name="dynamod")
         await daemon.ready.wait()
         supervisors = [group.create_task(c.supervise(), name=f"worker {c.index}") for c in children]
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(30):
+            async with asyncio.timeout(engine.ready_within):
                 await asyncio.gather(*(c.ready.wait() for c in children))
         print(_banner(settings, daemon.http_url, children), flush=True)
         code = await served
@@ -162,14 +212,19 @@ async def _demo(count: int, root: Path, http: str) -> int:
 
 
 def run_demo(
-    *, workers: int = 3, directory: Path | None = None, http: str = "127.0.0.1:8080"
+    *,
+    workers: int = 3,
+    directory: Path | None = None,
+    http: str = "127.0.0.1:8080",
+    engine: Engine | None = None,
 ) -> int:
     logs.configure("info", "auto")
     temporary = directory is None
     root = Path(tempfile.mkdtemp(prefix="dynamod-demo-")) if directory is None else directory
     root.mkdir(parents=True, exist_ok=True)
     try:
-        return run(lambda: guarded(_demo(workers, root, http), "dynamod demo"))
+        chosen = engine or Engine()
+        return run(lambda: guarded(_demo(workers, root, http, chosen), "dynamod demo"))
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)

@@ -18,6 +18,10 @@ class Busy(enum.Enum):
 
     SEQUENCES = "max_num_seqs"
     PREFILL = "prefill_tokens"
+    ENGINE_QUEUE = "engine_waiting"
+    """The worker's engine reports requests waiting in its own queue."""
+    UNHEALTHY = "unhealthy"
+    """The worker reports that its engine cannot serve (``router/reported.py``)."""
 
 
 @dataclass(frozen=True)

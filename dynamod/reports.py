@@ -1,8 +1,8 @@
 """What the daemon reports to its clients, as plain frozen dataclasses (no gRPC, no protobuf).
 
-A worker as listed (``WorkerInfo``), the outcome of a taint update on one worker
-(``TaintChange``), a discovery event (``EventInfo``), a routing explanation
-(``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
+A worker as listed (``WorkerInfo``, a page of them: ``WorkerPage``), the outcome of a
+taint update on one worker (``TaintChange``), a discovery event (``EventInfo``), a routing
+explanation (``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
 ``api/convert.py`` puts them on the wire and back, and ``dynamod.client`` hands them to
 dynamoctl and to Python programs.
 """
@@ -10,18 +10,21 @@ dynamoctl and to Python programs.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from dynamod.load import IDLE, Load
 from dynamod.model import WorkerRecord, mdcsum
+from dynamod.reported import EngineLoad
 from dynamod.taints import is_topology
 
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """One worker: its record as stored, the record's revision, and what the reporting
-    daemon's router has in flight there.
+    """One worker: its record as stored, the record's revision, what the reporting
+    daemon's router has in flight there, and what the worker's engine last reported
+    (None when the daemon knows nothing of it).
 
     ``taints`` is the complete normalized set the router matches on, the generated
     ``dynamo.topology/`` taints included; ``caller_taints`` and ``generated_taints`` split
@@ -30,6 +33,7 @@ class WorkerInfo:
     record: WorkerRecord
     revision: int
     load: Load = IDLE
+    engine: EngineLoad | None = None
 
     @property
     def id(self) -> str:
@@ -54,6 +58,30 @@ class WorkerInfo:
     @property
     def generated_taints(self) -> tuple[str, ...]:
         return tuple(t for t in self.record.taints if is_topology(t))
+
+
+@dataclass(frozen=True)
+class WorkerPage:
+    """One page of a streamed listing: its workers (by model, then id), the view's revision
+    when the listing began, and ``id_prefix`` (the same on every page)."""
+
+    workers: list[WorkerInfo]
+    revision: int
+    id_prefix: int
+
+
+ID_PREFIX = 8
+"""The fewest characters of an instance id a listing shows."""
+
+
+def id_prefix_length(ids: Iterable[str], minimum: int = ID_PREFIX) -> int:
+    """The shortest prefix length, at least ``minimum``, that no two of ``ids`` share (the
+    daemon accepts any unique prefix of an id)."""
+    unique = set(ids)
+    length = minimum
+    while len({i[:length] for i in unique}) < len(unique):
+        length += 1
+    return length
 
 
 @dataclass(frozen=True)

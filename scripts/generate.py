@@ -4,7 +4,8 @@
     python -m scripts.generate --check  # exit 1 and name the stale ones
 
 Generated here: the protobuf / gRPC stubs (dynamod/api/v1, typed with mypy-protobuf), the
-shell completions (completions/) and the generated parts of the man pages (man/).
+shell completions (completions/), the generated parts of the man pages (man/) and the
+command tree dynamoctl answers --help and Tab from without typer (dynamoctl/generated/).
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ def generate_stubs(out: Path) -> dict[str, str]:
 
 
 def generated() -> dict[str, str]:
+    from dynamoctl import coercion, completion
+    from dynamoctl.app import command
     from scripts import docs
 
     with tempfile.TemporaryDirectory() as tmp:
         stubs = generate_stubs(Path(tmp))
-    return {**stubs, **docs.generated()}
+    coercion.install()  # as dynamoctl runs: the snapshot must match what it prints
+    return {**stubs, **docs.generated(), **completion.snapshot(command())}
 
 
 def main() -> int:

@@ -40,8 +40,18 @@ def env(**extra: str) -> dict[str, str]:
 class Proc:
     """One running product process; see the module docstring."""
 
-    def __init__(self, argv: list[str], ready: str, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        ready: str,
+        extra_env: dict[str, str] | None = None,
+        *,
+        group: bool = False,
+    ):
+        """``group``: start it in a process group of its own, which ``kill`` ends whole
+        (a vLLM worker's engine processes outlive a killed worker otherwise)."""
         self.argv = argv
+        self.group = group
         self.ready_pattern = re.compile(ready)
         self.extra_env = extra_env or {}
         self.proc: asyncio.subprocess.Process | None = None
@@ -64,6 +74,7 @@ class Proc:
             stderr=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,
             env=env(**self.extra_env),
+            start_new_session=self.group,
         )
         self._stderr_task = asyncio.create_task(self._read_stderr())
         try:
@@ -134,10 +145,22 @@ class Proc:
             self.proc.send_signal(sig)
         return await self.wait(within)
 
+    async def close(self, within: float = 60.0) -> None:
+        """SIGTERM and wait up to ``within`` seconds (a worker drains, a ``--launch``ing
+        worker stops its server), then ``kill`` whatever is left."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(TimeoutError, ProcessLookupError):
+            await self.stop(signal.SIGTERM, within)
+        await self.kill()
+
     async def kill(self) -> None:
         if self.proc is None:
             return
-        if self.proc.returncode is None:
+        if self.group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        elif self.proc.returncode is None:
             self.proc.kill()
         with contextlib.suppress(TimeoutError):
             await self.wait(10)

@@ -13,7 +13,7 @@ from dynamoctl.targets import AllWorkers, DryRun, Selector, Yes, check_all, scop
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.reports import TaintChange, WorkerInfo
+    from dynamod.reports import TaintChange
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(no_args_is_help=True, help="List and inspect workers; cordon and uncordon.")
@@ -52,18 +52,24 @@ def ls(
 
     Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
     TAINTS, LOAD (requests this dynamod has in flight on it), AGE; -o wide adds TOPOLOGY,
-    REVISION and MDCSUM. Sorted by model, then id. --watch then prints each change as it
-    happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get -w."""
+    REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
+    500 from one snapshot, and each page is printed as it arrives. --watch then prints
+    each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
+    get -w."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
+        from dynamoctl import listing
         from dynamoctl.targets import check_selector
 
         check_selector(selector)
         if watch:
             return await _watch(client, printer, _with_model(selector, model))
-        infos, _ = await client.list_workers(model=model or "", selector=selector or "")
-        return _list(printer, infos, selector or model)
+        pages = client.stream_workers(
+            model=model or "", selector=selector or "", fields=listing.FIELDS[printer.output]
+        )
+        await listing.show(printer, pages, filtered=bool(selector or model))
+        return exits.OK
 
     execute(ctx, body, stream=watch)
 
@@ -71,23 +77,6 @@ def ls(
 def _with_model(selector: str | None, model: str | None) -> str:
     terms = [t for t in (selector, f"model={model}" if model else None) if t]
     return ",".join(terms)
-
-
-def _list(printer: Printer, infos: list[WorkerInfo], filtered: str | None) -> int:
-    infos = sorted(infos, key=lambda i: (i.record.model, i.id))
-    output = printer.output
-    if output in ("json", "yaml"):
-        objects = [views.worker_object(i) for i in infos]
-        _structured(printer, objects)
-    elif output == "name":
-        for info in infos:
-            printer.line(info.id)
-    elif infos:
-        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
-        printer.table(headers, views.worker_rows(infos, printer.wide))
-    if not infos:
-        printer.note("no workers match" if filtered else "no workers are registered")
-    return exits.OK
 
 
 def _structured(printer: Printer, obj: object) -> None:

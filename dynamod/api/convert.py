@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.load import Load
-from dynamod.model import WorkerRecord, canonical_json
+from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
+from dynamod.reported import EngineLoad
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -40,42 +41,105 @@ KINDS: dict[EventKind, int] = {
 KIND_NAMES = {number: name for name, number in KINDS.items()}
 
 
-def worker_to_pb(info: WorkerInfo) -> pb.Worker:
-    record = info.record
-    return pb.Worker(
-        id=record.instance_id,
-        key=record.key,
-        namespace=record.namespace,
-        component=record.component,
-        endpoint=record.endpoint,
-        model=record.model,
-        address=record.address,
-        system_address=record.system_address,
-        taints=list(record.taints),
-        topology=dict(record.runtime_config.topology_domains),
-        revision=info.revision,
-        mdcsum=info.mdcsum,
-        started_at=record.started_at,
-        host=record.host,
-        pid=record.pid,
-        version=record.version,
-        load=pb.Load(
-            active_requests=info.load.active_requests,
-            active_prompt_tokens=info.load.prefill_tokens,
-            active_kv_blocks=info.load.kv_blocks,
-        ),
-        record_json=canonical_json(record.to_json()).decode(),
+# How each field's value comes from a record and its revision; load is set per call.
+_VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
+    "id": lambda r, _: r.instance_id,
+    "key": lambda r, _: r.key,
+    "namespace": lambda r, _: r.namespace,
+    "component": lambda r, _: r.component,
+    "endpoint": lambda r, _: r.endpoint,
+    "model": lambda r, _: r.model,
+    "address": lambda r, _: r.address,
+    "system_address": lambda r, _: r.system_address,
+    "taints": lambda r, _: list(r.taints),
+    "topology": lambda r, _: dict(r.runtime_config.topology_domains),
+    "revision": lambda _, revision: revision,
+    "mdcsum": lambda r, _: mdcsum(r.model_card),
+    "started_at": lambda r, _: r.started_at,
+    "host": lambda r, _: r.host,
+    "pid": lambda r, _: r.pid,
+    "version": lambda r, _: r.version,
+    "record_json": lambda r, _: canonical_json(r.to_json()).decode(),
+    "model_card_json": lambda r, _: canonical_json(r.model_card.to_json()).decode(),
+}
+
+
+PER_CALL = frozenset({"load", "engine"})
+"""Fields that change without the record changing: set on each answer, never kept."""
+
+
+def worker_message(record: WorkerRecord, revision: int, fields: Iterable[str]) -> pb.Worker:
+    """The worker's message with ``fields`` (``Worker`` field names) set, except the ones
+    that change without the record (``PER_CALL``)."""
+    values = {name: _VALUES[name](record, revision) for name in fields if name not in PER_CALL}
+    return pb.Worker(**values)  # type: ignore[arg-type]
+
+
+def load_to_pb(load: Load) -> pb.Load:
+    return pb.Load(
+        active_requests=load.active_requests,
+        active_prompt_tokens=load.prefill_tokens,
+        active_kv_blocks=load.kv_blocks,
     )
 
 
-def worker_from_pb(message: pb.Worker) -> WorkerInfo:
-    record = WorkerRecord.from_json(json.loads(message.record_json))
+def engine_to_pb(engine: EngineLoad) -> pb.EngineLoad:
+    return pb.EngineLoad(**engine.to_json())
+
+
+def worker_to_pb(info: WorkerInfo) -> pb.Worker:
+    """The whole message of one worker, load and the engine's report included."""
+    message = worker_message(info.record, info.revision, _VALUES)
+    message.load.CopyFrom(load_to_pb(info.load))
+    if info.engine is not None:
+        message.engine.CopyFrom(engine_to_pb(info.engine))
+    return message
+
+
+def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None) -> WorkerInfo:
+    """A worker as listed. With ``record_json``, its record exactly as stored; without
+    (a listing that asked for fewer fields), a record made of the fields that came, the
+    rest at their defaults. ``cards`` remembers decoded model cards across a listing, so
+    the workers that share one decode it once."""
     load = Load(
         active_requests=message.load.active_requests,
         prefill_tokens=message.load.active_prompt_tokens,
         kv_blocks=message.load.active_kv_blocks,
     )
-    return WorkerInfo(record, message.revision, load)
+    if message.record_json:
+        record = WorkerRecord.from_json(json.loads(message.record_json))
+    else:
+        record = _record_of(message, {} if cards is None else cards)
+    engine = None
+    if message.HasField("engine"):
+        fields = EngineLoad.__dataclass_fields__
+        engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
+    return WorkerInfo(record, message.revision, load, engine)
+
+
+def _record_of(message: pb.Worker, cards: dict[str, ModelCard]) -> WorkerRecord:
+    text = message.model_card_json
+    card = cards.get(text) if text else None
+    if card is None:
+        card = ModelCard.from_json(json.loads(text)) if text else ModelCard(name=message.model)
+        if text:
+            cards[text] = card
+    return WorkerRecord(
+        instance_id=message.id,
+        namespace=message.namespace,
+        component=message.component,
+        endpoint=message.endpoint,
+        address=message.address,
+        model_card=card,
+        runtime_config=RuntimeConfig(
+            taints=tuple(message.taints), topology_domains=dict(message.topology)
+        ),
+        system_address=message.system_address,
+        started_at=message.started_at,
+        host=message.host,
+        pid=message.pid,
+        version=message.version,
+    )
 
 
 def change_to_pb(change: TaintChange) -> pb.TaintChange:
@@ -176,4 +240,5 @@ def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
 
 
 def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:
-    return [worker_from_pb(m) for m in messages]
+    cards: dict[str, ModelCard] = {}
+    return [worker_from_pb(m, cards) for m in messages]

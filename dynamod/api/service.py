@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dynamod.api import convert
+from dynamod.api import convert, listing
 from dynamod.api.status import ERROR_KEY, status_of
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
@@ -36,7 +38,7 @@ from dynamod.errors import (
 )
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
-from dynamod.reports import EventInfo, TaintChange
+from dynamod.reports import EventInfo, TaintChange, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints, TaintUpdate
 
@@ -44,6 +46,9 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 Context = aio.ServicerContext[Any, Any]
+
+
+LISTING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class ServiceContext:
@@ -63,6 +68,15 @@ class ServiceContext:
             "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
             registry=registry,
         )  # fmt: skip
+        self.listing = Histogram(
+            "dynamod_api_listing_seconds",
+            "Time the daemon spends on a listing, by method: selecting the workers and "
+            "writing the answer (ListWorkers), or its first page (StreamWorkers); sending "
+            "it is not included.",
+            ["method"],
+            buckets=LISTING_BUCKETS,
+            registry=registry,
+        )
         self.tails: set[Subscription] = set()
         self.draining = False
 
@@ -128,21 +142,58 @@ def _fit(message: str) -> str:
     return message[:MAX_DETAILS] + f"... ({len(message)} characters in all)"
 
 
+PAGE_SIZE = 500
+"""Workers per StreamWorkers message when the request does not say."""
+MAX_PAGE_SIZE = 10_000
+
+
 class WorkerService(rpc.WorkerServiceServicer):
+    """Listings: the selection and the fields are applied here, in the daemon, and the
+    answers are written from each worker's encoded form, kept between listings
+    (``listing.WorkerMessages``): ListWorkers and StreamWorkers return bytes, which
+    ``add_services`` lets through to gRPC as they are."""
+
     def __init__(self, api: ServiceContext) -> None:
         self.api = api
+        self.messages = listing.WorkerMessages(api.control.view.get)
 
-    async def ListWorkers(self, request: pb.ListWorkersRequest, context: Context) -> Any:
-        async def body(_: Principal) -> pb.ListWorkersResponse:
-            workers, revision = self.api.control.list_workers(
-                model=request.model, selector=request.selector, namespace=request.namespace,
-                component=request.component, endpoint=request.endpoint,
-            )  # fmt: skip
-            return pb.ListWorkersResponse(
-                workers=[convert.worker_to_pb(w) for w in workers], revision=revision
-            )
+    async def ListWorkers(  # type: ignore[override]
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> bytes:
+        async def body(_: Principal) -> bytes:
+            with self.api.listing.labels("ListWorkers").time():
+                fields = listing.worker_fields(request.fields)
+                workers, revision = self._select(request)
+                prefix = id_prefix_length(w.id for w in workers)
+                return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
+
+    async def StreamWorkers(  # type: ignore[override]
+        self, request: pb.ListWorkersRequest, context: Context
+    ) -> AsyncIterator[bytes]:
+        started = time.perf_counter()
+        try:
+            self.api.identify(context)
+            fields = listing.worker_fields(request.fields)
+            size = _page_size(request.page_size)
+            workers, revision = self._select(request)
+        except DynamoError as exc:
+            await self.api.fail("StreamWorkers", context, exc)
+        workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
+        prefix = id_prefix_length(w.id for w in workers)
+        for start in range(0, max(len(workers), 1), size):
+            page = self.messages.response(workers[start : start + size], fields, revision, prefix)
+            if start == 0:  # the first page is ready
+                self.api.listing.labels("StreamWorkers").observe(time.perf_counter() - started)
+            yield page
+        self.api.calls.labels("StreamWorkers", "OK").inc()
+
+    def _select(self, request: pb.ListWorkersRequest) -> tuple[list[WorkerInfo], int]:
+        return self.api.control.list_workers(
+            model=request.model, selector=request.selector, namespace=request.namespace,
+            component=request.component, endpoint=request.endpoint,
+        )  # fmt: skip
 
     async def GetWorker(self, request: pb.GetWorkerRequest, context: Context) -> Any:
         async def body(_: Principal) -> pb.GetWorkerResponse:
@@ -215,6 +266,16 @@ def _asked(request: pb.UpdateTaintsRequest) -> dict[str, object]:
         "target": str(getattr(request, which))[:100] if which else "",
         "dry_run": request.dry_run,
     }
+
+
+def _page_size(asked: int) -> int:
+    if asked == 0:
+        return PAGE_SIZE
+    if not 1 <= asked <= MAX_PAGE_SIZE:
+        raise InvalidInputError(
+            f"page_size {asked} is out of range; use 1 to {MAX_PAGE_SIZE}, or 0 for {PAGE_SIZE}"
+        )
+    return asked
 
 
 def _target(request: pb.UpdateTaintsRequest) -> Target:
@@ -303,7 +364,7 @@ class RouterService(rpc.RouterServiceServicer):
                 required_taints=frozenset(request.required_taints),
                 preferred_taints=dict(request.preferred_taints),
             )
-            info = self.api.control.explain(request.model, constraints, request.prompt)
+            info = await self.api.control.explain(request.model, constraints, request.prompt)
             return convert.explain_to_pb(info)
 
         return await self.api.call("Explain", context, body)
@@ -320,9 +381,34 @@ class StatusService(rpc.StatusServiceServicer):
         return await self.api.call("GetStatus", context, body)
 
 
+def _add_worker_service(service: WorkerService, server: aio.Server) -> None:
+    """``rpc.add_WorkerServiceServicer_to_server``, but the listings' answers, already
+    encoded by ``listing.WorkerMessages``, go to the wire as they are."""
+    name = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "ListWorkers": grpc.unary_unary_rpc_method_handler(
+            service.ListWorkers,
+            request_deserializer=pb.ListWorkersRequest.FromString,
+            response_serializer=listing.encoded,
+        ),
+        "GetWorker": grpc.unary_unary_rpc_method_handler(
+            service.GetWorker,
+            request_deserializer=pb.GetWorkerRequest.FromString,
+            response_serializer=pb.GetWorkerResponse.SerializeToString,
+        ),
+        "StreamWorkers": grpc.unary_stream_rpc_method_handler(
+            service.StreamWorkers,
+            request_deserializer=pb.ListWorkersRequest.FromString,
+            response_serializer=listing.encoded,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
     """Register every servicer on ``server``; return their full service names."""
-    rpc.add_WorkerServiceServicer_to_server(WorkerService(api), server)
+    _add_worker_service(WorkerService(api), server)
     rpc.add_TaintServiceServicer_to_server(TaintService(api), server)
     rpc.add_EventServiceServicer_to_server(EventService(api), server)
     rpc.add_RouterServiceServicer_to_server(RouterService(api), server)

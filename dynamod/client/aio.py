@@ -34,7 +34,15 @@ from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.config import Credentials, resolve, target_of
 from dynamod.errors import ConflictError, DynamoError, UnreachableError
-from dynamod.reports import EventInfo, ExplainInfo, StatusInfo, TaintChange, WorkerInfo
+from dynamod.model import ModelCard
+from dynamod.reports import (
+    EventInfo,
+    ExplainInfo,
+    StatusInfo,
+    TaintChange,
+    WorkerInfo,
+    WorkerPage,
+)
 from dynamod.taints import TaintUpdate
 
 ATTEMPTS = re.compile(r"\((\d+) attempts\)")
@@ -159,16 +167,36 @@ class AsyncClient:
         namespace: str = "",
         component: str = "",
         endpoint: str = "",
+        fields: Iterable[str] = (),
     ) -> tuple[list[WorkerInfo], int]:
-        request = pb.ListWorkersRequest(
-            model=model,
-            selector=selector,
-            namespace=namespace,
-            component=component,
-            endpoint=endpoint,
-        )
+        """The workers that match (sorted by key) and the view's revision. ``fields``
+        names the ``Worker`` message fields to carry (all when empty); with fewer, each
+        record holds only those, the rest at their defaults (``convert.worker_from_pb``)."""
+        request = _list_request(model, selector, namespace, component, endpoint, fields)
         reply = await self._call(self._workers.ListWorkers, request)
         return convert.workers_from_pb(reply.workers), reply.revision
+
+    async def stream_workers(
+        self,
+        *,
+        model: str = "",
+        selector: str = "",
+        namespace: str = "",
+        component: str = "",
+        endpoint: str = "",
+        fields: Iterable[str] = (),
+        page_size: int = 0,
+    ) -> AsyncGenerator[WorkerPage, None]:
+        """``list_workers`` in pages, by model then id, as the daemon sends them: the first
+        arrives before the daemon has encoded the rest. Every page comes from one snapshot
+        (the same revision and ``id_prefix``). The call's deadline covers the whole stream."""
+        request = _list_request(model, selector, namespace, component, endpoint, fields)
+        request.page_size = page_size
+        call = self._workers.StreamWorkers(request, timeout=self.timeout, metadata=self._metadata())
+        cards: dict[str, ModelCard] = {}
+        async for reply in self._stream(call):
+            workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
+            yield WorkerPage(workers, reply.revision, reply.id_prefix)
 
     async def get_worker(self, ref: str) -> WorkerInfo:
         reply = await self._call(self._workers.GetWorker, pb.GetWorkerRequest(id=ref))
@@ -313,6 +341,19 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:  # made outside a coroutine: the first call will say which loop
         return None
+
+
+def _list_request(
+    model: str, selector: str, namespace: str, component: str, endpoint: str, fields: Iterable[str]
+) -> pb.ListWorkersRequest:
+    return pb.ListWorkersRequest(
+        model=model,
+        selector=selector,
+        namespace=namespace,
+        component=component,
+        endpoint=endpoint,
+        fields=list(fields),
+    )
 
 
 def _update_request(

@@ -2,7 +2,7 @@
 
 Use::
 
-    async with Frontend(router, view, tokenizer, registry=registry) as front:
+    async with Frontend(router, view, tokenizers, registry=registry) as front:
         app = web.Application()
         front.add_to(app)
         runner = web.AppRunner(app, handler_cancellation=True)
@@ -14,10 +14,12 @@ Use::
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
 (every model with at least one worker in the view).
 
-Per request: read the body (``body.py``: model, prompt tokens, ``nvext`` routing
-constraints and ``max_wait``), route it (prompt token count and KV block hashes, with the
-block size of the model's workers), forward the body unchanged to
-``<worker.address>/v1/...`` and pass the answer on (``relay.py``). The worker is held for
+Per request: read the body (``inbound.py``: model, ``nvext`` routing constraints and
+``max_wait``), tokenize its prompt with the tokenizer the model's workers publish
+(``tokenizers.for_card``), route it (prompt token count and KV block hashes, with the
+block size of the model's workers), forward the body to ``<worker.address>/v1/...``
+(with the prompt's token ids added, so the worker need not tokenize again) and pass the
+answer on (``relay.py``). The worker is held for
 the whole request and released on completion, error or client disconnect;
 ``router.prefill_done`` is called at the first output event of a stream, or when a whole
 response arrives.
@@ -57,7 +59,7 @@ from prometheus_client import CollectorRegistry
 
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import RoutingError
-from dynamod.frontend.inbound import Inbound, read_inbound
+from dynamod.frontend.inbound import Inbound, read_body
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import (
     UpstreamFailure,
@@ -71,7 +73,8 @@ from dynamod.http.inflight import Drains, InFlight
 from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
 from dynamod.model import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
-from dynamod.tokenizers import Tokenizer
+from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,8 @@ ATTEMPTS = 2
 """A request is tried on at most this many workers (a first try and one retry)."""
 DEFAULT_CLIENT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
+_SHAPE_ONLY = SimpleTokenizer()
+"""Reads the prompt of a request for a model no worker serves, only to check its shape."""
 
 
 class Frontend(Drains):
@@ -86,8 +91,9 @@ class Frontend(Drains):
 
     ``client_timeout``: the longest a worker may stay silent (to answer, and between the
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
-    a connection to a worker may take. ``tokenizer`` must be the workers' own, or token
-    counts and block hashes mean nothing. The front owns one ``aiohttp.ClientSession``,
+    a connection to a worker may take. ``tokenizers`` gives each model's workers' own
+    tokenizer (the daemon's registry; ``Fixed`` in tests), or token counts and block
+    hashes mean nothing. The front owns one ``aiohttp.ClientSession``,
     opened by ``start()`` and closed by ``aclose()`` (or ``async with``).
     """
 
@@ -95,7 +101,7 @@ class Frontend(Drains):
         self,
         router: Router,
         view: WorkerView,
-        tokenizer: Tokenizer,
+        tokenizers: Tokenizers,
         *,
         registry: CollectorRegistry | None = None,
         client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
@@ -107,7 +113,7 @@ class Frontend(Drains):
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=client_timeout
         )
-        self._tokenizer = tokenizer
+        self._tokenizers = tokenizers
         self._session: aiohttp.ClientSession | None = None
         self._requests = InFlight(self._metrics.in_flight)
 
@@ -184,12 +190,15 @@ class Frontend(Drains):
     async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            inbound = await read_inbound(request, api, self._tokenizer)
+            body = await read_body(request, api)
+            card = self._router.card(body.model)
+            # A malformed prompt is a 400 even for a model nobody serves: check it first.
+            tokenizer = await self._tokenizers.for_card(card) if card else _SHAPE_ONLY
+            inbound = body.tokenized(tokenizer)
         except FieldError as exc:
             return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
-        card = self._router.card(inbound.model)
         if card is None:
-            message = self._router.unserved(inbound.model)
+            message = self._router.unserved(body.model)
             return error_response(404, message, "model_not_found", param="model")
         route = inbound.route_request(card.kv_block_size)
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}

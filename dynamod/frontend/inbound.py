@@ -1,14 +1,16 @@
 """Reading an inbound OpenAI request: the little the front needs to route it.
 
-The body is forwarded to the worker byte for byte. The worker ignores keys it does not
-know (``nvext`` among them) and validates everything else itself; its 400 answers are
-passed on. The front reads only:
+The body is forwarded to the worker as it came, but for one addition: a text or chat
+prompt the front tokenized travels on as ``nvext.token_ids`` with ``nvext.tokenizer`` (the
+checksum of the tokenizer used; ``http.openai.forwarded_ids`` says how the worker takes
+them). The worker validates everything else itself; its 400 answers are passed on. The
+front reads only:
 
-* ``model``: a non-empty string;
+* ``model``: a non-empty string (read first: it names the tokenizer to use);
 * the prompt: ``prompt`` for completions (a string or a list of token ids, or a list
-  holding one of those), ``messages`` for chat, rendered with the tokenizer's chat
-  template exactly as the worker renders them, so the prompt's token count and KV block
-  hashes are the ones the worker will see;
+  holding one of those), ``messages`` for chat, rendered with the chat template of the
+  model's own tokenizer exactly as the worker renders them, so the prompt's token count
+  and KV block hashes are the ones the worker will see;
 * ``nvext.routing_constraints``: ``RoutingConstraints.from_json`` (an unknown key is
   refused and named);
 * ``nvext.max_wait``: seconds this request may wait for a worker (the router's limits
@@ -22,15 +24,54 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from dynamod.errors import ConstraintError
-from dynamod.http.openai import FieldError, OpenAIApi, brief, json_object, model_of
+from dynamod.http.openai import (
+    FieldError,
+    Json,
+    OpenAIApi,
+    brief,
+    json_object,
+    model_of,
+    with_forwarded_ids,
+)
 from dynamod.router import RouteRequest
 from dynamod.taints import RoutingConstraints
 from dynamod.tokenizers import Tokenizer
 
 
 @dataclass(frozen=True)
+class Body:
+    """A request body, read and checked, before its prompt is tokenized."""
+
+    api: OpenAIApi
+    raw: bytes
+    json: Json
+    model: str
+    constraints: RoutingConstraints
+    max_wait: float | None
+
+    def tokenized(self, tokenizer: Tokenizer) -> Inbound:
+        """The request with its prompt's token ids, and the body to forward carrying them
+        when the front tokenized text; raises ``FieldError``."""
+        prompt = self.api.prompt(self.json, tokenizer)
+        raw = self.raw
+        if _text_prompt(self.api, self.json):
+            raw = with_forwarded_ids(self.json, prompt, tokenizer)
+        return Inbound(self.api, raw, self.model, prompt, self.constraints, self.max_wait)
+
+
+def _text_prompt(api: OpenAIApi, body: Json) -> bool:
+    """Whether the prompt was text (a token-id prompt already is what the worker needs)."""
+    if api.kind == "chat":
+        return True
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return isinstance(prompt, str)
+
+
+@dataclass(frozen=True)
 class Inbound:
-    """A request, read: the raw body to forward and what routing needs from it."""
+    """A request, read: the body to forward and what routing needs from it."""
 
     api: OpenAIApi
     raw: bytes
@@ -46,14 +87,13 @@ class Inbound:
         )
 
 
-async def read_inbound(request: web.Request, api: OpenAIApi, tokenizer: Tokenizer) -> Inbound:
-    """Read and check the body of ``request``; raises ``FieldError``."""
+async def read_body(request: web.Request, api: OpenAIApi) -> Body:
+    """Read and check the body of ``request`` but its prompt; raises ``FieldError``."""
     raw = await request.read()  # read in time and bounded before any handler: http/server.py
     body = json_object(raw)
     model = model_of(body)
     constraints, max_wait = _nvext(body.get("nvext"))
-    prompt = api.prompt(body, tokenizer)
-    return Inbound(api, raw, model, tuple(prompt), constraints, max_wait)
+    return Body(api, raw, body, model, constraints, max_wait)
 
 
 def _nvext(nvext: object) -> tuple[RoutingConstraints, float | None]:

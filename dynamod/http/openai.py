@@ -27,6 +27,9 @@ from dynamod.tokenizers import ChatMessage, Tokenizer
 Json = dict[str, Any]
 WORKER_ID_HEADER = "x-dynamo-worker-id"
 """On every answer of a worker, and on every answer the front gives after choosing one."""
+FORWARDED_IDS = "token_ids"
+FORWARDED_TOKENIZER = "tokenizer"
+"""The ``nvext`` keys the front forwards a tokenized prompt in (``forwarded_ids``)."""
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
@@ -63,13 +66,44 @@ def model_of(body: Json) -> str:
     return model
 
 
+def forwarded_ids(body: Json, tokenizer: Tokenizer) -> tuple[int, ...] | None:
+    """The prompt's token ids as the front computed them, when it used this very tokenizer.
+
+    The front adds ``nvext.token_ids`` and ``nvext.tokenizer`` (the checksum of the
+    tokenizer it used) to a text or chat request it forwards, so the worker need not
+    tokenize again. They are taken only when the checksum is this tokenizer's own, and are
+    trusted as far as a token-id prompt from any client is: the engine checks every id
+    against its vocabulary and the prompt's length against its context.
+    """
+    nvext = body.get("nvext")
+    if not isinstance(nvext, dict) or nvext.get(FORWARDED_TOKENIZER) != tokenizer.checksum:
+        return None
+    ids = nvext.get(FORWARDED_IDS)
+    if isinstance(ids, list) and all(type(t) is int for t in ids):
+        return tuple(ids)
+    raise FieldError(
+        f"nvext.{FORWARDED_IDS}",
+        f"nvext.{FORWARDED_IDS} must be a list of token ids, got {brief(ids)}",
+    )
+
+
+def with_forwarded_ids(body: Json, ids: tuple[int, ...], tokenizer: Tokenizer) -> bytes:
+    """``body`` as JSON, carrying ``ids`` for the worker (see ``forwarded_ids``)."""
+    nvext = body.get("nvext")
+    extended = {**(nvext if isinstance(nvext, dict) else {})}
+    extended[FORWARDED_IDS] = list(ids)
+    extended[FORWARDED_TOKENIZER] = tokenizer.checksum
+    return json.dumps({**body, "nvext": extended}, separators=(",", ":")).encode()
+
+
 def completion_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:
     """A prompt is a string or a list of token ids; a list holding one of those also works."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tuple(tokenizer.encode(prompt))
+        forwarded = forwarded_ids(body, tokenizer)
+        return forwarded if forwarded is not None else tuple(tokenizer.encode(prompt))
     if isinstance(prompt, list) and all(type(t) is int for t in prompt):
         return tuple(prompt)
     raise FieldError(
@@ -84,7 +118,13 @@ def chat_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:
     if not isinstance(messages, list) or not messages:
         raise FieldError("messages", f"messages must be a non-empty list, got {brief(messages)}")
     turns = [_message(i, m) for i, m in enumerate(messages)]
-    return tuple(tokenizer.encode(tokenizer.render_chat(turns)))
+    forwarded = forwarded_ids(body, tokenizer)
+    if forwarded is not None:
+        return forwarded
+    try:
+        return tuple(tokenizer.encode_chat(turns))
+    except InvalidInputError as exc:  # the model's template refused the messages
+        raise FieldError("messages", str(exc)) from None
 
 
 def _message(index: int, message: object) -> ChatMessage:

@@ -5,8 +5,9 @@ hands out assignments; the caller talks to the worker.
 """
 
 from dynamod.router.config import RouterConfig
+from dynamod.router.groups import Group, LoadOrder
 from dynamod.router.metrics import RouterMetrics
-from dynamod.router.prefix import PrefixIndex, prefix_hashes
+from dynamod.router.prefix import OverlapSource, PrefixIndex, prefix_hashes
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
 from dynamod.router.router import Router
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
@@ -23,8 +24,11 @@ __all__ = [
     "Assignment",
     "CostTerms",
     "Explanation",
+    "Group",
     "Ineligible",
+    "LoadOrder",
     "Outcome",
+    "OverlapSource",
     "PendingQueue",
     "PrefixIndex",
     "RouteRequest",

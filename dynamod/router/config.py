@@ -21,6 +21,9 @@ class RouterConfig:
     active_request_weight         1.0        cost of each active request, >= 0
     temperature                   0.0        0 picks the cheapest worker; > 0 samples a
                                              softmax over normalized costs
+    sample_candidates             16         at temperature > 0, the softmax runs over this
+                                             many of the cheapest free eligible workers,
+                                             >= 1
     queue_threshold               16.0       a worker is busy when its prefill tokens in flight
                                              exceed this * ``max_num_batched_tokens`` (or its
                                              active requests reach ``max_num_seqs``); ``inf``
@@ -30,21 +33,28 @@ class RouterConfig:
                                              free up; ``None`` waits without limit
     no_worker_wait                0.0        seconds a request waits for *any* worker to
                                              satisfy it; 0 fails at once (Dynamo's behaviour)
+    settle_window                 1.0        seconds a *waiting* request whose last eligible
+                                             worker stopped qualifying (a taint moved away,
+                                             a cordon, a removal) keeps waiting for another
+                                             to qualify; 0 fails it at once
     prefix_ttl                    120.0      seconds a routed prompt block counts as cached
     prefix_capacity               200000     (block, worker) pairs remembered, oldest dropped
     ============================  =========  ==================================================
 
-    A request's own ``max_wait`` replaces both waits for that request.
+    A request's own ``max_wait`` replaces every wait for that request. The settle window
+    never makes a request wait longer than ``max_queue_wait`` would have.
     """
 
     overlap_score_credit: float = 1.0
     prefill_load_scale: float = 1.0
     active_request_weight: float = 1.0
     temperature: float = 0.0
+    sample_candidates: int = 16
     queue_threshold: float = 16.0
     max_queue: int = 1024
     max_queue_wait: float | None = 60.0
     no_worker_wait: float = 0.0
+    settle_window: float = 1.0
     prefix_ttl: float = 120.0
     prefix_capacity: int = 200_000
 
@@ -62,10 +72,12 @@ _RULES: dict[str, tuple[float, float, bool, bool]] = {
     "prefill_load_scale": (0.0, math.inf, False, False),
     "active_request_weight": (0.0, math.inf, False, False),
     "temperature": (0.0, math.inf, False, False),
+    "sample_candidates": (1, math.inf, False, True),
     "queue_threshold": (0.0, math.inf, True, False),
     "max_queue": (0, math.inf, False, True),
     "max_queue_wait": (0.0, math.inf, True, False),
     "no_worker_wait": (0.0, math.inf, True, False),
+    "settle_window": (0.0, math.inf, False, False),
     "prefix_ttl": (0.0, math.inf, True, False),
     "prefix_capacity": (0, math.inf, False, True),
 }

@@ -38,9 +38,14 @@ class RouterMetrics:
             buckets=_WAIT_BUCKETS,
             registry=registry,
         )
+        self._decided: dict[tuple[str, str], Counter] = {}
 
     def decided(self, model: str, outcome: str, seconds: float | None = None) -> None:
-        self.decisions.labels(model=model, outcome=outcome).inc()
+        counter = self._decided.get((model, outcome))
+        if counter is None:
+            # labels() takes a lock and builds a key on every call: once per series is enough.
+            counter = self._decided[model, outcome] = self.decisions.labels(model, outcome)
+        counter.inc()
         if seconds is not None:
             self.latency.observe(seconds)
 

@@ -1,13 +1,32 @@
-"""Prefix reuse in approximate mode: chained hashes of a prompt's blocks, and which blocks
-this router recently sent to which worker."""
+"""Prefix reuse: chained hashes of a prompt's blocks, the interface the router asks which
+workers hold a prompt's leading blocks (``OverlapSource``), and its approximate-mode
+implementation (``PrefixIndex``: which blocks this router recently sent to which worker)."""
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from dynamod.errors import InvalidInputError
+
+
+class OverlapSource(Protocol):
+    """Which workers hold a prompt's leading KV blocks: what the router's cost credits.
+
+    ``overlaps(hashes)`` maps a worker key to the number of *leading* blocks of ``hashes``
+    (chained, ``prefix_hashes``) it holds; a worker holding none is absent. The router
+    calls it once per decision and looks at every worker it returns, so it should return
+    only workers that hold at least the first block. ``record(worker, hashes)`` tells the
+    source that a request with those blocks was just sent to ``worker``: an approximate
+    source remembers it; one fed by the workers' own KV events may ignore it. Both are
+    called from the event loop's thread and must not block.
+    """
+
+    def overlaps(self, hashes: Sequence[int]) -> Mapping[str, int]: ...
+
+    def record(self, worker: str, hashes: Iterable[int]) -> None: ...
 
 
 class PrefixIndex:

@@ -12,22 +12,32 @@ Use::
 The contract:
 
 * ``route`` / ``acquire`` assigns at once when an eligible worker is not busy (cost and
-  selection in ``scoring.py``). When eligible workers exist but all are busy, the request
-  waits, first come first served. When none exists it fails at once with
-  ``NoEligibleWorkerError``, or waits up to ``config.no_worker_wait``. A request's
-  ``max_wait`` replaces both limits. A full queue raises ``QueueFullError``, the end of a
-  wait ``QueueTimeoutError``, a closed router ``ShuttingDownError``.
+  selection in ``scoring.py``; how a decision avoids looking at every worker in
+  ``choice.py``). When eligible workers exist but all are busy, the request waits, first
+  come first served. When none exists it fails at once with ``NoEligibleWorkerError``, or
+  waits up to ``config.no_worker_wait``. A request's ``max_wait`` replaces both limits. A
+  full queue raises ``QueueFullError``, the end of a wait ``QueueTimeoutError``, a closed
+  router ``ShuttingDownError``.
 * Every change re-checks the waiting requests, synchronously, inside the call that made it:
-  ``apply`` (any discovery event, a taint update included), ``release`` and
-  ``prefill_done``. No polling, no sleep. Invariant after every call: no waiting request
-  has an eligible worker that is not busy. So a newcomer that finds a free worker takes
-  nothing a waiting request could use, and arrival order holds.
+  ``apply`` (any discovery event, a taint update included), ``release``,
+  ``prefill_done`` and ``reconfigure``. No polling, no sleep. Invariant after every call:
+  no waiting request has an eligible worker that is not busy. So a newcomer that finds a
+  free worker takes nothing a waiting request could use, and arrival order holds.
 * A waiter dispatched that way has its worker reserved at that moment;
   ``Assignment.waited`` says how long it waited. A waiter whose situation changes is judged
-  again: with no eligible worker left and its no-worker limit already spent, it fails
-  with ``NoEligibleWorkerError``, as a new request would.
+  again. When its last eligible worker stops qualifying (a taint moved away, a cordon, a
+  removal), it keeps waiting for ``config.settle_window`` for another worker to qualify
+  (a remove-then-add move), then fails with ``NoEligibleWorkerError``; with a zero window,
+  or when its no-worker limit is longer, it is judged as a new request would be.
+* Cost of the work: a decision looks at one worker per eligible group plus the workers
+  with a prefix overlap (``choice.py``), not at every worker. Waiters are kept in cases
+  (``queue.py``): re-checking the queue costs one decision per case of waiters that ask
+  for the same workers, plus one per waiter dispatched or whose situation changes.
 * Load is what this router has in flight per worker, reserved when the worker is chosen
   and given back by ``release`` (idempotent; ``route`` calls it on exit).
+* What a worker's engine reports (``report``) enters only whether it is busy: a worker is
+  busy while its engine reports requests waiting in its own queue, or reports itself
+  unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
 * Single-threaded: call everything from the event loop's thread. The router owns no task.
 """
 
@@ -35,10 +45,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Collection, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
@@ -51,12 +62,16 @@ from dynamod.errors import (
     ShuttingDownError,
 )
 from dynamod.load import IDLE, Busy, Load
-from dynamod.model import DiscoveryEvent, ModelCard, WorkerRecord
+from dynamod.model import DiscoveryEvent, ModelCard, ViewResync, WorkerRecord
+from dynamod.reported import EngineLoad
+from dynamod.router.choice import Chooser, Pick
 from dynamod.router.config import RouterConfig
+from dynamod.router.groups import Group
 from dynamod.router.metrics import RouterMetrics
-from dynamod.router.prefix import PrefixIndex
-from dynamod.router.queue import PendingQueue, Waiter, WaitState
-from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
+from dynamod.router.prefix import OverlapSource, PrefixIndex
+from dynamod.router.queue import Case, PendingQueue, Waiter, WaitState, by_arrival
+from dynamod.router.reported import ReportedLoads, describe
+from dynamod.router.scoring import CostTerms, cost_terms, load_rank, probabilities
 from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
 from dynamod.router.types import (
     Assignment,
@@ -66,9 +81,6 @@ from dynamod.router.types import (
     WorkerExplanation,
 )
 from dynamod.taints import RoutingConstraints, preference
-
-_Candidate = tuple[str, WorkerRecord, Load]
-"""An eligible, non-busy worker: its key, its record, its load."""
 
 
 @dataclass
@@ -85,7 +97,9 @@ class Router:
     """Routes requests over the workers it learns from ``apply``; see the module docstring.
 
     ``rng`` drives tie-breaks and sampling (seed it for reproducible tests); ``registry``
-    receives the metrics (a fresh ``CollectorRegistry`` when none is given).
+    receives the metrics (a fresh ``CollectorRegistry`` when none is given); ``overlaps``
+    says which workers hold a prompt's leading blocks (by default a ``PrefixIndex`` of what
+    this router sent, sized by the config).
     """
 
     def __init__(
@@ -94,17 +108,24 @@ class Router:
         *,
         rng: random.Random | None = None,
         registry: CollectorRegistry | None = None,
+        overlaps: OverlapSource | None = None,
     ) -> None:
         self.config = config if config is not None else RouterConfig()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._rng = rng if rng is not None else random.Random()
-        self._table = RoutingTable()
         self._loads: dict[str, Load] = {}
+        self._table = RoutingTable(ranker=self._rank)
+        self._chooser = Chooser(self.config, self._rng, self._table.group_of)
         self._held: dict[int, _Reservation] = {}
         self._tickets = itertools.count()
-        self._prefix = PrefixIndex(self.config.prefix_ttl, self.config.prefix_capacity)
+        self._prefix: OverlapSource = (
+            overlaps
+            if overlaps is not None
+            else PrefixIndex(self.config.prefix_ttl, self.config.prefix_capacity)
+        )
         self._metrics = RouterMetrics(self.registry)
         self._queue = PendingQueue(self.config.max_queue, self._metrics.depth_changed)
+        self._reported = ReportedLoads()
         self._closed = False
 
     @property
@@ -136,10 +157,27 @@ class Router:
         """What this router has in flight on the worker ``key``."""
         return self._loads.get(key, IDLE)
 
+    def reported(self, key: str) -> EngineLoad | None:
+        """What the worker ``key``'s engine last reported, if anything is known."""
+        return self._reported.get(key)
+
+    def report(self, key: str, load: EngineLoad | None) -> None:
+        """What the worker ``key``'s engine says now (None: nothing known any more)."""
+        freed = self._reported.set(key, load)
+        self._table.rerank(key)
+        if freed:
+            self._offer_worker(key)
+
     def apply(self, event: DiscoveryEvent) -> None:
         """Fold a discovery event into the table, then re-check the affected waiters."""
+        if isinstance(event, ViewResync):
+            for model in self._table.apply(event):
+                self._recheck(model)
+            return
+        key = event.record.key
+        before = self._table.group_of(key)
         for model in self._table.apply(event):
-            self._recheck(model)
+            self._recheck(model, (before, self._table.group_of(key)))
 
     @contextlib.asynccontextmanager
     async def route(self, request: RouteRequest) -> AsyncIterator[Assignment]:
@@ -154,13 +192,14 @@ class Router:
         """Choose a worker, waiting if the contract says so. Pair with ``release``."""
         self._refuse_if_closed(request)
         started = time.perf_counter()
-        free, eligible = self._candidates(request)
-        if free:
-            assignment = self._assign(request, free, waited=0.0)
+        groups = self._table.eligible_groups(request.model, request.constraints.required_taints)
+        pick = self._choose(request, groups)
+        if pick is not None:
+            assignment = self._assign(request, pick, 0.0)
             self._metrics.decided(request.model, "routed", time.perf_counter() - started)
             return assignment
-        state = WaitState.BUSY if eligible else WaitState.NO_WORKER
-        return await self._park(request, state)
+        eligible = _any_member(groups, request.exclude)
+        return await self._park(request, WaitState.BUSY if eligible else WaitState.NO_WORKER)
 
     def release(self, assignment: Assignment) -> None:
         """Give the assignment's load back and offer its worker to the waiters. Idempotent."""
@@ -182,9 +221,14 @@ class Router:
 
     def reconfigure(self, config: RouterConfig) -> None:
         """Take new knobs (a SIGHUP reload). Waiting requests keep their deadlines; the
-        prefix index keeps the TTL and capacity it was built with until a restart."""
+        prefix index keeps the TTL and capacity it was built with until a restart. New
+        weights or busy thresholds re-rank every worker, and may free some for waiters."""
         self.config = config
+        self._chooser.config = config
         self._queue.capacity = config.max_queue
+        self._table.rerank()
+        for model in self._table.models():
+            self._recheck(model)
 
     def close(self) -> None:
         """Refuse new requests and fail every waiting one with ``ShuttingDownError``."""
@@ -194,7 +238,9 @@ class Router:
                 self._fail(waiter, self._shutting_down(waiter.request), "shutdown")
 
     def explain(self, request: RouteRequest) -> Explanation:
-        """What ``route`` would do now, worker by worker, with every cost term."""
+        """What ``route`` would do now, worker by worker, with every cost term. Brute force
+        on purpose: it is the operator's view of every worker, and the oracle the fast
+        path is tested against."""
         overlaps = self._overlaps(request)
         rows = [self._row(request, w, overlaps) for w in self._table.workers(request.model)]
         ranked = self._ranked([r for r in rows if r.eligible and r.busy is None])
@@ -213,56 +259,51 @@ class Router:
 
     # -- choosing
 
-    def _candidates(self, request: RouteRequest) -> tuple[list[_Candidate], bool]:
-        """(eligible workers that are not busy, with their loads; whether any is eligible)."""
-        items = self._table.eligible_items(request.model, request.constraints, request.exclude)
-        loads, threshold = self._loads, self.config.queue_threshold
-        free = [
-            (key, w, load)
-            for key, w in items
-            if (load := loads.get(key, IDLE)).busy(w.model_card, threshold) is None
-        ]
-        return free, bool(items)
+    def _rank(self, worker: WorkerRecord) -> float | None:
+        """The worker's place in its group's order: its load's rank, None when busy."""
+        load = self._loads.get(worker.key, IDLE)
+        card = worker.model_card
+        if load.busy(card, self.config.queue_threshold) is not None:
+            return None
+        if self._reported.busy(worker.key) is not None:
+            return None
+        return load_rank(self.config, card.kv_block_size, load)
+
+    def _choose(self, request: RouteRequest, groups: tuple[Group, ...]) -> Pick | None:
+        if not groups:
+            return None
+        return self._chooser.choose(request, groups, self._overlaps(request))
 
     def _busy(self, worker: WorkerRecord) -> Busy | None:
-        return self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        """Why ``worker`` takes no new request now: its load here, or its engine's report."""
+        own = self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        return own or self._reported.busy(worker.key)
 
-    def _assign(
-        self, request: RouteRequest, candidates: list[_Candidate], *, waited: float
-    ) -> Assignment:
-        terms = self._costs(request, candidates)
-        chosen = select([t.cost for t in terms], self.config.temperature, self._rng)
-        key, worker, _ = candidates[chosen]
-        ticket = self._reserve(worker, request, terms[chosen])
-        if self.config.overlap_score_credit > 0:
-            self._prefix.record(key, request.block_hashes)
-        return Assignment(worker, waited, terms[chosen], len(candidates), ticket)
-
-    def _costs(self, request: RouteRequest, candidates: list[_Candidate]) -> list[CostTerms]:
-        """The cost terms of each candidate.
-
-        Only a worker's block size, load, prefix overlap and taints enter its cost, so each
-        distinct combination is computed once: in a mostly idle fleet a decision costs a
-        few evaluations of the formula, not one per worker. Loads are keyed by identity
-        (cheap; all idle workers share ``IDLE``), which can only miss a reuse, never
-        confuse two loads: each one is alive for the whole decision.
-        """
-        overlaps = self._overlaps(request)
-        memo: dict[tuple[int, int, int, tuple[str, ...]], CostTerms] = {}
-        costs = []
-        for key, worker, load in candidates:
-            overlap = overlaps.get(key, 0) if overlaps else 0
-            case = (worker.model_card.kv_block_size, id(load), overlap, worker.taints)
-            terms = memo.get(case)
-            if terms is None:
-                terms = memo[case] = self._terms(request, worker, load, overlap)
-            costs.append(terms)
-        return costs
+    def _describe_busy(self, worker: WorkerRecord) -> str:
+        reported = self._reported.get(worker.key)
+        if self._reported.busy(worker.key) is not None and reported is not None:
+            return describe(reported)
+        return self.load(worker.key).describe_busy(worker.model_card, self.config.queue_threshold)
 
     def _overlaps(self, request: RouteRequest) -> dict[str, int]:
         if self.config.overlap_score_credit == 0 or not request.block_hashes:
             return {}
-        return self._prefix.overlaps(request.block_hashes)
+        return dict(self._prefix.overlaps(request.block_hashes))
+
+    def _assign(self, request: RouteRequest, pick: Pick, waited: float) -> Assignment:
+        worker = pick.group.members[pick.key]
+        terms = cost_terms(
+            self.config,
+            pick.group.block_size,
+            self.load(pick.key),
+            prompt_tokens=request.prompt_tokens,
+            overlap_blocks=pick.overlap,
+            preference=pick.preference,
+        )
+        ticket = self._reserve(worker, request, terms)
+        if self.config.overlap_score_credit > 0 and request.block_hashes:
+            self._prefix.record(pick.key, request.block_hashes)
+        return Assignment(worker, waited, terms, ticket)
 
     def _terms(
         self, request: RouteRequest, worker: WorkerRecord, load: Load, overlap: int
@@ -285,6 +326,7 @@ class Router:
         held = _Reservation(worker.key, max(0, request.prompt_tokens - cached), terms.new_blocks)
         load = self._loads.get(worker.key, IDLE)
         self._loads[worker.key] = load.plus(held.prefill_tokens, held.kv_blocks)
+        self._table.rerank(worker.key)
         ticket = next(self._tickets)
         self._held[ticket] = held
         return ticket
@@ -295,6 +337,7 @@ class Router:
             del self._loads[key]
         else:
             self._loads[key] = load
+        self._table.rerank(key)
 
     # -- waiting
 
@@ -340,64 +383,92 @@ class Router:
         elif future.exception() is None:  # also marks a failure as retrieved
             self.release(future.result())
 
-    def _recheck(self, model: str) -> None:
-        """Offer workers to every waiter of ``model``, in arrival order.
-
-        A dispatch only adds load, so once some constraints found no free worker, later
-        waiters with the same constraints cannot find one either: they reuse that answer,
-        and a long queue of alike requests costs one eligibility check, not one each.
-        """
-        blocked: dict[tuple[frozenset[str], Collection[str]], bool] = {}
-        for waiter in self._queue.waiting(model):
+    def _head(self, case: Case) -> Waiter | None:
+        """The case's first waiter still waiting. A cancelled one leaves the queue here
+        rather than when its task next runs, so it holds up nobody behind it."""
+        while case.waiters:
+            waiter = case.head()
             if waiter.pending:
-                self._offer(waiter, blocked)
+                return waiter
+            self._queue.remove(waiter)
+        return None
 
-    def _offer(
-        self, waiter: Waiter, blocked: dict[tuple[frozenset[str], Collection[str]], bool]
-    ) -> None:
-        """Dispatch one waiter if a worker is free for it, else re-judge its wait."""
-        request = waiter.request
-        case = (request.constraints.required_taints, request.exclude)
-        eligible = blocked.get(case)
-        if eligible is None:
+    def _recheck(self, model: str, moved: tuple[Group | None, Group | None] | None = None) -> None:
+        """Offer workers to the waiters of ``model``, case by case in arrival order.
+
+        A dispatch only adds load, so once a case found no free worker, its later waiters
+        cannot find one either: one decision per case answers for all of them. When one
+        worker changed (``moved``: the group it left and the one it joined, either None),
+        only the cases that admit one of those groups can see a difference; the others
+        keep their workers, their loads and so their situation.
+        """
+        cases = self._queue.cases(model)
+        if not cases:
+            return
+        for case, waiter in self._by_arrival(cases if moved is None else _affected(cases, moved)):
             started = time.perf_counter()
-            free, eligible = self._candidates(request)
-            if free:
-                assignment = self._assign(request, free, waited=self._waited(waiter))
-                self._dispatch(waiter, assignment, started)
-                return
-            blocked[case] = eligible
-        self._judge(waiter, WaitState.BUSY if eligible else WaitState.NO_WORKER)
-
-    def _judge(self, waiter: Waiter, state: WaitState) -> None:
-        """A waiter's situation may have changed: fail it, or move its deadline."""
-        if state is waiter.state:
-            return
-        waiter.state = state
-        if state is WaitState.NO_WORKER and self._spent(waiter):
-            error = NoEligibleWorkerError(self._unsatisfiable(waiter.request))
-            self._fail(waiter, error, "no_worker")
-            return
-        waiter.move_deadline(self.config)
+            request = waiter.request
+            groups = self._table.eligible_groups(model, case.required)
+            pick = self._choose(request, groups)
+            if pick is None:
+                eligible = _any_member(groups, case.exclude)
+                self._judge(case, WaitState.BUSY if eligible else WaitState.NO_WORKER)
+                continue
+            self._dispatch(waiter, self._assign(request, pick, self._waited(waiter)), started)
 
     def _offer_worker(self, key: str) -> None:
-        """Offer one worker whose load went down to the waiters of its model, in order.
+        """Offer one worker whose load went down to the waiting cases it suits, in order.
 
         By the invariant, every other eligible worker of every waiter is still busy, so
         this worker is the only possible dispatch and no full re-check is needed.
         """
-        worker = self._table.get(key)
-        if worker is None:
+        group = self._table.group_of(key) if self._queue else None
+        if group is None or key not in group.free:
             return
-        for waiter in self._queue.waiting(worker.model):
-            if self._busy(worker) is not None:
-                return
+        cases = self._queue.cases(group.model)
+        suited = [c for c in cases if group.admits(c.required) and key not in c.exclude]
+        for _, waiter in self._by_arrival(suited):
+            if key not in group.free:
+                return  # busy again
+            started = time.perf_counter()
             request = waiter.request
-            if waiter.pending and why_not(worker, request.constraints, request.exclude) is None:
-                started = time.perf_counter()
-                candidate = [(key, worker, self.load(key))]
-                assignment = self._assign(request, candidate, waited=self._waited(waiter))
-                self._dispatch(waiter, assignment, started)
+            overlap = self._overlaps(request).get(key, 0)
+            weight = preference(group.taints, request.constraints)
+            pick = Pick(group, key, overlap, weight, 0.0)
+            self._dispatch(waiter, self._assign(request, pick, self._waited(waiter)), started)
+
+    def _by_arrival(self, cases: Iterable[Case]) -> Iterator[tuple[Case, Waiter]]:
+        """The first waiter of each case, earliest first; once the caller has dispatched
+        (or failed) it, the next waiter of its case takes its place in the order."""
+        heap = by_arrival(cases)
+        while heap:
+            case = heapq.heappop(heap)[2]
+            waiter = self._head(case)
+            if waiter is None:
+                continue
+            yield case, waiter
+            if not waiter.pending and case.waiters:
+                heapq.heappush(heap, (case.head().seq, id(case), case))
+
+    def _judge(self, case: Case, state: WaitState) -> None:
+        """A case's situation may have changed: fail its waiters, or move their deadlines."""
+        if state is case.state:
+            return
+        case.state = state
+        for waiter in list(case.waiters.values()):
+            if waiter.pending:
+                self._rejudge(waiter, state)
+
+    def _rejudge(self, waiter: Waiter, state: WaitState) -> None:
+        waiter.state = state
+        window = self.config.settle_window
+        now = waiter.future.get_loop().time()
+        waiter.settle_until = now + window if state is WaitState.NO_WORKER and window else None
+        if state is WaitState.NO_WORKER and self._spent(waiter, now):
+            error = NoEligibleWorkerError(self._unsatisfiable(waiter.request))
+            self._fail(waiter, error, "no_worker")
+            return
+        waiter.move_deadline(self.config)
 
     def _dispatch(self, waiter: Waiter, assignment: Assignment, started: float) -> None:
         self._queue.remove(waiter)
@@ -411,10 +482,10 @@ class Router:
         self._metrics.decided(waiter.model, outcome)
         self._metrics.wait.labels(outcome=outcome).observe(self._waited(waiter))
 
-    def _spent(self, waiter: Waiter) -> bool:
+    def _spent(self, waiter: Waiter, now: float) -> bool:
         """Whether the waiter's limit for its current state has already passed."""
         deadline = waiter.deadline(self.config)
-        return deadline is not None and deadline <= waiter.future.get_loop().time()
+        return deadline is not None and deadline <= now
 
     @staticmethod
     def _waited(waiter: Waiter) -> float:
@@ -425,6 +496,14 @@ class Router:
     def _give_up(self, waiter: Waiter, *, waited: bool) -> RoutingError:
         """The error for a request whose wait is over (or was zero), with its metric."""
         request = waiter.request
+        if waited and waiter.settling(self.config):
+            self._metrics.decided(request.model, "no_worker")
+            self._metrics.wait.labels(outcome="no_worker").observe(self._waited(waiter))
+            return NoEligibleWorkerError(
+                f"{self._unsatisfiable(request)} (waited {self._waited(waiter):.3g} s: its "
+                f"last eligible worker stopped qualifying, and no other did within the "
+                f"{self.config.settle_window:g} s settle window)"
+            )
         if not waited and waiter.state is WaitState.NO_WORKER:
             self._metrics.decided(request.model, "no_worker")
             return NoEligibleWorkerError(self._unsatisfiable(request))
@@ -447,17 +526,21 @@ class Router:
 
     def _busy_message(self, request: RouteRequest) -> str:
         """``all 2 workers of model 'm' with capacity/fast are busy: a1 runs 1 of 1 ...``."""
-        eligible = self._table.eligible(request.model, request.constraints, request.exclude)
-        threshold = self.config.queue_threshold
+        required = request.constraints.required_taints
+        groups = self._table.eligible_groups(request.model, required)
+        exclude = request.exclude
+        eligible = (w for g in groups for k, w in g.members.items() if k not in exclude)
         shown = [
-            f"{w.instance_id} {self.load(w.key).describe_busy(w.model_card, threshold)}"
-            for w in eligible[:MESSAGE_WORKERS]
+            f"{w.instance_id} {self._describe_busy(w)}"
+            for w in itertools.islice(eligible, MESSAGE_WORKERS)
         ]
-        more = len(eligible) - MESSAGE_WORKERS
+        total = sum(len(g.members) for g in groups) - sum(
+            1 for key in exclude if any(key in g.members for g in groups)
+        )
+        more = total - len(shown)
         tail = f", and {more} more" if more > 0 else ""
-        required = sorted(request.constraints.required_taints)
-        with_ = f" with {' and '.join(required)}" if required else ""
-        count = f"{len(eligible)} worker{'s' if len(eligible) != 1 else ''}"
+        with_ = f" with {' and '.join(sorted(required))}" if required else ""
+        count = f"{total} worker{'s' if total != 1 else ''}"
         return f"all {count} of model {request.model!r}{with_} are busy: {', '.join(shown)}{tail}"
 
     def _refuse_if_closed(self, request: RouteRequest) -> None:
@@ -478,12 +561,33 @@ class Router:
     ) -> WorkerExplanation:
         load = self.load(worker.key)
         why = why_not(worker, request.constraints, request.exclude)
-        busy = load.busy(worker.model_card, self.config.queue_threshold)
+        busy = self._busy(worker)
         terms = self._terms(request, worker, load, overlaps.get(worker.key, 0))
         return WorkerExplanation(worker, why, busy, load, terms)
 
     def _ranked(self, rows: Iterable[WorkerExplanation]) -> list[WorkerExplanation]:
-        rows = list(rows)
-        chances = probabilities([r.terms.cost for r in rows], self.config.temperature)
-        order = sorted(range(len(rows)), key=lambda i: rows[i].terms.cost)
-        return [replace(rows[i], rank=n, probability=chances[i]) for n, i in enumerate(order, 1)]
+        """Candidates by cost, each with its chance of being picked: at temperature > 0
+        only the ``sample_candidates`` cheapest have one (``choice.py``)."""
+        order = sorted(rows, key=lambda r: r.terms.cost)
+        temperature = self.config.temperature
+        sampled = order if temperature == 0.0 else order[: self.config.sample_candidates]
+        chances = probabilities([r.terms.cost for r in sampled], temperature)
+        chances += [0.0] * (len(order) - len(sampled))
+        return [
+            replace(row, rank=n, probability=chance)
+            for n, (row, chance) in enumerate(zip(order, chances, strict=True), 1)
+        ]
+
+
+def _affected(cases: list[Case], moved: tuple[Group | None, Group | None]) -> list[Case]:
+    """The cases that may use a worker of one of the ``moved`` groups."""
+    groups = [g for g in moved if g is not None]
+    return [c for c in cases if any(g.admits(c.required) for g in groups)]
+
+
+def _any_member(groups: Iterable[Group], exclude: Collection[str]) -> bool:
+    """Whether ``groups`` hold a worker that ``exclude`` does not name. A group larger than
+    the exclusions certainly does, so this looks at no more workers than are excluded."""
+    return any(
+        len(g.members) > len(exclude) or any(k not in exclude for k in g.members) for g in groups
+    )

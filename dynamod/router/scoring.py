@@ -20,6 +20,20 @@ and a request of ``n`` prompt tokens, ``blocks = ceil(n / bs)``:
 Selection: temperature 0 picks the minimum cost, ties broken by the injected
 ``random.Random``; temperature ``t > 0`` samples with probabilities ∝ ``exp(-c'/t)``, where
 ``c'`` are the costs normalized to [0, 1] (all equal → uniform).
+
+The same cost, taken apart (what lets a decision skip most workers, ``choice.py``). The
+credit never exceeds the blocks (``overlap_score_credit`` ≤ 1 and ``overlap`` ≤
+``blocks``), so the ``max(0, .)`` never binds and, with ``s = prefill_load_scale``,
+``c = overlap_score_credit``, ``w = active_request_weight``::
+
+    cost = multiplier * (rank + constant - overlap * per_block)
+    rank      = s * prefill tokens in flight / bs + KV blocks in flight + w * active requests
+    constant  = s * blocks + blocks + w
+    per_block = s * c + 1
+
+``rank`` depends only on the worker's load (``load_rank``), ``constant`` and ``per_block``
+only on the request and ``bs`` (``RequestShape``), the multiplier only on the worker's
+taints and the request's preferred taints.
 """
 
 from __future__ import annotations
@@ -82,12 +96,50 @@ def cost_terms(
     decode_blocks = float(load.kv_blocks + blocks - overlap)
     active = load.active_requests + 1
     active_cost = config.active_request_weight * active
-    multiplier = math.exp(-math.tanh(preference))
-    cost = (prefill_cost + decode_blocks + active_cost) * multiplier
+    factor = multiplier(preference)
+    cost = (prefill_cost + decode_blocks + active_cost) * factor
     return CostTerms(
         blocks, overlap, credit, prefill_blocks, prefill_cost, decode_blocks,
-        active, active_cost, preference, multiplier, cost,
+        active, active_cost, preference, factor, cost,
     )  # fmt: skip
+
+
+def load_rank(config: RouterConfig, block_size: int, load: Load) -> float:
+    """The part of a worker's cost that depends on its load (module docstring): among
+    workers of one group without prefix overlap, the lower rank is the cheaper."""
+    return (
+        config.prefill_load_scale * load.prefill_tokens / block_size
+        + load.kv_blocks
+        + config.active_request_weight * load.active_requests
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequestShape:
+    """What one request's cost adds for workers of one block size (module docstring)."""
+
+    blocks: int
+    constant: float
+    per_block: float
+
+    @classmethod
+    def of(cls, config: RouterConfig, block_size: int, prompt_tokens: int) -> RequestShape:
+        blocks = -(-prompt_tokens // block_size)
+        scale = config.prefill_load_scale
+        constant = scale * blocks + blocks + config.active_request_weight
+        return cls(blocks, constant, scale * config.overlap_score_credit + 1.0)
+
+    def estimate(self, factor: float, rank: float, overlap: int = 0) -> float:
+        """The cost of a worker at ``rank`` with ``overlap`` leading blocks cached and the
+        preferred-taint multiplier ``factor``. Equal to
+        ``cost_terms(...).cost`` but for rounding in the last bits (the sum is associated
+        differently)."""
+        return factor * (rank + self.constant - min(overlap, self.blocks) * self.per_block)
+
+
+def multiplier(preference: float) -> float:
+    """The preferred-taint multiplier for a sum of matched weights: ``exp(-tanh(sum))``."""
+    return math.exp(-math.tanh(preference))
 
 
 def select(costs: Sequence[float], temperature: float, rng: random.Random) -> int:

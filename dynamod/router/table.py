@@ -1,19 +1,26 @@
 """The routing table: which workers exist, per model, and which of them a request may use.
 
 Pure and synchronous: no asyncio, no I/O, no clock. One ``RoutingTable`` folds discovery
-events into workers grouped by model, with an inverted index taint → worker keys per model.
+events into workers grouped by model, and within a model into ``Group``s of workers with
+the same taints and KV block size (``groups.py``): eligibility is decided per group.
 
-* ``apply(event)`` costs O(taints of that worker); a ``ViewResync`` rebuilds everything.
+* ``apply(event)`` costs O(taints of that worker + log n); a ``ViewResync`` rebuilds
+  everything.
 * Every worker remembers the revision of the event that last wrote it, and an event older
   than that is ignored. So adds and taint updates converge to the newest record whatever
   order they arrive in; only a removal followed by an *older* add of the same worker is
   order-dependent (a removal leaves no tombstone: the key is gone, and so is its revision).
 * ``TaintsUpdated`` for a worker the table does not know adds it: the event carries the
   whole record, so there is nothing to gain by dropping it.
-* ``eligible(model, constraints, exclude)`` intersects the required taints' key sets,
-  smallest first, then drops cordoned workers (``dynamo.io/cordoned``) unless the request
-  requires that very taint, and the excluded keys. Workers come back in a stable order
-  (insertion order of the smallest set), so a seeded selection is reproducible.
+* ``eligible_groups(model, required)``: the groups holding every required taint, without
+  the cordoned ones (``dynamo.io/cordoned``) unless the request requires that very taint.
+  O(groups of the model) the first time a set of required taints is asked for, then
+  cached until a group appears or disappears. ``eligible(model, constraints, exclude)``
+  lists their workers without the excluded keys, in a stable order (group by group, each
+  in arrival order), so a seeded selection is reproducible.
+* Each group's ``free`` order holds its members that are not busy, by the rank the table's
+  ``ranker`` gives (the router's loads); the owner calls ``rerank(key)`` when a worker's
+  load changes.
 * ``why_not(record, ...)`` says why one worker is not eligible; ``unsatisfiable(...)``
   turns that into the sentence an operator reads in an error.
 
@@ -22,7 +29,8 @@ Workers are identified by their store key (``WorkerRecord.key``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import itertools
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from dynamod.model import (
@@ -34,12 +42,24 @@ from dynamod.model import (
     WorkerRecord,
     WorkerRemoved,
 )
+from dynamod.router.groups import Group
 from dynamod.taints import CORDONED, RoutingConstraints
 
 # How many workers an error message names before it says "and N more".
 MESSAGE_WORKERS = 5
 
-_EMPTY: dict[str, None] = {}
+# Sets of required taints whose eligible groups are remembered per model; past this many
+# the memory starts over (so odd constraints sent by clients cannot grow it without end).
+ELIGIBLE_CACHE = 1024
+
+Ranker = Callable[[WorkerRecord], float | None]
+"""A worker's rank in its group's ``free`` order, or None when it is busy."""
+
+_GroupKey = tuple[frozenset[str], int]
+
+
+def _idle(record: WorkerRecord) -> float:
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -71,48 +91,25 @@ class Ineligible:
 
 
 class _ModelIndex:
-    """The workers of one model and its inverted index. Dicts serve as ordered sets."""
+    """The workers of one model (arrival order), its groups, and the eligibility cache."""
 
-    __slots__ = ("by_taint", "workers")
+    __slots__ = ("eligible", "groups", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerRecord] = {}
-        self.by_taint: dict[str, dict[str, None]] = {}
-
-    def add(self, record: WorkerRecord) -> None:
-        self.workers[record.key] = record
-        self._index(record.key, record.taints)
-
-    def remove(self, key: str) -> None:
-        record = self.workers.pop(key)
-        self._unindex(key, record.taints)
-
-    def retaint(self, old: WorkerRecord, new: WorkerRecord) -> None:
-        """Replace a record of the same key, touching only the taints that changed."""
-        before, after = set(old.taints), set(new.taints)
-        self._unindex(new.key, before - after)
-        self._index(new.key, after - before)
-        self.workers[new.key] = new
-
-    def _index(self, key: str, taints: Iterable[str]) -> None:
-        for taint in taints:
-            self.by_taint.setdefault(taint, {})[key] = None
-
-    def _unindex(self, key: str, taints: Iterable[str]) -> None:
-        for taint in taints:
-            holders = self.by_taint[taint]
-            del holders[key]
-            if not holders:
-                del self.by_taint[taint]
+        self.groups: dict[_GroupKey, Group] = {}
+        self.eligible: dict[frozenset[str], tuple[Group, ...]] = {}
 
 
 class RoutingTable:
-    """Workers by model with a taint index; see the module docstring for the contract."""
+    """Workers by model, in groups; see the module docstring for the contract."""
 
-    def __init__(self, records: Iterable[WorkerRecord] = ()) -> None:
+    def __init__(self, records: Iterable[WorkerRecord] = (), *, ranker: Ranker = _idle) -> None:
+        self._ranker = ranker
         self._models: dict[str, _ModelIndex] = {}
         self._records: dict[str, WorkerRecord] = {}
         self._revisions: dict[str, int] = {}
+        self._groups: dict[str, Group] = {}
         for record in records:
             self._upsert(record, 0)
 
@@ -125,14 +122,23 @@ class RoutingTable:
     def get(self, key: str) -> WorkerRecord | None:
         return self._records.get(key)
 
+    def group_of(self, key: str) -> Group | None:
+        """The group of the worker ``key``, or None when the table does not hold it."""
+        return self._groups.get(key)
+
     def models(self) -> list[str]:
         """Models that have at least one worker, sorted."""
         return sorted(self._models)
 
     def workers(self, model: str) -> list[WorkerRecord]:
-        """Every worker of ``model``, eligible or not, in a stable order."""
+        """Every worker of ``model``, eligible or not, in arrival order."""
         index = self._models.get(model)
         return list(index.workers.values()) if index else []
+
+    def groups(self, model: str) -> list[Group]:
+        """Every group of ``model``."""
+        index = self._models.get(model)
+        return list(index.groups.values()) if index else []
 
     def card(self, model: str) -> ModelCard | None:
         """The model card of ``model`` (its first worker's), or None when none serves it."""
@@ -142,7 +148,8 @@ class RoutingTable:
     def holders(self, model: str, taint: str) -> int:
         """How many workers of ``model`` hold ``taint``."""
         index = self._models.get(model)
-        return len(index.by_taint.get(taint, _EMPTY)) if index else 0
+        groups = index.groups.values() if index else ()
+        return sum(len(g.members) for g in groups if taint in g.held)
 
     def apply(self, event: DiscoveryEvent) -> frozenset[str]:
         """Fold one discovery event in; return the models whose workers may have changed."""
@@ -156,28 +163,75 @@ class RoutingTable:
         assert isinstance(event, WorkerAdded | TaintsUpdated)
         return self._upsert(event.record, event.revision)
 
+    def rerank(self, key: str | None = None) -> None:
+        """Ask the ranker again for the worker ``key`` (its load changed), or for every
+        worker (the ranking rule changed)."""
+        keys: Iterable[str] = self._groups if key is None else (key,)
+        for each in keys:
+            group = self._groups.get(each)
+            if group is not None:
+                self._place(group, group.members[each])
+
+    def _place(self, group: Group, record: WorkerRecord) -> None:
+        rank = self._ranker(record)
+        if rank is None:
+            group.free.discard(record.key)
+        else:
+            group.free.put(record.key, rank)
+
     def _resync(self, event: ViewResync) -> frozenset[str]:
         touched = set(self._models)
         self._models.clear()
         self._records.clear()
         self._revisions.clear()
+        self._groups.clear()
         for record in event.records:
             self._upsert(record, event.revision)
         return frozenset(touched | set(self._models))
 
     def _upsert(self, record: WorkerRecord, revision: int) -> frozenset[str]:
-        old = self._records.get(record.key)
+        key = record.key
+        old = self._records.get(key)
         touched: frozenset[str] = frozenset()
-        if old is not None and old.model == record.model:
-            self._models[record.model].retaint(old, record)
-        else:
+        if old is not None and old.model != record.model:
             # A record that changed its model (never legal, yet possible in a resync after
             # a store was wiped) moves between indexes.
-            touched = self._remove(record.key)
-            self._models.setdefault(record.model, _ModelIndex()).add(record)
-        self._records[record.key] = record
-        self._revisions[record.key] = revision
+            touched = self._remove(key)
+        index = self._models.get(record.model)
+        if index is None:
+            index = self._models[record.model] = _ModelIndex()
+        index.workers[key] = record
+        self._records[key] = record
+        self._revisions[key] = revision
+        self._regroup(index, record)
         return touched | {record.model}
+
+    def _regroup(self, index: _ModelIndex, record: WorkerRecord) -> None:
+        """Put ``record`` in the group its taints and block size name."""
+        key = record.key
+        wanted = (frozenset(record.taints), record.model_card.kv_block_size)
+        group = self._groups.get(key)
+        if group is not None and (group.held, group.block_size) == wanted:
+            group.members[key] = record
+            return
+        if group is not None:
+            self._leave(index, group, key)
+        group = index.groups.get(wanted)
+        if group is None:
+            taints = tuple(sorted(wanted[0]))
+            group = index.groups[wanted] = Group(record.model, taints, wanted[1])
+            index.eligible.clear()
+        group.members[key] = record
+        self._groups[key] = group
+        self._place(group, record)
+
+    def _leave(self, index: _ModelIndex, group: Group, key: str) -> None:
+        del group.members[key]
+        group.free.discard(key)
+        del self._groups[key]
+        if not group.members:
+            del index.groups[(group.held, group.block_size)]
+            index.eligible.clear()
 
     def _remove(self, key: str) -> frozenset[str]:
         record = self._records.pop(key, None)
@@ -185,34 +239,32 @@ class RoutingTable:
         if record is None:
             return frozenset()
         index = self._models[record.model]
-        index.remove(key)
+        del index.workers[key]
+        self._leave(index, self._groups[key], key)
         if not index.workers:
             del self._models[record.model]
         return frozenset({record.model})
+
+    def eligible_groups(self, model: str, required: frozenset[str]) -> tuple[Group, ...]:
+        """The groups of ``model`` whose workers a request requiring ``required`` may use
+        (module docstring); cached per set of required taints."""
+        index = self._models.get(model)
+        if index is None:
+            return ()
+        found = index.eligible.get(required)
+        if found is None:
+            if len(index.eligible) >= ELIGIBLE_CACHE:
+                index.eligible.clear()
+            found = tuple(g for g in index.groups.values() if g.admits(required))
+            index.eligible[required] = found
+        return found
 
     def eligible(
         self, model: str, constraints: RoutingConstraints, exclude: Collection[str] = ()
     ) -> list[WorkerRecord]:
         """Workers of ``model`` holding every required taint, not cordoned, not excluded."""
-        return [record for _, record in self.eligible_items(model, constraints, exclude)]
-
-    def eligible_items(
-        self, model: str, constraints: RoutingConstraints, exclude: Collection[str] = ()
-    ) -> list[tuple[str, WorkerRecord]]:
-        """``eligible`` as (key, record) pairs, for callers that index by key."""
-        index = self._models.get(model)
-        if index is None:
-            return []
-        required = constraints.required_taints
-        sets = [index.by_taint.get(taint, _EMPTY) for taint in required]
-        sets.sort(key=len)
-        base = sets.pop(0) if sets else index.workers
-        cordoned = _EMPTY if CORDONED in required else index.by_taint.get(CORDONED, _EMPTY)
-        keys = [key for key in base if key not in cordoned and key not in exclude]
-        for holders in sets:  # each pass only shrinks the list; no per-key generator
-            keys = [key for key in keys if key in holders]
-        workers = index.workers
-        return [(key, workers[key]) for key in keys]
+        groups = self.eligible_groups(model, constraints.required_taints)
+        return [r for g in groups for k, r in g.members.items() if k not in exclude]
 
     def why_not(
         self, record: WorkerRecord, constraints: RoutingConstraints, exclude: Collection[str] = ()
@@ -224,24 +276,29 @@ class RoutingTable:
         self, model: str, constraints: RoutingConstraints, exclude: Collection[str] = ()
     ) -> str:
         """The sentence for a request no worker can take: what it needs, what exists."""
-        workers = self.workers(model)
-        if not workers:
+        index = self._models.get(model)
+        if index is None:
             others = ", ".join(repr(m) for m in self.models())
             known = f"workers serve {others}" if others else "no workers are registered"
             return f"no worker serves model {model!r}; {known}"
         required = constraints.required_taints
         need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
-        reasons = [_reason(w, constraints, exclude) for w in workers[:MESSAGE_WORKERS]]
-        more = len(workers) - MESSAGE_WORKERS
-        tail = f", and {more} more" if more > 0 else ""
-        count = f"{len(workers)} worker{'s' if len(workers) != 1 else ''}"
-        return f"no worker of model {model!r} {need}; {count}: {', '.join(reasons)}{tail}"
+        shown = itertools.islice(index.workers.values(), MESSAGE_WORKERS)
+        reasons = [_reason(w, constraints, exclude) for w in shown]
+        return f"no worker of model {model!r} {need}; {_count_of(len(index.workers), reasons)}"
+
+
+def _count_of(total: int, named: list[str]) -> str:
+    """``2 workers: a, b`` / ``7 workers: a, ..., e, and 2 more``."""
+    more = total - len(named)
+    tail = f", and {more} more" if more > 0 else ""
+    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(named)}{tail}"
 
 
 def why_not(
     record: WorkerRecord, constraints: RoutingConstraints, exclude: Collection[str] = ()
 ) -> Ineligible | None:
-    """The brute-force eligibility rule, one worker at a time (the index must agree)."""
+    """The brute-force eligibility rule, one worker at a time (the groups must agree)."""
     held = set(record.taints)
     required = constraints.required_taints
     missing = tuple(sorted(required - held))

@@ -73,8 +73,6 @@ class Assignment:
     """Seconds the request spent in the pending queue; 0.0 when assigned at once."""
     terms: CostTerms
     """The chosen worker's cost terms at the moment of the decision."""
-    candidates: int
-    """How many eligible, non-busy workers were scored."""
     ticket: int = field(repr=False, compare=False)
     """Names the load the router holds for this assignment (its own bookkeeping)."""
 

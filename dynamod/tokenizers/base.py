@@ -1,15 +1,19 @@
 """The tokenizer contract: text to token ids and back, and the model's chat template.
 
-The front tokenizes prompts with the very tokenizer the workers of a model use, so token
-counts and KV block hashes are the ones the engine sees; the worker's inference routes use
-it to read prompts; ``explain`` uses the front's.
+The front tokenizes prompts with the very tokenizer the workers of a model use (the worker
+publishes it, the daemon fetches it: ``bundle.py``), so token counts and KV block hashes
+are the ones the engine sees; the worker's inference routes use it to read prompts;
+``explain`` uses the front's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from dynamod.model import canonical_json
 
 
 @dataclass(frozen=True)
@@ -21,13 +25,30 @@ class ChatMessage:
 
 
 class Tokenizer(Protocol):
-    """Text to token ids and back, plus the model's chat template."""
+    """Text to token ids and back, plus the model's chat template.
+
+    ``encode`` reads a completion prompt as the model's own server would (special tokens
+    such as a leading BOS included); ``encode_chat`` renders the chat template and encodes
+    the result without adding special tokens again (the template writes them).
+    ``checksum`` names the tokenizer: equal checksums, equal ids for equal text.
+    """
 
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def checksum(self) -> str: ...
+
     def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]: ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
     def render_chat(self, messages: Sequence[ChatMessage]) -> str: ...
+
+
+def bundle_checksum(bundle: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of a published tokenizer bundle's canonical JSON: the bytes a worker
+    serves and a daemon verifies."""
+    return "sha256:" + hashlib.sha256(canonical_json(bundle)).hexdigest()

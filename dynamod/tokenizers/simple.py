@@ -13,7 +13,10 @@ back into readable text:
   a leading space, so streamed pieces concatenate into words. It inverts ``encode`` only
   for text written in vocabulary words; hashed ids come back as some vocabulary word.
 * ``render_chat`` is the chat template: a fixed text layout of the messages that ends with
-  the assistant's turn marker.
+  the assistant's turn marker; ``encode_chat`` encodes it.
+* its published form (``bundle.py``) is ``{"kind": "simple", "version": 1}``: a daemon
+  rebuilds it from that, so the mocker's tokenizer reaches the front by the same path as a
+  real model's.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 
-from dynamod.tokenizers.base import ChatMessage
+from dynamod.tokenizers.base import ChatMessage, bundle_checksum
+
+BUNDLE = {"kind": "simple", "version": 1}
 
 VOCAB_SIZE = 50_000
 
@@ -50,8 +55,16 @@ class SimpleTokenizer:
 
     vocab_size = VOCAB_SIZE
 
+    checksum = bundle_checksum(BUNDLE)
+
+    def bundle(self) -> dict[str, object]:
+        return dict(BUNDLE)
+
     def encode(self, text: str) -> list[int]:
         return [_piece_id(piece) for piece in _PIECES.findall(text)]
+
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        return self.encode(self.render_chat(messages))
 
     def decode(self, ids: Iterable[int]) -> str:
         return "".join(" " + VOCABULARY[i % len(VOCABULARY)] for i in ids)

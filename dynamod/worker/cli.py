@@ -6,19 +6,22 @@ registered.
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dynamod import __version__
-from dynamod.auth import Principal, Tokens, read_token_file
 from dynamod.errors import InvalidInputError
 from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import guarded, run
 from dynamod.worker.engines.mocker import MockerConfig
+
+if TYPE_CHECKING:
+    from dynamod.auth import Tokens
 
 EX_USAGE = 2
 
@@ -26,7 +29,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Arguments after `--` are the upstream server's command line (--launch).
+    context_settings={"help_option_names": ["-h", "--help"], "allow_extra_args": True},
 )
 
 
@@ -53,6 +57,8 @@ def read_tokens(path: Path | None) -> Tokens | None:
     """The tokens the taint route accepts: None without a file; else the file's one bearer
     token (named after the file in the audit log), or dynamod's tokens file format (TOML
     ``[[token]]`` entries with ``name``, ``secret``, ``role`` and ``prefixes``)."""
+    from dynamod.auth import Principal, Tokens, read_token_file
+
     if path is None:
         return None
     try:
@@ -64,8 +70,24 @@ def read_tokens(path: Path | None) -> Tokens | None:
     return Tokens(((read_token_file(path), Principal(path.name, "write")),))
 
 
+def parse_vllm_args(pairs: list[str]) -> dict[str, object]:
+    """``["max_model_len=1024"]`` → ``{"max_model_len": 1024}`` (names with dashes get
+    underscores; a value is JSON when it parses, else a string). vLLM checks the names."""
+    out: dict[str, object] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep or not name:
+            raise InvalidInputError(f"--vllm-arg {pair!r} must look like NAME=VALUE")
+        try:
+            out[name.replace("-", "_")] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[name.replace("-", "_")] = raw
+    return out
+
+
 @app.command()
 def worker(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option(help="Name of the model this worker serves.")],
     store: Annotated[
         str,
@@ -75,7 +97,46 @@ def worker(
             "nats://host:4222/bucket or memory://.",
         ),
     ],
-    engine: Annotated[str, typer.Option(help="Inference engine: mocker.")] = "mocker",
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Inference engine: mocker (simulated), vllm (vLLM in this process) or "
+            "openai (an OpenAI-compatible server beside it, at --upstream)."
+        ),
+    ] = "mocker",
+    model_path: Annotated[
+        Path | None,
+        typer.Option(
+            help="vllm: the model's directory (weights, config, tokenizer). openai: the "
+            "directory of the model's tokenizer, published to routers."
+        ),
+    ] = None,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="vllm: an engine argument NAME=VALUE (repeatable), e.g. max_model_len=1024; "
+            "VALUE is read as JSON when it parses."
+        ),
+    ] = None,
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            help="openai: base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8000."
+        ),
+    ] = None,
+    launch: Annotated[
+        bool,
+        typer.Option(
+            help="openai: start the upstream server with the command line after `--` (in "
+            "its own process group; SIGTERM after this worker drained)."
+        ),
+    ] = False,
+    scrape_interval: Annotated[
+        float, typer.Option(help="openai: seconds between two scrapes of the upstream's /metrics.")
+    ] = 0.5,
+    upstream_timeout: Annotated[
+        float, typer.Option(help="openai: seconds the upstream may take to become healthy.")
+    ] = 600.0,
     namespace: Annotated[str, typer.Option(help="Discovery namespace.")] = "dynamo",
     component: Annotated[str, typer.Option(help="Discovery component.")] = "backend",
     endpoint: Annotated[str, typer.Option(help="Discovery endpoint.")] = "generate",
@@ -133,9 +194,15 @@ def worker(
     ] = HttpLimits.idle_timeout,
     num_kv_blocks: Annotated[int, typer.Option(help="Mocker: KV cache blocks.")] = 16384,
     block_size: Annotated[int, typer.Option(help="Mocker: tokens per KV block.")] = 64,
-    max_num_seqs: Annotated[int, typer.Option(help="Mocker: requests at once.")] = 256,
+    max_num_seqs: Annotated[
+        int,
+        typer.Option(help="Mocker, openai: requests at once (openai: unless --launch has it)."),
+    ] = 256,
     max_num_batched_tokens: Annotated[
-        int, typer.Option(help="Mocker: tokens per scheduler step.")
+        int,
+        typer.Option(
+            help="Mocker, openai: tokens per scheduler step (openai: unless --launch has it)."
+        ),
     ] = 8192,
     context_length: Annotated[int, typer.Option(help="Mocker: context length.")] = 8192,
     speedup_ratio: Annotated[
@@ -150,9 +217,14 @@ def worker(
     """Run one inference worker: register it in discovery, serve OpenAI-compatible routes,
     and accept taint updates on its system server."""
     from dynamod import logs
+    from dynamod.worker.engines.upstream import UpstreamConfig
     from dynamod.worker.runtime import WorkerSettings, run_worker
 
     try:
+        if ctx.args and not launch:
+            raise InvalidInputError(f"unexpected arguments {ctx.args!r}; did you mean --launch?")
+        if launch and not ctx.args:
+            raise InvalidInputError("--launch needs the server's command line after `--`")
         settings = WorkerSettings(
             store=store,
             model=model,
@@ -183,6 +255,21 @@ def worker(
                 max_num_batched_tokens=max_num_batched_tokens,
                 context_length=context_length,
                 speedup_ratio=speedup_ratio,
+            ),
+            model_path=model_path,
+            vllm_args=parse_vllm_args(vllm_arg or []),
+            upstream=None
+            if upstream is None
+            else UpstreamConfig(
+                url=upstream,
+                model_name=model,
+                launch=tuple(ctx.args),
+                tokenizer_path=model_path,
+                scrape_interval=scrape_interval,
+                start_timeout=upstream_timeout,
+                stop_timeout=grace + 20.0,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
             ),
         )
     except InvalidInputError as exc:

@@ -50,6 +50,7 @@ from dynamod.http.openai import (
     model_of,
     sse_event,
 )
+from dynamod.model import ModelCard
 from dynamod.tokenizers import Tokenizer
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
@@ -68,6 +69,9 @@ class _Params:
     prompt_ids: tuple[int, ...]
     max_tokens: int | None
     seed: int | None
+    temperature: float | None
+    top_p: float | None
+    ignore_eos: bool
     stream: bool
     include_usage: bool
 
@@ -125,15 +129,7 @@ class InferenceRoutes(Drains):
         response.headers[WORKER_ID_HEADER] = self._worker_id
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = self._engine.model_card()
-        entry = {
-            "id": card.name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "dynamo",
-            "max_model_len": card.context_length,
-        }
-        return web.json_response({"object": "list", "data": [entry]})
+        return models_response(self._engine.model_card())
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, COMPLETIONS)
@@ -230,6 +226,18 @@ class InferenceRoutes(Drains):
             await _send(response, reply.usage_chunk(last.usage))
 
 
+def models_response(card: ModelCard) -> web.Response:
+    """``GET /v1/models`` of a worker: the one model it serves."""
+    entry = {
+        "id": card.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "dynamo",
+        "max_model_len": card.context_length,
+    }
+    return web.json_response({"object": "list", "data": [entry]})
+
+
 @dataclass(frozen=True)
 class _Reply:
     """Builds the JSON bodies of one response."""
@@ -308,6 +316,9 @@ def _generate_request(request: web.Request, reply_id: str, params: _Params) -> G
         prompt_ids=params.prompt_ids,
         max_tokens=params.max_tokens,
         seed=params.seed,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        ignore_eos=params.ignore_eos,
     )
 
 
@@ -329,10 +340,11 @@ def _flag(body: Json, name: str) -> bool:
     return bool(value)
 
 
-def _number_in(body: Json, name: str, low: float, high: float) -> None:
+def _number_in(body: Json, name: str, low: float, high: float) -> float | None:
     value = _optional(body, name, (int, float), "a number")
     if value is not None and not low <= value <= high:
         raise FieldError(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
+    return None if value is None else float(value)
 
 
 def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _Params:
@@ -344,14 +356,17 @@ def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _P
     n = _optional(body, "n", int, "an integer")
     if n not in (None, 1):
         raise FieldError("n", f"n must be 1: this worker generates one choice, got {n}")
-    _number_in(body, "temperature", 0, 2)
-    _number_in(body, "top_p", 0, 1)
+    temperature = _number_in(body, "temperature", 0, 2)
+    top_p = _number_in(body, "top_p", 0, 1)
     stream = _flag(body, "stream")
     return _Params(
         model=model,
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
         seed=_optional(body, "seed", int, "an integer"),
+        temperature=temperature,
+        top_p=top_p,
+        ignore_eos=_flag(body, "ignore_eos"),
         stream=stream,
         include_usage=_include_usage(body, stream),
     )

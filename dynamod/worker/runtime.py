@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -43,18 +44,22 @@ from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
+from dynamod.reported import RECORD_FIELD, offer
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
 from dynamod.taints import TaintUpdate, validate_caller_taints, with_topology
-from dynamod.worker.engines.base import Engine
+from dynamod.worker.engines.base import Backend, Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
+from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
 from dynamod.worker.inference import InferenceRoutes
+from dynamod.worker.proxy import ProxyRoutes
+from dynamod.worker.publish import EnginePublisher
 from dynamod.worker.system import SystemServer, refusal
 from dynamod.worker.writer import IN_PROCESS, TaintWriter
 
 log = logging.getLogger(__name__)
 
-ENGINES = ("mocker",)
+ENGINES = ("mocker", "vllm", "openai")
 
 
 @dataclass(frozen=True)
@@ -83,12 +88,16 @@ class WorkerSettings:
     grace: float = 10.0
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     mocker: MockerConfig = field(default_factory=MockerConfig)
+    model_path: Path | None = None
+    vllm_args: Mapping[str, Any] = field(default_factory=dict)
+    upstream: UpstreamConfig | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ConfigError(
                 f"engine {self.engine!r} is not available; choose from {', '.join(ENGINES)}"
             )
+        self._check_engine_flags()
         for name in ("namespace", "component", "endpoint"):
             value = getattr(self, name)
             if "/" in value:
@@ -102,6 +111,18 @@ class WorkerSettings:
         if self.grace < 0:
             raise ConfigError(f"--grace must not be negative, got {self.grace:g}")
         self.runtime_config()
+
+    def _check_engine_flags(self) -> None:
+        if self.engine == "vllm" and self.model_path is None:
+            raise ConfigError("--engine vllm needs --model-path DIR (the model's directory)")
+        if self.model_path is not None and not self.model_path.is_dir():
+            raise ConfigError(f"--model-path {str(self.model_path)!r} is not a directory")
+        if self.engine == "openai" and self.upstream is None:
+            raise ConfigError("--engine openai needs --upstream URL (the server to front)")
+        if self.engine != "openai" and self.upstream is not None:
+            raise ConfigError("--upstream and --launch go with --engine openai only")
+        if self.engine != "vllm" and self.vllm_args:
+            raise ConfigError("--vllm-arg goes with --engine vllm only")
 
     def runtime_config(self) -> RuntimeConfig:
         """The validated runtime config: caller taints plus generated topology taints."""
@@ -125,7 +146,7 @@ class WorkerSettings:
 class EngineCollector(Collector):
     """Engine load as Prometheus gauges, read at scrape time."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Backend) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -140,8 +161,39 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(f"dynamo_worker_{name}", doc, value=value)
 
 
-def make_engine(settings: WorkerSettings) -> Engine:
+def make_backend(settings: WorkerSettings) -> Backend:
+    if settings.engine == "vllm":
+        assert settings.model_path is not None  # checked by WorkerSettings
+        # Imported here only: vLLM is an optional extra, and slow to import.
+        from dynamod.worker.engines.vllm import VllmConfig, VllmEngine
+
+        return VllmEngine(VllmConfig(settings.model, settings.model_path, settings.vllm_args))
+    if settings.engine == "openai":
+        assert settings.upstream is not None  # checked by WorkerSettings
+        return UpstreamEngine(settings.upstream)
     return MockerEngine(dataclasses.replace(settings.mocker, model_name=settings.model))
+
+
+class Routes(Protocol):
+    """The inference routes of a worker: served on its HTTP port, drained at shutdown
+    (as ``http.inflight.Drains`` says)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def begin_drain(self) -> None: ...
+
+    async def wait_idle(self) -> None: ...
+
+    def add_to(self, app: web.Application) -> None: ...
+
+
+def make_routes(backend: Backend, instance_id: str, registry: CollectorRegistry) -> Routes:
+    """Generated here (an ``Engine``), or forwarded to an upstream server."""
+    if isinstance(backend, UpstreamEngine):
+        return ProxyRoutes(backend, instance_id, registry=registry)
+    # Every other backend (mocker, vllm) is an Engine: it generates in this process.
+    return InferenceRoutes(cast(Engine, backend), instance_id, registry=registry)
 
 
 _writer: TaintWriter | None = None
@@ -193,15 +245,18 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
         stack.callback(system_socket.close)
         store = await open_store(settings.store)
         stack.push_async_callback(store.aclose)
-        engine = await stack.enter_async_context(make_engine(settings))
+        engine = await stack.enter_async_context(make_backend(settings))
         registry.register(EngineCollector(engine))
-        routes = InferenceRoutes(engine, instance_id, registry=registry)
+        routes = make_routes(engine, instance_id, registry)
         system = SystemServer(tokens=settings.tokens, registry=registry, writer=writer)
         inference = web.Application(client_max_size=MAX_BODY)
         routes.add_to(inference)
         limits = settings.http_limits
         host, port = await serve_app(stack, inference, inference_socket, openai_refusal, limits)
-        sys_host, sys_port = await serve_app(stack, system.app(), system_socket, refusal, limits)
+        system_app = system.app()
+        publisher = EnginePublisher(engine)
+        publisher.add_to(system_app)
+        sys_host, sys_port = await serve_app(stack, system_app, system_socket, refusal, limits)
         advertised = settings.advertise_host or (
             socket.gethostname() if host in ("0.0.0.0", "::") else host
         )
@@ -220,6 +275,7 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
             host=socket.gethostname(),
             pid=os.getpid(),
             version=__version__,
+            extra={RECORD_FIELD: offer()},
         )
         registration = await stack.enter_async_context(
             Registration(store, record, ttl=settings.lease_ttl)
@@ -232,13 +288,14 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
         )
         await signals.stopping.wait()
         code = await _shutdown(writer, registration, routes, signals, settings.grace)
+        publisher.close()
     return code
 
 
 async def _shutdown(
     writer: TaintWriter,
     registration: Registration,
-    routes: InferenceRoutes,
+    routes: Routes,
     signals: Signals,
     grace: float,
 ) -> int:
@@ -259,6 +316,6 @@ async def _shutdown(
     return EX_OK
 
 
-async def _set_when_idle(routes: InferenceRoutes, idle: asyncio.Event) -> None:
+async def _set_when_idle(routes: Routes, idle: asyncio.Event) -> None:
     await routes.wait_idle()
     idle.set()

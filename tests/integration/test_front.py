@@ -35,6 +35,7 @@ from dynamod.model import WorkerRecord
 from dynamod.router import Router, RouterConfig
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Fixed
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.inference import InferenceRoutes
 from tests.factories import make_record
@@ -100,10 +101,12 @@ class FrontStack:
 
 
 @asynccontextmanager
-async def serve_front(store: Store, *, client_timeout: float = 60.0) -> AsyncIterator[FrontStack]:
+async def serve_front(
+    store: Store, *, client_timeout: float = 60.0, config: RouterConfig | None = None
+) -> AsyncIterator[FrontStack]:
     """The front wired as the daemon wires it: view → router, front on loopback."""
     registry = CollectorRegistry()
-    router = Router(RouterConfig(), rng=random.Random(0), registry=registry)
+    router = Router(config or RouterConfig(), rng=random.Random(0), registry=registry)
     view = WorkerView(store)
     view.listen(router.apply)
     async with asyncio.TaskGroup() as group:
@@ -112,7 +115,11 @@ async def serve_front(store: Store, *, client_timeout: float = 60.0) -> AsyncIte
             async with asyncio.timeout(10):
                 await view.ready.wait()
             front = Frontend(
-                router, view, SimpleTokenizer(), registry=registry, client_timeout=client_timeout
+                router,
+                view,
+                Fixed(SimpleTokenizer()),
+                registry=registry,
+                client_timeout=client_timeout,
             )
             app = web.Application(client_max_size=MAX_BODY)
             front.add_to(app)

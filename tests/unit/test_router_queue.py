@@ -24,7 +24,15 @@ from dynamod.errors import (
 )
 from dynamod.load import IDLE
 from dynamod.model import WorkerAdded, WorkerRecord, WorkerRemoved
-from dynamod.router import Assignment, Outcome, Router, RouterConfig, RouteRequest
+from dynamod.router import (
+    Assignment,
+    Outcome,
+    Router,
+    RouterConfig,
+    RouteRequest,
+    Waiter,
+    WaitState,
+)
 from dynamod.taints import CORDONED, RoutingConstraints
 from tests.unit.test_router_table import required, retaint, worker
 
@@ -193,9 +201,9 @@ async def test_a_request_max_wait_also_waits_for_a_worker_to_appear() -> None:
     assert assigned(waiting).worker.instance_id == "new"
 
 
-async def test_a_waiter_whose_last_eligible_worker_loses_the_taint_fails() -> None:
+async def test_without_a_settle_window_a_waiter_whose_last_worker_loses_the_taint_fails() -> None:
     a = worker("A", "capacity/fast", max_num_seqs=1)
-    router = router_with(a)
+    router = router_with(a, settle_window=0.0)
     held = await router.acquire(RouteRequest("m", FAST))
     async with asyncio.TaskGroup() as tg:
         waiting = await park(tg, router, RouteRequest("m", FAST))
@@ -224,7 +232,7 @@ async def test_a_waiter_survives_its_worker_leaving_while_its_no_worker_wait_run
 async def test_losing_every_worker_moves_an_unbounded_wait_to_the_no_worker_limit() -> None:
     """Busy waits have no limit here, but once no worker is left the 50 ms one applies."""
     a = worker("A", max_num_seqs=1)
-    router = router_with(a, max_queue_wait=None, no_worker_wait=0.05)
+    router = router_with(a, max_queue_wait=None, no_worker_wait=0.05, settle_window=0.0)
     held = await router.acquire(RouteRequest("m"))
     async with asyncio.TaskGroup() as tg:
         waiting = await park(tg, router, RouteRequest("m"))
@@ -356,3 +364,91 @@ async def test_explain_says_why_a_request_would_wait() -> None:
 def test_a_malformed_request_is_refused(fields: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         RouteRequest("m", **fields)  # type: ignore[arg-type]
+
+
+# -- the settle window: waiting through a remove-then-add move
+
+GOLD = RoutingConstraints(required_taints=frozenset({"capacity/gold"}))
+
+
+async def test_a_waiter_survives_a_move_of_its_taint_to_another_worker() -> None:
+    """Issue 15.5: the only gold worker loses the taint while a request waits for it; it
+    keeps waiting, and another worker gaining the taint later takes it."""
+    a = worker("A", "capacity/gold", max_num_seqs=1)
+    b = worker("B", "capacity/silver", max_num_seqs=1)
+    router = router_with(a, b, settle_window=30.0)
+    held = await router.acquire(RouteRequest("m", GOLD))
+    async with asyncio.TaskGroup() as tg:
+        waiting = await park(tg, router, RouteRequest("m", GOLD))
+        router.apply(retaint(a, "capacity/silver", revision=3))  # removed...
+        assert router.queue_depth == 1 and not waiting.done()
+        router.apply(retaint(b, "capacity/gold", revision=4))  # ...then added elsewhere
+        assert router.queue_depth == 0
+    assert assigned(waiting).worker.instance_id == "B"
+    router.release(held)
+    router.release(assigned(waiting))
+
+
+async def test_a_settling_waiter_whose_new_worker_is_busy_waits_for_it_as_busy() -> None:
+    a = worker("A", "capacity/gold", max_num_seqs=1)
+    b = worker("B", max_num_seqs=1)
+    router = router_with(a, b, settle_window=30.0)
+    on_a = await router.acquire(RouteRequest("m", GOLD))
+    on_b = await router.acquire(RouteRequest("m"))
+    async with asyncio.TaskGroup() as tg:
+        waiting = await park(tg, router, RouteRequest("m", GOLD))
+        router.apply(retaint(a, revision=4))
+        router.apply(retaint(b, "capacity/gold", revision=5))  # gold again, but B is busy
+        assert router.queue_depth == 1
+        router.release(on_b)
+    assert assigned(waiting).worker.instance_id == "B"
+    router.release(on_a)
+    router.release(assigned(waiting))
+
+
+async def test_the_settle_window_ends_with_no_eligible_worker_naming_the_window() -> None:
+    a = worker("A", "capacity/gold", max_num_seqs=1)
+    router = router_with(a, settle_window=0.05)
+    held = await router.acquire(RouteRequest("m", GOLD))
+    async with asyncio.TaskGroup() as tg:
+        waiting = await park(tg, router, RouteRequest("m", GOLD))
+        router.apply(retaint(a, "capacity/silver", revision=2))
+    error = waiting.result()
+    assert isinstance(error, NoEligibleWorkerError)
+    assert str(error).startswith(
+        "no worker of model 'm' has capacity/gold; 1 worker: A has capacity/silver "
+        "(missing capacity/gold) (waited "
+    )
+    assert str(error).endswith("and no other did within the 0.05 s settle window)")
+    assert sample(router, "dynamod_router_queue_wait_seconds_count", outcome="no_worker") == 1
+    router.release(held)
+
+
+async def test_a_request_unsatisfiable_on_arrival_fails_at_once_despite_the_window() -> None:
+    router = router_with(worker("A", "capacity/silver"), settle_window=30.0)
+    with pytest.raises(NoEligibleWorkerError, match="no worker of model 'm' has capacity/gold"):
+        await router.acquire(RouteRequest("m", GOLD))
+    assert router.queue_depth == 0
+
+
+def test_the_settle_window_sets_the_deadline_only_when_later_and_within_the_busy_limit() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+
+        def deadline(
+            settle_until: float | None, max_wait: float | None = None, **knobs: float | None
+        ) -> float | None:
+            config = RouterConfig(**knobs)  # type: ignore[arg-type]
+            request = RouteRequest("m", GOLD, max_wait=max_wait)
+            waiter = Waiter(request, WaitState.NO_WORKER, 100.0, loop.create_future())
+            waiter.settle_until = settle_until
+            return waiter.deadline(config)
+
+        assert deadline(None) == 100.0  # unsatisfiable on arrival: fail at once
+        assert deadline(103.0) == 103.0
+        assert deadline(103.0, no_worker_wait=10.0) == 110.0  # the longer limit wins
+        assert deadline(103.0, max_queue_wait=2.0) == 102.0  # never past the busy limit
+        assert deadline(103.0, max_queue_wait=None) == 103.0
+        assert deadline(103.0, max_wait=1.0) == 101.0  # the request's own limit rules
+    finally:
+        loop.close()

@@ -100,6 +100,8 @@ class Worker(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     LOAD_FIELD_NUMBER: _builtins.int
     RECORD_JSON_FIELD_NUMBER: _builtins.int
+    MODEL_CARD_JSON_FIELD_NUMBER: _builtins.int
+    ENGINE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
@@ -123,6 +125,8 @@ class Worker(_message.Message):
     version: _builtins.str
     record_json: _builtins.str
     """the record exactly as stored"""
+    model_card_json: _builtins.str
+    """its model card (also inside record_json)"""
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """sorted; generated dynamo.topology/ taints included"""
@@ -132,6 +136,10 @@ class Worker(_message.Message):
     @_builtins.property
     def load(self) -> Global___Load:
         """what this daemon's router has in flight there"""
+
+    @_builtins.property
+    def engine(self) -> Global___EngineLoad:
+        """what the worker's engine reports; unset when unknown"""
 
     def __init__(
         self,
@@ -154,10 +162,12 @@ class Worker(_message.Message):
         version: _builtins.str = ...,
         load: Global___Load | None = ...,
         record_json: _builtins.str = ...,
+        model_card_json: _builtins.str = ...,
+        engine: Global___EngineLoad | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["load", b"load"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -189,6 +199,60 @@ class Load(_message.Message):
 Global___Load: _TypeAlias = Load  # noqa: Y015
 
 @_typing.final
+class EngineLoad(_message.Message):
+    """An engine's own account of its load, pushed by its worker (see dynamod/reported.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    KV_USAGE_FIELD_NUMBER: _builtins.int
+    KV_BLOCKS_USED_FIELD_NUMBER: _builtins.int
+    KV_BLOCKS_TOTAL_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _builtins.int
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _builtins.int
+    HEALTHY_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    running: _builtins.int
+    """requests the engine runs"""
+    waiting: _builtins.int
+    """requests queued in the engine"""
+    kv_usage: _builtins.float
+    """fraction of the KV cache in use, 0..1"""
+    kv_blocks_used: _builtins.int
+    kv_blocks_total: _builtins.int
+    prefix_cache_hits: _builtins.int
+    """since the engine started (vLLM: tokens; mocker: blocks)"""
+    prefix_cache_queries: _builtins.int
+    healthy: _builtins.bool
+    reason: _builtins.str
+    """why not healthy"""
+    source: _builtins.str
+    """engine, metrics (an upstream's) or proxy (own count)"""
+    def __init__(
+        self,
+        *,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        kv_usage: _builtins.float = ...,
+        kv_blocks_used: _builtins.int = ...,
+        kv_blocks_total: _builtins.int = ...,
+        prefix_cache_hits: _builtins.int = ...,
+        prefix_cache_queries: _builtins.int = ...,
+        healthy: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+        source: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["healthy", b"healthy", "kv_blocks_total", b"kv_blocks_total", "kv_blocks_used", b"kv_blocks_used", "kv_usage", b"kv_usage", "prefix_cache_hits", b"prefix_cache_hits", "prefix_cache_queries", b"prefix_cache_queries", "reason", b"reason", "running", b"running", "source", b"source", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EngineLoad: _TypeAlias = EngineLoad  # noqa: Y015
+
+@_typing.final
 class ListWorkersRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -197,6 +261,8 @@ class ListWorkersRequest(_message.Message):
     NAMESPACE_FIELD_NUMBER: _builtins.int
     COMPONENT_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """empty: every model"""
     selector: _builtins.str
@@ -204,6 +270,16 @@ class ListWorkersRequest(_message.Message):
     namespace: _builtins.str
     component: _builtins.str
     endpoint: _builtins.str
+    page_size: _builtins.int
+    """StreamWorkers: workers per message (0: 500)"""
+    @_builtins.property
+    def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them
+        but model_card_json (record_json holds it). The others are left at their defaults. A
+        table needs far less than record_json, and a large listing costs both sides in
+        proportion to what it carries.
+        """
+
     def __init__(
         self,
         *,
@@ -212,10 +288,12 @@ class ListWorkersRequest(_message.Message):
         namespace: _builtins.str = ...,
         component: _builtins.str = ...,
         endpoint: _builtins.str = ...,
+        fields: _abc.Iterable[_builtins.str] | None = ...,
+        page_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "model", b"model", "namespace", b"namespace", "selector", b"selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -227,21 +305,27 @@ class ListWorkersResponse(_message.Message):
 
     WORKERS_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
+    ID_PREFIX_FIELD_NUMBER: _builtins.int
     revision: _builtins.int
     """the view's store revision"""
+    id_prefix: _builtins.int
+    """The shortest id prefix, at least 8 characters, that tells apart every worker of the
+    listing (the same in every page of a stream): what a client may show as the id.
+    """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]:
-        """sorted by key"""
+        """ListWorkers: sorted by key; StreamWorkers: by model, then id"""
 
     def __init__(
         self,
         *,
         workers: _abc.Iterable[Global___Worker] | None = ...,
         revision: _builtins.int = ...,
+        id_prefix: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["revision", b"revision", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id_prefix", b"id_prefix", "revision", b"revision", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

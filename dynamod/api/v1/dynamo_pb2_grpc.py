@@ -44,6 +44,11 @@ class WorkerServiceStub:
                 request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerRequest.SerializeToString,
                 response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerResponse.FromString,
                 _registered_method=True)
+        self.StreamWorkers = channel.unary_stream(
+                '/dynamo.v1.WorkerService/StreamWorkers',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -61,6 +66,15 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamWorkers(self, request, context):
+        """The listing in pages of page_size workers, by model then id, the first sent at once:
+        every page comes from one snapshot of the view, taken when the call arrives (the
+        same revision and id_prefix in each), so a client can print rows as they come.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +87,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.GetWorker,
                     request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerRequest.FromString,
                     response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerResponse.SerializeToString,
+            ),
+            'StreamWorkers': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamWorkers,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +148,33 @@ class WorkerService:
             '/dynamo.v1.WorkerService/GetWorker',
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerRequest.SerializeToString,
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.GetWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dynamo.v1.WorkerService/StreamWorkers',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,12 +44,22 @@ class WorkerServiceStub:
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.ListWorkersRequest, _dynamo_pb2.ListWorkersResponse]
     GetWorker: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.GetWorkerRequest, _dynamo_pb2.GetWorkerResponse]
+    StreamWorkers: _grpc.UnaryStreamMultiCallable[_dynamo_pb2.ListWorkersRequest, _dynamo_pb2.ListWorkersResponse]
+    """The listing in pages of page_size workers, by model then id, the first sent at once:
+    every page comes from one snapshot of the view, taken when the call arrives (the
+    same revision and id_prefix in each), so a client can print rows as they come.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListWorkers: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.ListWorkersRequest, _dynamo_pb2.ListWorkersResponse]  # type: ignore[assignment]
     GetWorker: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.GetWorkerRequest, _dynamo_pb2.GetWorkerResponse]  # type: ignore[assignment]
+    StreamWorkers: _aio.UnaryStreamMultiCallable[_dynamo_pb2.ListWorkersRequest, _dynamo_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    """The listing in pages of page_size workers, by model then id, the first sent at once:
+    every page comes from one snapshot of the view, taken when the call arrives (the
+    same revision and id_prefix in each), so a client can print rows as they come.
+    """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -65,6 +75,17 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _dynamo_pb2.GetWorkerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_dynamo_pb2.GetWorkerResponse, _abc.Awaitable[_dynamo_pb2.GetWorkerResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StreamWorkers(
+        self,
+        request: _dynamo_pb2.ListWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dynamo_pb2.ListWorkersResponse], _abc.AsyncIterator[_dynamo_pb2.ListWorkersResponse]]:
+        """The listing in pages of page_size workers, by model then id, the first sent at once:
+        every page comes from one snapshot of the view, taken when the call arrives (the
+        same revision and id_prefix in each), so a client can print rows as they come.
+        """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -18,20 +18,46 @@ tokens. Its contract:
   that request's resources (scheduler slot, KV blocks) before the close / cancellation
   completes. Dropping an open generator without closing it leaves cleanup to the garbage
   collector: a bug in the consumer.
-* ``stats()`` and ``model_card()`` are cheap, synchronous and never fail.
+* ``stats()`` and ``model_card()`` are cheap, synchronous and never fail. Whenever what
+  ``stats()`` would say changes, the engine calls ``changes.changed()`` (from the event
+  loop's thread), so the worker can push it to routers instead of polling.
+* ``tokenizer`` is the model's own and publishable (``tokenizers/bundle.py``): the worker
+  serves it to daemons, whose front then tokenizes exactly as the engine does.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
 from dynamod.model import ModelCard
-from dynamod.tokenizers import Tokenizer
+from dynamod.tokenizers.bundle import Publishable
 
 FinishReason = Literal["stop", "length"]
+
+
+class Changes:
+    """Counts an engine's state changes, and lets a reader wait for the next one.
+
+    ``changed()`` is cheap and synchronous (an engine calls it on every step);
+    ``await wait_past(version)`` returns once ``version`` is behind. Event-loop thread only.
+    """
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._next = asyncio.Event()
+
+    def changed(self) -> None:
+        self.version += 1
+        self._next.set()
+        self._next = asyncio.Event()
+
+    async def wait_past(self, version: int) -> None:
+        while self.version <= version:
+            await self._next.wait()
 
 
 @dataclass(frozen=True)
@@ -40,13 +66,20 @@ class GenerateRequest:
 
     ``max_tokens`` None lets the engine stop on its own (end of sequence, finish reason
     ``"stop"``); a number caps the output (finish reason ``"length"`` when reached).
-    ``seed`` makes sampling reproducible; ``request_id`` names the request in logs.
+    ``seed`` makes sampling reproducible; ``temperature`` and ``top_p`` (None: the
+    engine's defaults) shape it, for an engine that samples from a model (the mocker
+    draws its tokens from ``seed`` alone); ``ignore_eos`` keeps a model generating past its
+    end-of-sequence token up to ``max_tokens`` (vLLM's extension; the mocker has no such
+    token); ``request_id`` names the request in logs.
     """
 
     request_id: str
     prompt_ids: tuple[int, ...]
     max_tokens: int | None = None
     seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,8 +121,11 @@ class Chunk:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A load snapshot. ``prefix_cache_hits`` / ``prefix_cache_queries`` count KV blocks
-    looked up in and found in the prefix cache since the engine started."""
+    """A load snapshot. ``prefix_cache_hits`` / ``prefix_cache_queries`` count what the
+    engine looked up in and found in its prefix cache since it started (the mocker counts
+    blocks, vLLM tokens). ``healthy`` false (with ``reason``) when the engine cannot serve
+    now: an upstream server that stopped answering. ``source``: where the figures come from
+    (``reported.EngineLoad.source``)."""
 
     active_requests: int
     waiting_requests: int
@@ -97,17 +133,23 @@ class EngineStats:
     kv_blocks_total: int
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    healthy: bool = True
+    reason: str = ""
+    source: str = "engine"
 
 
-class Engine(Protocol):
-    """An inference engine; see the module docstring for the whole contract."""
+class Backend(Protocol):
+    """What the worker runtime needs of whatever serves its model: the card, the load, the
+    tokenizer, a lifetime. An ``Engine`` generates itself; ``--engine openai``'s upstream
+    (``upstream.py``) is a backend whose requests are forwarded, not generated here."""
 
     @property
-    def tokenizer(self) -> Tokenizer: ...
+    def tokenizer(self) -> Publishable: ...
+
+    @property
+    def changes(self) -> Changes: ...
 
     def model_card(self) -> ModelCard: ...
-
-    def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...
 
     def stats(self) -> EngineStats: ...
 
@@ -119,3 +161,9 @@ class Engine(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+class Engine(Backend, Protocol):
+    """An inference engine; see the module docstring for the whole contract."""
+
+    def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...

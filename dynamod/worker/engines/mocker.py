@@ -38,7 +38,9 @@ from typing import Self
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
 from dynamod.model import ModelCard
 from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import with_tokenizer
 from dynamod.worker.engines.base import (
+    Changes,
     Chunk,
     EngineStats,
     FinishReason,
@@ -306,13 +308,18 @@ class MockerEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._changes = Changes()
 
     @property
     def tokenizer(self) -> SimpleTokenizer:
         return self._tokenizer
 
+    @property
+    def changes(self) -> Changes:
+        return self._changes
+
     def model_card(self) -> ModelCard:
-        return self.config.model_card()
+        return with_tokenizer(self.config.model_card(), self._tokenizer)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -391,6 +398,7 @@ class MockerEngine:
             raise ShuttingDownError("the mocker engine is not running; enter it with 'async with'")
         self._waiting.append(seq)
         self._wake.set()
+        self._changes.changed()
         try:
             while True:
                 item = await seq.outbox.get()
@@ -407,6 +415,7 @@ class MockerEngine:
         if seq.done:
             return
         seq.done = True
+        self._changes.changed()
         if seq in self._running:
             self._running.remove(seq)
             self._kv.release(seq.blocks)
@@ -439,6 +448,7 @@ class MockerEngine:
             seq.blocks, reused = allocation
             seq.cached_tokens = seq.computed = reused * self.config.block_size
             self._running.append(seq)
+            self._changes.changed()
 
     async def _step(self) -> None:
         decodes = [s for s in self._running if s.prefilled]

@@ -1,0 +1,226 @@
+"""``workers ls``: the listing printed page by page as the daemon streams it.
+
+The daemon sends a large fleet in pages, by model then id, all from one snapshot
+(``AsyncClient.stream_workers``), so the first rows are on the screen long before the last
+page arrives. Each format writes as it goes and ends up exactly as if printed at once:
+
+* a table: column widths from the first page, grown by later pages if they need more (as
+  ``workers ls --watch`` does); ids cut to the daemon's ``id_prefix``, unique over the
+  whole listing;
+* JSON: one array, written item by item, byte for byte what ``json.dumps(items,
+  indent=2)`` would print (``indented``, with the C encoder for every string and number);
+* YAML: one list, item by item; names: one per line.
+
+Each format asks the daemon only for the fields it shows (``FIELDS``): a table needs a few
+strings per worker, not the stored record.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from json.encoder import encode_basestring_ascii
+from typing import TYPE_CHECKING, Any
+
+from dynamoctl import views
+from dynamoctl.output import Printer
+from dynamoctl.watch import Columns
+
+if TYPE_CHECKING:
+    from dynamod.reports import WorkerInfo, WorkerPage
+
+_TABLE = ("id", "model", "address", "taints", "load", "started_at")
+_OBJECT = (
+    *_TABLE, "topology", "revision", "key", "namespace", "component", "endpoint",
+    "system_address", "host", "pid", "version", "model_card_json",
+)  # fmt: skip
+FIELDS: dict[str, tuple[str, ...]] = {
+    "table": _TABLE,
+    "wide": (*_TABLE, "topology", "revision", "model_card_json"),
+    "json": _OBJECT,
+    "yaml": _OBJECT,
+    "name": ("id",),
+}
+"""The worker fields each output format shows (the model card gives the mdcsum)."""
+
+
+async def show(printer: Printer, pages: AsyncIterator[WorkerPage], filtered: bool) -> int:
+    """Print every page as it comes; return how many workers were listed."""
+    writer = _writer(printer)
+    listed = 0
+    async for page in pages:
+        writer.page(page)
+        listed += len(page.workers)
+        printer.flush()
+    writer.close(listed)
+    if not listed:
+        printer.note("no workers match" if filtered else "no workers are registered")
+    return listed
+
+
+class _Writer:
+    def __init__(self, printer: Printer) -> None:
+        self.printer = printer
+
+    def page(self, page: WorkerPage) -> None:
+        raise NotImplementedError
+
+    def close(self, listed: int) -> None:
+        """After the last page (``listed`` workers in all)."""
+
+
+class _Table(_Writer):
+    def __init__(self, printer: Printer) -> None:
+        super().__init__(printer)
+        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
+        self.columns = Columns(printer, headers, event_column=-1)
+
+    def page(self, page: WorkerPage) -> None:
+        self.columns.rows(views.worker_rows(page.workers, self.printer.wide, page.id_prefix))
+
+
+class _Names(_Writer):
+    def page(self, page: WorkerPage) -> None:
+        for info in page.workers:
+            self.printer.line(info.id)
+
+
+class _Json(_Writer):
+    """One JSON array, item by item: ``[`` before the first, ``]`` after the last."""
+
+    def __init__(self, printer: Printer) -> None:
+        super().__init__(printer)
+        self.started = False
+
+    def page(self, page: WorkerPage) -> None:
+        if not page.workers:
+            return
+        seen: dict[tuple[int, str], str] = {}
+        items = _objects(page.workers)
+        body = ",\n".join(["  " + indented(item, "  ", seen) for item in items])
+        self.printer.stdout.write((",\n" if self.started else "[\n") + body)
+        self.started = True
+
+    def close(self, listed: int) -> None:
+        self.printer.stdout.write("\n]\n" if self.started else "[]\n")
+
+
+class _Yaml(_Writer):
+    def page(self, page: WorkerPage) -> None:
+        import yaml
+
+        for item in _objects(page.workers):
+            self.printer.stdout.write(yaml.safe_dump([item], sort_keys=False))
+
+    def close(self, listed: int) -> None:
+        if not listed:
+            self.printer.stdout.write("[]\n")
+
+
+def _writer(printer: Printer) -> _Writer:
+    kinds = {"json": _Json, "yaml": _Yaml, "name": _Names}
+    return kinds.get(printer.output, _Table)(printer)
+
+
+def _objects(workers: list[WorkerInfo]) -> list[dict[str, Any]]:
+    """The workers' JSON objects; those sharing a model card share its dict (and so its
+    encoding, see ``indented``)."""
+    sums: dict[int, str] = {}
+    cards: dict[int, dict[str, Any]] = {}
+    objects = []
+    for info in workers:
+        card = info.record.model_card
+        shared = cards.get(id(card))
+        if shared is None:
+            shared = cards[id(card)] = card.to_json()
+        objects.append(views.worker_object(info, views.card_sum(info, sums), shared))
+    return objects
+
+
+_CONSTANTS = {None: "null", True: "true", False: "false"}
+# Each indentation's dict keys, written with their indent and colon: worker objects repeat
+# the same few keys (bounded: keys come from the data, and a model card may carry any).
+_HEADS: dict[str, dict[object, str]] = {}
+_KEPT_KEYS = 4096
+
+
+def indented(value: object, pad: str = "", seen: dict[tuple[int, str], str] | None = None) -> str:
+    """``json.dumps(value, indent=2)`` for a value nested ``pad`` deep, written with the C
+    encoder for each string and number: json's own encoder is pure Python as soon as it
+    indents. Anything but dicts, lists, strings, numbers, booleans and None is left to
+    ``json.dumps`` (which refuses what it cannot encode, as the whole dump would).
+    ``seen`` remembers the text of each dict and list by identity: pass one for values
+    that share sub-objects and do not change meanwhile (a page of worker objects)."""
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)  # type: ignore[arg-type]
+    if kind is dict or kind is list:
+        return _container(value, pad, seen)  # type: ignore[arg-type]
+    if value is None or value is True or value is False:
+        return _CONSTANTS[value]
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, float):
+        return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
+    if isinstance(value, dict | list | tuple):
+        return _container(value, pad, seen)
+    return json.dumps(value)
+
+
+def _container(
+    value: dict[object, object] | list[object] | tuple[object, ...],
+    pad: str,
+    seen: dict[tuple[int, str], str] | None,
+) -> str:
+    if not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    if seen is not None:
+        found = seen.get((id(value), pad))
+        if found is not None:
+            return found
+    inner = pad + "  "
+    if isinstance(value, dict):
+        text = "{\n" + ",\n".join(_members(value, inner, seen)) + "\n" + pad + "}"
+    else:
+        text = "[\n" + ",\n".join([inner + indented(v, inner, seen) for v in value])
+        text += "\n" + pad + "]"
+    if seen is not None:
+        seen[id(value), pad] = text
+    return text
+
+
+def _members(
+    value: dict[object, object], inner: str, seen: dict[tuple[int, str], str] | None
+) -> list[str]:
+    """A dict's ``"key": value`` lines; strings and ints, most of a worker, inline."""
+    heads = _HEADS.get(inner)
+    if heads is None:
+        heads = _HEADS[inner] = {}
+    lines = []
+    for key, item in value.items():
+        head = heads.get(key) if type(key) is str else None
+        if head is None:
+            head = f"{inner}{_key(key)}: "
+            if type(key) is str and len(heads) < _KEPT_KEYS:
+                heads[key] = head
+        kind = type(item)
+        if kind is str:
+            lines.append(head + encode_basestring_ascii(item))  # type: ignore[arg-type]
+        elif kind is int:
+            lines.append(head + int.__repr__(item))
+        else:
+            lines.append(head + indented(item, inner, seen))
+    return lines
+
+
+def _key(key: object) -> str:
+    """A dict key as json writes it: strings as they are, numbers, booleans and None as
+    their JSON text, in quotes; anything else refused, as json refuses it."""
+    if isinstance(key, str):
+        return encode_basestring_ascii(key)
+    if key is None or isinstance(key, int | float):
+        return encode_basestring_ascii(json.dumps(key))
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(key).__name__}")

@@ -1,0 +1,347 @@
+"""``--engine openai``: a worker that registers and controls an OpenAI-compatible server
+running beside it (``vllm serve``, SGLang, llama.cpp's ``llama-server``, ...).
+
+* **Start** (``__aenter__``): optionally launch the server (``launch``: an argv, run in a
+  process group of its own, its output on our stderr); wait until ``GET /health``
+  answers 200 (``start_timeout``; a launched server that exits first fails the start);
+  check that ``GET /v1/models`` lists the model; scrape ``/metrics`` once. The model card
+  comes from ``/v1/models`` (``max_model_len``) and vLLM's ``vllm:cache_config_info``
+  (block size, KV blocks); ``max_num_seqs`` / ``max_num_batched_tokens`` from the
+  launch argv's flags of those names when present, else from the worker's settings.
+* **Load** (``stats()``): scraped from ``/metrics`` every ``scrape_interval``
+  (``scrape.py``: vLLM, SGLang and llama.cpp names); for a server without metrics, the
+  requests this worker is forwarding (``proxy.py``) count as running. A scrape samples:
+  routers learn of a load up to an interval late, and a burst that comes and goes
+  between two scrapes may never show (``bench/engines.py`` measures the lag).
+* **Health**: a scrape (or, without metrics, a health check) that fails marks the
+  upstream unhealthy (``stats().healthy``), which the worker reports to routers: they stop
+  routing to it until a later scrape succeeds.
+* **Requests go through the worker** (``proxy.py``), not to the upstream directly: so
+  the worker knows every request in flight (a drain that waits for them, a load without
+  metrics), answers like every worker (``x-dynamo-worker-id``, 503 while draining), and
+  one loopback hop is its whole cost (measured: ``bench/engines.py``).
+* **Stop** (``__aexit__``, after the worker drained its requests): stop scraping, then
+  signal a launched server's process group with SIGTERM, give it ``stop_timeout``
+  seconds, then SIGKILL the group. Start ``vllm serve`` with ``--shutdown-timeout N`` as
+  the backstop for a request still inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import aiohttp
+
+from dynamod.aio import cancel_and_wait
+from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.http.inflight import InFlight
+from dynamod.model import ModelCard
+from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Publishable, with_tokenizer
+from dynamod.worker.engines.base import Changes, EngineStats
+from dynamod.worker.engines.scrape import Scraped, parse
+
+log = logging.getLogger(__name__)
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """What ``--engine openai`` is told; see the module docstring."""
+
+    url: str
+    model_name: str
+    launch: tuple[str, ...] = ()
+    tokenizer_path: Path | None = None
+    scrape_interval: float = 0.5
+    start_timeout: float = 600.0
+    stop_timeout: float = 30.0
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream {self.url!r} must be an http:// or https:// URL")
+        if self.scrape_interval <= 0:
+            raise ConfigError(f"--scrape-interval must be above 0, got {self.scrape_interval:g}")
+
+    def launch_flag(self, flag: str, default: int) -> int:
+        """An integer flag of the launch argv (``--max-num-seqs 8`` or ``=8``), or default."""
+        value = launch_value(self.launch, flag)
+        return int(value) if value is not None and value.isdigit() else default
+
+
+def launch_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag value`` or ``--flag=value``), if given."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if name == flag:
+            return value if sep else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def tokenizer_of(config: UpstreamConfig) -> Publishable:
+    """The model's own tokenizer when its directory is known (``tokenizer_path``, or a
+    launch argv's ``--model DIR``), else the approximate ``SimpleTokenizer``."""
+    path = config.tokenizer_path
+    if path is None:
+        model = launch_value(config.launch, "--model")
+        path = Path(model) if model and Path(model, "tokenizer.json").is_file() else None
+    if path is None:
+        log.warning(
+            "no tokenizer for %s (give --model-path): routers will count and hash its "
+            "prompts with an approximate tokenizer",
+            config.model_name,
+        )
+        return SimpleTokenizer()
+    from dynamod.tokenizers.hf import HfTokenizer  # the hf extra, needed only here
+
+    return HfTokenizer.from_directory(path)
+
+
+class UpstreamEngine:
+    """An OpenAI-compatible server beside the worker; see the module docstring.
+
+    ``requests`` counts what the worker forwards (``proxy.py`` owns the counting).
+    """
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config = config
+        self.requests = InFlight()
+        self._tokenizer = tokenizer_of(config)
+        self._changes = Changes()
+        self._scraped = Scraped()
+        self._healthy = True
+        self._reason = ""
+        self._card = with_tokenizer(ModelCard(config.model_name, engine="openai"), self._tokenizer)
+        self._child: asyncio.subprocess.Process | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._scraper: asyncio.Task[None] | None = None
+
+    @property
+    def tokenizer(self) -> Publishable:
+        return self._tokenizer
+
+    @property
+    def changes(self) -> Changes:
+        return self._changes
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("enter the UpstreamEngine with 'async with' first")
+        return self._session
+
+    def model_card(self) -> ModelCard:
+        return self._card
+
+    def stats(self) -> EngineStats:
+        s = self._scraped
+        total = s.num_blocks or 0
+        if s.kind is None:  # no metrics: our own count of what we forward
+            running, waiting, source = len(self.requests), 0, "proxy"
+        else:
+            running, waiting, source = s.running, s.waiting, "metrics"
+        return EngineStats(
+            active_requests=running,
+            waiting_requests=waiting,
+            kv_blocks_used=round(s.kv_usage * max(total - 1, 0)),
+            kv_blocks_total=total,
+            prefix_cache_hits=s.prefix_cache_hits,
+            prefix_cache_queries=s.prefix_cache_queries,
+            healthy=self._healthy,
+            reason=self._reason,
+            source=source,
+        )
+
+    def url(self, path: str) -> str:
+        return self.config.url.rstrip("/") + path
+
+    async def __aenter__(self) -> Self:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        try:
+            if self.config.launch:
+                await self._launch()
+            await self._wait_healthy()
+            context = await self._served_context()
+            await self._scrape()
+            self._card = self._card_of(context)
+            self._scraper = asyncio.create_task(self._scrape_forever(), name="upstream scrape")
+        except BaseException:
+            await self._close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+    async def _close(self) -> None:
+        if self._scraper is not None:
+            await cancel_and_wait(self._scraper)
+        await self._stop_child()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- the child
+
+    async def _launch(self) -> None:
+        argv = self.config.launch
+        log.info("launching the upstream server: %s", " ".join(argv))
+        try:
+            self._child = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=sys.stderr.fileno(),  # our stdout carries the readiness line
+                start_new_session=True,  # its own process group: signalled only by us
+                preexec_fn=_die_with_parent,
+            )
+        except OSError as exc:
+            raise ConfigError(f"--launch {argv[0]!r} cannot be started: {exc}") from None
+
+    async def _stop_child(self) -> None:
+        child, self._child = self._child, None
+        if child is None or child.returncode is not None:
+            return
+        log.info("stopping the upstream server (pid %d) with SIGTERM", child.pid)
+        _signal_group(child.pid, signal.SIGTERM)
+        try:
+            async with asyncio.timeout(self.config.stop_timeout):
+                await child.wait()
+        except TimeoutError:
+            log.warning("upstream server still up after %gs: SIGKILL", self.config.stop_timeout)
+            _signal_group(child.pid, signal.SIGKILL)
+            await child.wait()
+        # Its own children (vLLM's engine core) may outlive it: end the whole group.
+        _signal_group(child.pid, signal.SIGKILL)
+
+    # -- health, models, metrics
+
+    async def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self._child is not None and self._child.returncode is not None:
+                raise ConfigError(
+                    f"the launched upstream server exited with {self._child.returncode} "
+                    "before it was healthy"
+                )
+            try:
+                if await self._alive():
+                    return
+                last = "/health did not answer 200"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                last = str(exc) or type(exc).__name__
+            await asyncio.sleep(0.5)  # a server starting up announces nothing: ask again
+        raise ConfigError(
+            f"upstream {self.config.url} not healthy within {self.config.start_timeout:g}s ({last})"
+        )
+
+    async def _alive(self) -> bool:
+        """``GET /health`` answers 200; for a server without that route, ``/v1/models``."""
+        async with self.session.get(self.url("/health"), timeout=_quick()) as response:
+            if response.status != 404:
+                return response.status == 200
+        async with self.session.get(self.url("/v1/models"), timeout=_quick()) as response:
+            return response.status == 200
+
+    async def _served_context(self) -> int | None:
+        """Check that the upstream serves our model; its context length if it says."""
+        async with self.session.get(self.url("/v1/models"), timeout=_quick()) as response:
+            if response.status != 200:
+                raise ConfigError(
+                    f"upstream {self.config.url}/v1/models answered {response.status}"
+                )
+            body = await response.json()
+        models = {m.get("id"): m for m in body.get("data", []) if isinstance(m, dict)}
+        found = models.get(self.config.model_name)
+        if found is None:
+            served = ", ".join(sorted(str(k) for k in models)) or "none"
+            raise ConfigError(
+                f"upstream {self.config.url} does not serve model "
+                f"{self.config.model_name!r}; it serves: {served}"
+            )
+        context = found.get("max_model_len")
+        return context if isinstance(context, int) else None
+
+    def _card_of(self, context: int | None) -> ModelCard:
+        config, scraped, default = self.config, self._scraped, ModelCard(self.config.model_name)
+        card = ModelCard(
+            name=config.model_name,
+            engine="openai",
+            kv_block_size=scraped.block_size or default.kv_block_size,
+            context_length=context or default.context_length,
+            max_num_seqs=config.launch_flag("--max-num-seqs", config.max_num_seqs),
+            max_num_batched_tokens=config.launch_flag(
+                "--max-num-batched-tokens", config.max_num_batched_tokens
+            ),
+            total_kv_blocks=scraped.num_blocks or default.total_kv_blocks,
+        )
+        return with_tokenizer(card, self._tokenizer)
+
+    async def _scrape_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.scrape_interval)
+            await self._scrape()
+
+    async def _scrape(self) -> None:
+        """One scrape; its outcome becomes the load and health ``stats()`` reports."""
+        try:
+            scraped = await self._fetch_metrics()
+        except (aiohttp.ClientError, TimeoutError, InvalidInputError) as exc:
+            self._mark(
+                False, f"upstream {self.config.url} is not answering: {exc or type(exc).__name__}"
+            )
+            return
+        self._scraped = scraped
+        self._mark(True, "")
+        self._changes.changed()
+
+    async def _fetch_metrics(self) -> Scraped:
+        async with self.session.get(self.url("/metrics"), timeout=_quick()) as response:
+            if response.status == 404:  # a server without metrics: is it alive at all?
+                if not await self._alive():
+                    raise aiohttp.ClientError("its health check failed")
+                return Scraped()
+            response.raise_for_status()
+            return parse(await response.text())
+
+    def _mark(self, healthy: bool, reason: str) -> None:
+        if healthy != self._healthy:
+            log.warning("upstream %s", "healthy again" if healthy else reason)
+            self._healthy, self._reason = healthy, reason
+            self._changes.changed()
+
+
+def _quick() -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=5.0)
+
+
+def _die_with_parent() -> None:
+    """In the launched server, before it runs: SIGTERM it if this worker dies without
+    stopping it (SIGKILL, a crash), so it does not serve on, unregistered (Linux only)."""
+    if sys.platform == "linux":
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
