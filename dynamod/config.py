@@ -55,7 +55,7 @@ from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterConfig
-from dynamod.store import store_class
+from dynamod.store import check_url
 
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -271,11 +271,12 @@ def load(
 
 def verify(settings: Settings) -> None:
     """Check what ``Settings`` alone cannot: the files and names a start would use — the
-    tokens file parses, the store URL names a known backend, the TLS files load, the audit
-    log can be written. ``dynamod check-config`` and every start run this same check, so a
-    configuration check-config passes does not fail at start for these reasons."""
+    tokens file parses, the store URL and the files it names check out (without connecting:
+    ``store.check_url``), the TLS files load, the audit log can be written.
+    ``dynamod check-config`` and every start run this same check, so a configuration
+    check-config passes does not fail at start for these reasons."""
     Tokens.load(settings.tokens_file)
-    store_class(settings.store)
+    check_url(settings.store)
     _verify_tls(settings)
     if settings.audit_log is not None:
         _verify_writable(settings.audit_log, "audit_log")
