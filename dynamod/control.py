@@ -45,7 +45,7 @@ from dynamod.reports import (
 from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.selectors import Selector, parse
 from dynamod.store import Store
-from dynamod.taints import RoutingConstraints, TaintUpdate
+from dynamod.taints import RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,8 @@ class Control:
     """The tokenizers the front uses too: ``explain`` counts and hashes prompts as the
     front would, with the tokenizer the model's workers publish."""
     metrics: DaemonMetrics | None = None
+    limits: TaintLimits = field(default_factory=TaintLimits)
+    """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
     serial: KeyedLock = field(default_factory=KeyedLock)
@@ -221,6 +223,7 @@ class Control:
                     expect_revision=target.expect_revision,
                     check=lambda before, after: caller.check_taints(_changed(before, after)),
                     base=record,
+                    limits=self.limits,
                 )
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc)
@@ -229,7 +232,7 @@ class Control:
         return change
 
     def _preview(self, record: WorkerRecord, update: TaintUpdate, caller: Principal) -> TaintChange:
-        after = record.updated(update)
+        after = record.updated(update, self.limits)
         caller.check_taints(_changed(record, after))
         return TaintChange(
             record.instance_id,
