@@ -110,7 +110,14 @@ class Daemon:
         tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
         feeds = Feeds(view, router.report, kv=kv)
         control = Control(
-            store, view, router, self.audit, settings.replica_id, tokenizers, metrics=self.metrics
+            store,
+            view,
+            router,
+            self.audit,
+            settings.replica_id,
+            tokenizers,
+            metrics=self.metrics,
+            limits=settings.taint_limits,
         )
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, self.metrics

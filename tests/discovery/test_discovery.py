@@ -149,20 +149,18 @@ async def test_unchanged_update_writes_nothing(store: Store) -> None:
         (
             lambda: TaintUpdate.add(["dynamo.topology/zone=b"]),
             TaintError,
-            "taint 'dynamo.topology/zone=b' uses reserved prefix 'dynamo.topology/'; topology "
-            "taints are generated from the worker's topology_domains",
+            "taint 'dynamo.topology/zone=b' uses reserved prefix 'dynamo.topology/'",
         ),
         (
             lambda: TaintUpdate.remove(["dynamo.topology/zone=a"]),
             TaintError,
-            "taint 'dynamo.topology/zone=a' uses reserved prefix 'dynamo.topology/'; topology "
-            "taints are generated from the worker's topology_domains",
+            "taint 'dynamo.topology/zone=a' uses reserved prefix 'dynamo.topology/'",
         ),
         (
-            lambda: TaintUpdate.replace(["ok", "bad taint"]),
+            lambda: TaintUpdate.replace(["ok", "bad\ntaint"]),
             TaintError,
-            "taint 'bad taint' has name 'bad taint' with character ' '; allowed are letters, "
-            "digits, '-', '_' and '.'",
+            "taint 'bad\\ntaint' has control or invisible character U+000A at position 3; "
+            "taints may not hold control, format or line-separator characters",
         ),
         (lambda: TaintUpdate.replace([""]), TaintError, "taint '' is empty"),
         (lambda: TaintUpdate.add([]), InvalidInputError, "add needs at least one taint"),
@@ -390,10 +388,16 @@ async def test_concurrent_clients_never_lose_an_update(
             for i in range(clients)
         ]
         outputs = []
-        for proc in procs:
-            out, err = await asyncio.to_thread(proc.communicate, timeout=100)
-            assert proc.returncode == 0, err
-            outputs.append(out)
+        try:
+            for proc in procs:
+                out, err = await asyncio.to_thread(proc.communicate, timeout=100)
+                assert proc.returncode == 0, err
+                outputs.append(out)
+        finally:  # a failed or timed-out client leaves none of the others running
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     expected = {"base", "dynamo.topology/zone=a"}
     applied = conflicts = 0
     for out in outputs:

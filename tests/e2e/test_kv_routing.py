@@ -133,3 +133,45 @@ async def test_a_worker_without_kv_events_keeps_approximate_overlap(tmp_path: Pa
         blocks = served["usage"]["prompt_tokens"] // BLOCK
         after = await explain(socket, text)
         assert overlap(after, plain.field("id")) == (blocks, "approximate")
+
+
+RESET_TOKENS = """
+[[token]]
+name = "ops"
+secret = "ops-secret"
+role = "write"
+
+[[token]]
+name = "viewer"
+secret = "viewer-secret"
+role = "read"
+"""
+
+
+async def test_a_prefix_cache_reset_needs_a_writer_and_empties_the_index(tmp_path: Path) -> None:
+    """``POST /engine/reset_prefix_cache`` on the system port: refused without a token
+    (401) and with a read-only one (403), changing nothing; with a writer's token the
+    engine's cache is emptied, and its ``cleared`` event empties the router's index."""
+    store = (tmp_path / "store").as_uri()
+    socket = tmp_path / "d.sock"
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(RESET_TOKENS)
+    async with (
+        running(mocker(store, "--token-file", str(tokens))) as engine,
+        running(daemon(store, socket)) as front,
+        aiohttp.ClientSession() as http,
+    ):
+        worker_id = engine.field("id")
+        text = prompt(5)
+        served = await complete(http, front.field("http"), text)
+        blocks = served["usage"]["prompt_tokens"] // BLOCK
+        await explained(socket, text, lambda f: overlap(f, worker_id) == (blocks, "kv"))
+        url = engine.field("system") + "/engine/reset_prefix_cache"
+        for headers, status in (({}, 401), ({"Authorization": "Bearer viewer-secret"}, 403)):
+            async with http.post(url, headers=headers) as response:
+                assert response.status == status, await response.text()
+        again = await complete(http, front.field("http"), text)
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == blocks * BLOCK
+        async with http.post(url, headers={"Authorization": "Bearer ops-secret"}) as response:
+            assert (response.status, await response.json()) == (200, {"status": "ok"})
+        await explained(socket, text, lambda f: overlap(f, worker_id) == (0, "kv"))
