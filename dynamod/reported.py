@@ -21,8 +21,8 @@ since it started: it only grows within one worker incarnation (a reader may see 
 changes are coalesced). ``STATE`` is ``EngineLoad.to_json()``. For ``kv``, ``seq``
 numbers the KV lines of this connection from 0 with no gap: the first ones are the
 worker's whole cache as it knows it (a ``cleared`` event, then what is stored), so every
-(re)connect rebuilds a reader's view from nothing, and a worker that cannot send a
-reader everything (it fell behind) ends the connection rather than skip. A reader skips
+(re)connect rebuilds a reader's view from nothing, and a reader that fell too far behind
+is sent a fresh snapshot (again ``cleared`` first) rather than a gap. A reader skips
 types it does not know.
 """
 

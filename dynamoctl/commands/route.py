@@ -70,8 +70,10 @@ def explain(
 
     Ranks the workers of MODEL for a request with these constraints, with each term of
     the cost: (LOAD - OVERLAP credit) x MULTIPLIER, where the multiplier is
-    exp(-tanh(PREFERENCE)), the sum of the matched preferred weights. Excluded workers are
-    listed with the reason. Nothing is routed."""
+    exp(-tanh(PREFERENCE)), the sum of the matched preferred weights. OVERLAP names the
+    prompt's cached blocks on each worker and where the router learnt them: kv (the
+    engine's own KV cache events) or approximate (what this router routed there).
+    Excluded workers are listed with the reason. Nothing is routed."""
     from dynamoctl.session import execute
 
     preferred = parse_preferences(prefer or [])

@@ -22,7 +22,8 @@ from 0. On a gap the subscriber asks the publisher's replay socket (when it has 
 the missing batches; when there is none, or the replay no longer reaches back far
 enough, it publishes ``AllBlocksCleared`` and rebuilds from what follows (the index then
 under-counts until those blocks are stored again: safe, never a phantom hit). A sequence
-number that goes back means the engine restarted: its cache is empty, so the same clear.
+number that goes back on the live stream means the engine restarted: its cache is empty,
+so the same clear (a live batch a replay already delivered is a duplicate, skipped).
 At start the subscriber replays from 0, so blocks stored before it connected are known.
 """
 
