@@ -30,7 +30,7 @@ from dynamoctl.watch import Columns
 if TYPE_CHECKING:
     from dynamod.reports import WorkerInfo, WorkerPage
 
-_TABLE = ("id", "model", "address", "taints", "load", "started_at")
+_TABLE = ("id", "model", "address", "taints", "load", "engine", "started_at")  # LOAD shows both
 _OBJECT = (
     *_TABLE, "topology", "revision", "key", "namespace", "component", "endpoint",
     "system_address", "host", "pid", "version", "model_card_json",
