@@ -1,8 +1,9 @@
 """The prefix-routing section of ``bench/RESULTS.md`` and its plot, from ``bench.prefix``'s
 JSON.
 
-``bench.report --prefix FILE`` calls these and touches no other section; a full
-``bench.report`` keeps this section as it is (it never runs ``bench.prefix``).
+``bench.report --prefix FILE [FILE ...]`` calls these (a part per file: the mocker's
+run, a vLLM run) and touches no other section; a full ``bench.report`` keeps this
+section as it is (it never runs ``bench.prefix``).
 """
 
 from __future__ import annotations
@@ -55,12 +56,19 @@ def bars(summaries: list[Json], width: int = 40) -> list[str]:
     return ["```", *out, "```"]
 
 
-def section(run: Json, source: str) -> list[str]:
-    """Markdown lines for the section body (the caller writes the ``## TITLE`` line)."""
-    lines = [*_intro(run, source), ""]
+def section(runs: list[Json], sources: list[str]) -> list[str]:
+    """Markdown lines for the section body (the caller writes the ``## TITLE`` line): one
+    part per run (``sources`` name their files), then the plot of them all."""
+    lines = []
+    for run, source in zip(runs, sources, strict=True):
+        lines += _part(run, source)
+    return [*lines, f"![hit rate and TTFT by routing](plots/{PLOT})", ""]
+
+
+def _part(run: Json, source: str) -> list[str]:
+    lines = [f"### {run['engine']} workers", "", *_intro(run, source), ""]
     if run.get("runs"):
         lines += [*markdown_table(HEADERS, table_rows(run["runs"])), *bars(run["runs"]), ""]
-        lines += [f"![hit rate by routing](plots/{PLOT})", ""]
     if "lag" in run:
         lag = run["lag"]
         lines += [
@@ -108,21 +116,22 @@ def _intro(run: Json, source: str) -> list[str]:
     ]
 
 
-def plot(run: Json, path: Path) -> None:
-    """Hit rate and TTFT p50 per (stack, routing), side by side."""
-    summaries = run.get("runs") or []
+def plot(runs: list[Json], path: Path) -> None:
+    """Hit rate and TTFT p50 per (engine, stack, routing), side by side."""
+    summaries = [(run["engine"], s) for run in runs for s in run.get("runs") or []]
     if not summaries:
         return
-    labels = [f"{s['stack']}\n{s['variant']}" for s in summaries]
-    fig, (hits, ttft) = plt.subplots(1, 2, figsize=(10, 4))
-    hits.bar(labels, [s["hit_rate"] for s in summaries], color="C0")
+    labels = [f"{s['stack']} {s['variant']}\n({engine})" for engine, s in summaries]
+    summaries_only = [s for _, s in summaries]
+    fig, (hits, ttft) = plt.subplots(1, 2, figsize=(12, 5))
+    hits.bar(labels, [s["hit_rate"] for s in summaries_only], color="C0")
     hits.set_ylabel("hit rate (cached ÷ prompt tokens)")
     hits.set_ylim(0, 1)
-    ttft.bar(labels, [s["ttft_p50_ms"] or 0 for s in summaries], color="C1")
+    ttft.bar(labels, [s["ttft_p50_ms"] or 0 for s in summaries_only], color="C1")
     ttft.set_ylabel("time to first token, p50 (ms)")
     for axis in (hits, ttft):
-        axis.tick_params(axis="x", labelsize=8)
-    fig.suptitle(f"Prefix routing on {run['engine']} workers (bench.prefix)")
+        axis.tick_params(axis="x", labelsize=7, rotation=90)
+    fig.suptitle("Prefix routing (bench.prefix): TTFT compares within one stack and engine")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

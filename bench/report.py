@@ -4,7 +4,7 @@
     python -m bench.report --quick      # smaller sizes, no chaos run (a smoke test)
     python -m bench.report --only exit_drain   # one benchmark: its section, the rest kept
     python -m bench.report --peer F...  # only the peer section, from bench.peer's JSON
-    python -m bench.report --prefix F   # only the prefix-routing section, from bench.prefix's JSON
+    python -m bench.report --prefix F.. # only the prefix-routing section, from bench.prefix's JSON
 
 Each benchmark runs as its own process with modest sizes and ``--json``; the report is
 built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
@@ -514,9 +514,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--prefix",
         type=Path,
+        nargs="+",
         metavar="JSON",
         help="run nothing: (re)write only the prefix-routing section of --out and its plot "
-        "from this `python -m bench.prefix` result",
+        "from these `python -m bench.prefix` results (one part each)",
     )
     parser.add_argument(
         "--only", choices=sorted(SECTIONS), help="run one benchmark; rewrite only its section"
@@ -564,11 +565,12 @@ def write_peer(files: list[Path], out: Path) -> int:
     return 0
 
 
-def write_prefix(file: Path, out: Path) -> int:
-    run = json.loads(file.read_text())
+def write_prefix(files: list[Path], out: Path) -> int:
+    runs = [json.loads(f.read_text()) for f in files]
     previous = out.read_text() if out.exists() else "# Benchmark results\n"
-    out.write_text(splice(previous, prefix_report.TITLE, prefix_report.section(run, file.name)))
-    prefix_report.plot(run, out.parent / "plots" / prefix_report.PLOT)
+    body = prefix_report.section(runs, [f.name for f in files])
+    out.write_text(splice(previous, prefix_report.TITLE, body))
+    prefix_report.plot(runs, out.parent / "plots" / prefix_report.PLOT)
     print(f"wrote the prefix section of {out} and plots/{prefix_report.PLOT}", file=sys.stderr)
     return 0
 
