@@ -15,6 +15,8 @@ cached blocks):
 * ``kv``: through a ``dynamod`` that follows the workers' KV events (the default);
 * ``approximate``: through a second ``dynamod`` with ``router.kv_blocks_per_worker = 0``
   (it credits what it routed, for ``prefix_ttl``);
+* ``kv x2`` / ``approximate x2``: two such daemons each, every request to either at
+  random (router replicas: an approximate one knows only what it routed itself);
 * ``random``: each request straight to a worker picked uniformly at random (no front).
 
 With ``--dynamo`` (mocker only), NVIDIA Dynamo 1.6.1 runs the same workload on its own
@@ -43,6 +45,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,18 +67,23 @@ APPROXIMATE = {"DYNAMO_ROUTER_KV_BLOCKS_PER_WORKER": "0"}
 
 @dataclass
 class Ours:
-    """Our stack: workers, the KV-aware front, the approximate front."""
+    """Our stack: workers, two KV-aware fronts, two approximate fronts (each a daemon)."""
 
     model: str
-    kv: str
-    approximate: str
+    kv: list[str]
+    approximate: list[str]
     workers: list[str]
 
     def variants(self) -> dict[str, Any]:
+        """One front per routing, and (``… x2``) two replicas of it, each request to either
+        at random: an approximate router then knows only what it routed itself, while a
+        KV-aware one learns every engine's cache whichever router sent the request."""
         rng = random.Random(0)
         return {
-            "kv": lambda: self.kv,
-            "approximate": lambda: self.approximate,
+            "kv": lambda: self.kv[0],
+            "approximate": lambda: self.approximate[0],
+            "kv x2": lambda: rng.choice(self.kv),
+            "approximate x2": lambda: rng.choice(self.approximate),
             "random": lambda: rng.choice(self.workers),
         }
 
@@ -88,13 +96,16 @@ async def ours(engine: str, scratch: Path, workers: int) -> AsyncIterator[Ours]:
         started = await asyncio.gather(*(p.start(within=600) for p in procs))
         for proc in started:
             stack.push_async_callback(proc.kill)
-        kv = await stack.enter_async_context(running(daemon(store, scratch / "kv.sock")))
-        approx = daemon(store, scratch / "approx.sock", **APPROXIMATE)
-        approximate = await stack.enter_async_context(running(approx))
-        fronts = [kv.field("http"), approximate.field("http")]
+        fronts: dict[str, list[str]] = {"kv": [], "approximate": []}
+        for i in range(2):
+            for mode, env in (("kv", {}), ("approximate", APPROXIMATE)):
+                sock = scratch / f"{mode}-{i}.sock"
+                front = await stack.enter_async_context(running(daemon(store, sock, **env)))
+                fronts[mode].append(front.field("http"))
         async with aiohttp.ClientSession() as http:
-            await until(lambda: _follows(http, fronts[0], len(procs)), "KV events followed")
-        yield Ours(model, fronts[0], fronts[1], [p.field("http") for p in procs])
+            for url in fronts["kv"]:
+                await until(partial(_follows, http, url, len(procs)), f"{url} to follow KV events")
+        yield Ours(model, fronts["kv"], fronts["approximate"], [p.field("http") for p in procs])
 
 
 def _workers(engine: str, store: str, n: int) -> tuple[list[Proc], str]:

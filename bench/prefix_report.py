@@ -111,8 +111,9 @@ def _intro(run: Json, source: str) -> list[str]:
         "small enough to evict. Hit rate = `cached_tokens` ÷ prompt tokens, as the engine "
         "reports them (ground truth, whole blocks). `kv`: a daemon that follows the workers' "
         "KV events; `approximate`: a second daemon with `router.kv_blocks_per_worker = 0` "
-        "(credits what it routed); `random`: each request straight to a worker picked at "
-        "random. Every round runs every routing, in a new order, with new words.",
+        "(credits what it routed); `x2`: two such daemons, each request to either at random "
+        "(router replicas); `random`: each request straight to a worker picked at random. "
+        "Every round runs every routing, in a new order, with new words.",
     ]
 
 
