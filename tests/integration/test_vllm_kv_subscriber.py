@@ -93,6 +93,22 @@ async def following(
             await cancel_and_wait(task)
 
 
+@contextlib.asynccontextmanager
+async def watched(
+    context: zmq.asyncio.Context, *, replay: bool
+) -> AsyncIterator[tuple[FakeVllm, KvPublisher, KvSubscription]]:
+    """A fake vLLM, and the worker's publisher with one subscriber past its (empty)
+    snapshot, as a daemon's stream would be."""
+    fake = FakeVllm(context, replay=replay)
+    publisher = KvPublisher()
+    try:
+        with publisher.subscribe() as subscription:
+            await events_until(subscription, 1)  # the (empty) snapshot
+            yield fake, publisher, subscription
+    finally:
+        fake.close()
+
+
 async def events_until(subscription: KvSubscription, count: int) -> list[KvEvent]:
     """The events the worker forwards, until ``count`` batches came (10 s at most)."""
     seen: list[KvBatch] = []
@@ -117,18 +133,12 @@ async def context() -> AsyncIterator[zmq.asyncio.Context]:
 async def test_a_late_subscriber_replays_what_was_published_before_it_connected(
     context: zmq.asyncio.Context,
 ) -> None:
-    fake = FakeVllm(context, replay=True)
-    await fake.send(0, PAYLOADS[0], lost=True)  # nobody was listening yet
-    publisher = KvPublisher()
-    try:
-        with publisher.subscribe() as subscription:
-            await events_until(subscription, 1)  # the (empty) snapshot
-            async with following(fake, publisher):
-                await fake.send(1, PAYLOADS[1])
-                assert await events_until(subscription, 2) == recorded(0, 1)
-                assert fake.replays == [0]
-    finally:
-        fake.close()
+    async with watched(context, replay=True) as (fake, publisher, subscription):
+        await fake.send(0, PAYLOADS[0], lost=True)  # nobody was listening yet
+        async with following(fake, publisher):
+            await fake.send(1, PAYLOADS[1])
+            assert await events_until(subscription, 2) == recorded(0, 1)
+            assert fake.replays == [0]
 
 
 async def test_a_live_batch_the_replay_already_gave_is_no_restart(
@@ -136,74 +146,56 @@ async def test_a_live_batch_the_replay_already_gave_is_no_restart(
 ) -> None:
     """The catch-up replay is answered after a live message went out: the replay carries
     it, and its live copy, read next, is the same batch (not an engine starting over)."""
-    fake = FakeVllm(context, replay=True)
-    fake.answer = asyncio.Event()
-    await fake.send(0, PAYLOADS[0], lost=True)
-    publisher = KvPublisher()
-    try:
-        with publisher.subscribe() as subscription:
-            await events_until(subscription, 1)
-            async with following(fake, publisher) as subscriber:
-                await fake.send(1, PAYLOADS[1])  # queued live while the replay waits
-                fake.answer.set()
-                assert await events_until(subscription, 2) == recorded(0, 1)
-                await fake.send(2, PAYLOADS[2])
-                assert await events_until(subscription, 1) == recorded(2)
-                assert subscriber.gaps == 0 and fake.replays == [0]
-    finally:
-        fake.close()
+    async with watched(context, replay=True) as (fake, publisher, subscription):
+        fake.answer = asyncio.Event()
+        await fake.send(0, PAYLOADS[0], lost=True)
+        async with following(fake, publisher) as subscriber:
+            await fake.send(1, PAYLOADS[1])  # queued live while the replay waits
+            fake.answer.set()
+            assert await events_until(subscription, 2) == recorded(0, 1)
+            await fake.send(2, PAYLOADS[2])
+            assert await events_until(subscription, 1) == recorded(2)
+            assert subscriber.gaps == 0 and fake.replays == [0]
 
 
 async def test_a_lost_message_is_replayed_in_order(context: zmq.asyncio.Context) -> None:
-    fake = FakeVllm(context, replay=True)
-    publisher = KvPublisher()
-    try:
-        with publisher.subscribe() as subscription:
-            await events_until(subscription, 1)
-            async with following(fake, publisher, catch_up=False) as subscriber:
-                await fake.send(0, PAYLOADS[0])
-                await fake.send(1, PAYLOADS[1], lost=True)
-                await fake.send(2, PAYLOADS[2])
-                assert await events_until(subscription, 3) == recorded(0, 1, 2)
-                assert fake.replays == [1] and subscriber.gaps == 0
-    finally:
-        fake.close()
+    async with (
+        watched(context, replay=True) as (fake, publisher, subscription),
+        following(fake, publisher, catch_up=False) as subscriber,
+    ):
+        await fake.send(0, PAYLOADS[0])
+        await fake.send(1, PAYLOADS[1], lost=True)
+        await fake.send(2, PAYLOADS[2])
+        assert await events_until(subscription, 3) == recorded(0, 1, 2)
+        assert fake.replays == [1] and subscriber.gaps == 0
 
 
 async def test_without_a_replay_socket_a_gap_clears_and_rebuilds(
     context: zmq.asyncio.Context,
 ) -> None:
-    fake = FakeVllm(context, replay=False)
-    publisher = KvPublisher()
-    try:
-        with publisher.subscribe() as subscription:
-            await events_until(subscription, 1)
-            async with following(fake, publisher) as subscriber:
-                await fake.send(0, PAYLOADS[0])
-                await fake.send(1, PAYLOADS[1], lost=True)
-                await fake.send(2, PAYLOADS[2])
-                events = await events_until(subscription, 3)
-                assert events == [*recorded(0), AllBlocksCleared(), *recorded(2)]
-                assert subscriber.gaps == 1
-                assert len(publisher) == 9, "the 9 blocks stored after the clear"
-    finally:
-        fake.close()
+    async with (
+        watched(context, replay=False) as (fake, publisher, subscription),
+        following(fake, publisher) as subscriber,
+    ):
+        await fake.send(0, PAYLOADS[0])
+        await fake.send(1, PAYLOADS[1], lost=True)
+        await fake.send(2, PAYLOADS[2])
+        events = await events_until(subscription, 3)
+        assert events == [*recorded(0), AllBlocksCleared(), *recorded(2)]
+        assert subscriber.gaps == 1
+        assert len(publisher) == 9, "the 9 blocks stored after the clear"
 
 
 async def test_a_sequence_that_starts_over_is_an_engine_restart(
     context: zmq.asyncio.Context,
 ) -> None:
-    fake = FakeVllm(context, replay=False)
-    publisher = KvPublisher()
-    try:
-        with publisher.subscribe() as subscription:
-            await events_until(subscription, 1)
-            async with following(fake, publisher):
-                await fake.send(0, PAYLOADS[0])
-                await fake.send(1, PAYLOADS[1])
-                await fake.send(0, PAYLOADS[0])  # the restarted engine's first message
-                events = await events_until(subscription, 4)
-                assert events == [*recorded(0, 1), AllBlocksCleared(), *recorded(0)]
-                assert len(publisher) == 9
-    finally:
-        fake.close()
+    async with (
+        watched(context, replay=False) as (fake, publisher, subscription),
+        following(fake, publisher),
+    ):
+        await fake.send(0, PAYLOADS[0])
+        await fake.send(1, PAYLOADS[1])
+        await fake.send(0, PAYLOADS[0])  # the restarted engine's first message
+        events = await events_until(subscription, 4)
+        assert events == [*recorded(0, 1), AllBlocksCleared(), *recorded(0)]
+        assert len(publisher) == 9
