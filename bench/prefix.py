@@ -174,7 +174,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=None, help="default: 4 mockers, 2 vLLM")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--sessions", type=int, default=12)
-    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--turns", type=int, default=None, help="default: 6 (vLLM: 4, its 1024 tokens)")
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--dynamo", action="store_true", help="also NVIDIA Dynamo 1.6.1 (mocker)")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="skip the workload")
@@ -184,6 +184,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers is None:
         args.workers = 4 if args.engine == "mocker" else 2
+    if args.turns is None:  # the tiny model's tokenizer makes a word ~3 tokens
+        args.turns = 6 if args.engine == "mocker" else 4
     if args.dynamo and args.engine != "mocker":
         p.error("--dynamo compares mockers: use it with --engine mocker")
     return args
