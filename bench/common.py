@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -157,6 +158,17 @@ def places(backends: Sequence[str], *, bucket: str = "bench") -> Iterator[Places
 def write_json(path: Path | None, document: dict[str, Any]) -> None:
     if path is not None:
         path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def write_result(document: dict[str, Any], benchmark: str, given: Path | None) -> Path:
+    """Write ``document`` to ``given``, else to ``bench/out/<benchmark>-<UTC time>.json``
+    (the files ``bench.report --peer`` / ``--prefix`` read); say where on stderr."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = given or Path(__file__).resolve().parent / "out" / f"{benchmark}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, document)
+    print(f"wrote {out}", file=sys.stderr)
+    return out
 
 
 def stats_json(stats: Stats | None) -> dict[str, Any] | None:

@@ -57,7 +57,7 @@ from typing import Any
 import aiohttp
 
 from bench import peer_venv
-from bench.common import header, interruptible, render_table, versions, write_json
+from bench.common import header, interruptible, render_table, versions, write_result
 from bench.peer_measure import (
     Direct,
     Http,
@@ -296,10 +296,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "rows": rows,
         "raw": raw.to_json(),
     }
-    out = args.json or BENCH / "out" / f"peer-{now:%Y%m%dT%H%M%SZ}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, document)
-    print(f"\nwrote {out}", file=sys.stderr)
+    write_result(document, "peer", args.json)
     return 0
 
 

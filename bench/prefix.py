@@ -51,14 +51,13 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import interruptible, render_table, write_json
+from bench.common import interruptible, render_table, write_result
 from bench.prefix_chat import Chat, Pick, Run, play, until
 from bench.prefix_measure import lag, memory
 from bench.prefix_report import HEADERS, table_rows
 from dynamod import __version__
 from tests.procs import Proc, daemon, running, worker
 
-BENCH = Path(__file__).resolve().parent
 MOCKER_ARGS = ("--block-size", "16", "--num-kv-blocks", "64", "--speedup-ratio", "1",
                "--max-num-seqs", "8", "--context-length", "4096")  # fmt: skip
 VLLM_BLOCKS = 48
@@ -219,11 +218,7 @@ def run(args: argparse.Namespace) -> int:
         for name, value in found.items():
             print(f"{name}: {value}")
     document["machine"]["load_after"] = os.getloadavg()
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = args.json or BENCH / "out" / f"prefix-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, document)
-    print(f"wrote {out}", file=sys.stderr)
+    write_result(document, "prefix", args.json)
     return 0
 
 
