@@ -4,8 +4,9 @@ README ("Limits and threat model")."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+import orjson
 
 from dynamod.errors import InvalidInputError
 
@@ -37,13 +38,13 @@ class HttpLimits:
 
 def load_json(raw: bytes, what: str = "the request body") -> object:
     """``raw`` parsed, or ``InvalidInputError`` saying why not: not UTF-8 JSON, or nested
-    deeper than ``MAX_JSON_DEPTH`` (which would otherwise exhaust the parser's recursion)."""
+    deeper than ``MAX_JSON_DEPTH``. orjson parses (``http/openai.py`` says why); it stops
+    by itself at 1024 levels, so no nesting exhausts a recursion."""
     try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
-    except RecursionError:
-        value = None
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if not str(exc).startswith("depth limit exceeded"):
+            raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
         depth = MAX_JSON_DEPTH + 1
     else:
         depth = _depth(value)
@@ -54,18 +55,20 @@ def load_json(raw: bytes, what: str = "the request body") -> object:
     return value
 
 
+_NESTING = (dict, list)
+
+
 def _depth(value: object) -> int:
-    """How deeply arrays and objects nest in ``value`` (a scalar is 0), without recursion."""
-    deepest, level = 0, [(value, 1)]
+    """How deeply arrays and objects nest in ``value`` (a scalar is 0), without recursion.
+    A list of scalars (a prompt's token ids) is passed over at C speed, not item by item."""
+    deepest, level = 0, [(value, 1)] if isinstance(value, _NESTING) else []
     while level:
         item, depth = level.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
         deepest = max(deepest, depth)
         if deepest > MAX_JSON_DEPTH:
             return deepest
-        level.extend((child, depth + 1) for child in children)
+        children = item.values() if isinstance(item, dict) else item
+        if set(map(type, children)).isdisjoint(_NESTING):
+            continue
+        level.extend((child, depth + 1) for child in children if isinstance(child, _NESTING))
     return deepest
