@@ -1,7 +1,8 @@
 """Run the benchmarks and the chaos scenarios, and write ``bench/RESULTS.md`` and its plots.
 
-    python -m bench.report              # everything, ~6 minutes on 2 cores
+    python -m bench.report              # everything, ~6 minutes on 2 cores (+ ~15 exit drain)
     python -m bench.report --quick      # smaller sizes, no chaos run (a smoke test)
+    python -m bench.report --only exit_drain   # one benchmark: its section, the rest kept
 
 Each benchmark runs as its own process with modest sizes and ``--json``; the report is
 built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
@@ -60,6 +61,7 @@ SUITES = (
     Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
     Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
     Suite("route", "bench.route", ("--quick",), ("--quick", "--rounds", "50"), json=False),
+    Suite("exit_drain", "bench.exit_drain", (), ("--runs", "20", "--blocking-runs", "5")),
     Suite("engines", "bench.engines", (), ("--requests", "50", "--onsets", "10")),
 )
 
@@ -305,6 +307,30 @@ def section_load(data: Json) -> list[str]:
     return [intro, "", *table(head, rows), tail, ""]
 
 
+def section_exit_drain(data: Json) -> list[str]:
+    args = data["args"]
+    rows = [
+        [r["script"], "250 ms (default)" if r["drain"] else "off (`DYNAMO_DRAIN=0`)", r["runs"],
+         r["noisy"], ", ".join(f"{k} {v}" for k, v in r["reasons"].items()) or "—",
+         f"{r['exit_p50_ms']:.0f} / {r['exit_p99_ms']:.0f}", r["not_started"],
+         f"{data['fisher_p'][r['script']]:.3g}" if r["drain"] else "—"]
+        for r in data["rows"]
+    ]  # fmt: skip
+    intro = (
+        "Scripts that exit with an open client and a live `events()` stream (dynamod and a "
+        f"worker on a file store, its taints moved {data['churn']:,} times during the runs), "
+        f"{args['parallel']} runs at once, interleaved. Each exit is judged from the line the "
+        "script prints once its stream is live: noisy = non-zero exit, no exit within "
+        f"{args['exit_timeout']:g} s (hung), or `Task was destroyed`, `Exception ignored`, a "
+        "traceback or `Fatal Python error` on stderr; starved = no line within "
+        f"{args['start_timeout']:g} s (load; left out). The drain-off arm is the control; p "
+        f"is the two-sided Fisher exact test. {data['seconds'] / 60:.1f} minutes."
+    )
+    head = ("script", "drain at exit", "runs", "noisy", "why", "exit p50 / p99 ms", "starved",
+            "Fisher p")  # fmt: skip
+    return [intro, "", *table(head, rows)]
+
+
 ORACLE = "test_judge"  # the oracle's own tests: not scenarios, summed up in one line
 
 
@@ -437,6 +463,7 @@ SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
     "cli": ("CLI (`bench.cli`)", section_generic),
     "scale": ("Scale (`bench.scale`)", section_scale),
     "load": ("Load with moving taints (`bench.load`)", section_load),
+    "exit_drain": ("Exit drain (`bench.exit_drain`)", section_exit_drain),
     "engines": (
         "Real engines: front overhead and reported load (`bench.engines`)",
         section_engines,
@@ -482,6 +509,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run nothing: (re)write only the peer section of --out and its plot from these "
         "`python -m bench.peer` results (the last one is the table)",
     )
+    parser.add_argument(
+        "--only", choices=sorted(SECTIONS), help="run one benchmark; rewrite only its section"
+    )
     return parser.parse_args(argv)
 
 
@@ -525,12 +555,27 @@ def write_peer(files: list[Path], out: Path) -> int:
     return 0
 
 
+def only(name: str, out: Path, quick: bool) -> int:
+    """Run the one benchmark ``name`` and rewrite its section of ``out``; the others stay."""
+    with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
+        ran = run_suite(next(s for s in SUITES if s.name == name), Path(scratch), quick)
+    if ran.data is None:
+        print(f"not passed: {name}: {ran.error}", file=sys.stderr)
+        return 1
+    title, render = SECTIONS[name]
+    out.write_text(splice(out.read_text(), title, render(ran.data)))
+    print(f"rewrote the {title!r} section of {out}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     plots = args.out.parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     if args.peer:
         return write_peer(args.peer, args.out)
+    if args.only:
+        return only(args.only, args.out, args.quick)
     previous = args.out.read_text() if args.out.exists() else ""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
         work = Path(scratch)

@@ -170,8 +170,7 @@ def _table(
     for change in done:
         row = [shorts[change.worker], describe(change), str(change.revision)]
         if full:
-            before, after = views.caller_part(change.before), views.caller_part(change.after)
-            row += [views.joined(before), views.joined(after)]
+            row += [views.joined(change.before), views.joined(change.after)]
         rows.append(row)
     printer.table(headers, rows, style=_change_style)
 

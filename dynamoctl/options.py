@@ -3,10 +3,13 @@
 Precedence is flags > environment > config file > defaults. The file
 (``fastpath.config_path``) is ``$XDG_CONFIG_HOME/dynamoctl/config.toml``
 (``~/.config/dynamoctl/config.toml`` when ``XDG_CONFIG_HOME`` is unset), or the path in
-``DYNAMOCTL_CONFIG``. It holds top-level keys
-named like the options (``endpoint = "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``,
-``output = "wide"``, ...); it becomes click's ``default_map``, so click itself applies the
-precedence. A malformed file or an unknown key is refused with a message naming both.
+``DYNAMOCTL_CONFIG``. It holds top-level keys named like the options (``endpoint =
+"10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``, ``output = "wide"``, ...); it becomes
+click's ``default_map``, so click itself applies the precedence. A malformed file or an
+unknown key is refused with a message naming both. How the file is read, the environment
+variables and the default endpoint live in ``dynamod.client.config``, so a Python program
+using ``dynamod.client`` gets the same defaults (its ``config_path`` and
+``fastpath.config_path`` agree: a test holds them to it).
 
 kubectl habit: a global option may also follow the command (``dynamoctl workers ls -o
 json``); a value given there wins over one given before the command.
@@ -14,7 +17,6 @@ json``); a value given there wins over one given before the command.
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,10 +24,11 @@ from typing import Annotated, Any
 
 import typer
 
-from dynamod.errors import ConfigError
+from dynamod.client.config import DEFAULT_TIMEOUT, default_endpoint, load_config
+
+__all__ = ["DEFAULT_TIMEOUT", "load_config"]  # the root command uses these
 
 OUTPUTS = ("table", "wide", "json", "yaml", "name")
-DEFAULT_TIMEOUT = 10.0
 OVERRIDES = "dynamoctl.overrides"  # ctx.meta key: global options given after the command
 ENDPOINT_HELP = (
     "dynamod's gRPC endpoint: unix:///PATH (or /PATH) or HOST:PORT. Default: the daemon's "
@@ -51,15 +54,10 @@ class Options:
 
     def target(self) -> str:
         """The endpoint to dial: the flag, else the daemon's default unix socket."""
-        if self.endpoint:
-            return self.endpoint
-        from dynamod.paths import default_socket
-
-        return f"unix://{default_socket()}"
+        return self.endpoint or default_endpoint()
 
 
 FIELDS = tuple(Options.__dataclass_fields__)
-CONFIG_KEYS = tuple(f for f in FIELDS if f != "debug")
 
 
 class UsageError(typer.BadParameter):
@@ -174,31 +172,4 @@ def override(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     if source is not None and source.name == "COMMANDLINE":
         check = CHECKS.get(name)
         ctx.meta.setdefault(OVERRIDES, {})[name] = check(value) if check else value
-    return value
-
-
-def load_config(path: Path) -> dict[str, Any]:
-    """The config file as click's ``default_map``; ``{}`` when there is none."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - set(CONFIG_KEYS))
-    if unknown:
-        raise ConfigError(
-            f"config file {str(path)!r} has unknown key {unknown[0]!r}; known keys are "
-            f"{', '.join(CONFIG_KEYS)}"
-        )
-    return {k: _expand(k, v) for k, v in data.items()}
-
-
-def _expand(key: str, value: Any) -> Any:
-    if key in ("token_file", "cacert", "cert", "cert_key") and isinstance(value, str):
-        return str(Path(value).expanduser())
     return value

@@ -18,7 +18,8 @@ from dynamoctl.options import UsageError
 
 SELECTOR_HELP = (
     "Only workers matching SELECTOR: comma-separated terms, each TAINT, !TAINT, "
-    "FIELD=VALUE or FIELD!=VALUE (fields: model, namespace, component, endpoint, id, host). "
+    "FIELD=VALUE or FIELD!=VALUE (fields: model, namespace, component, endpoint, id, host); "
+    'a taint holding , ! = or " goes in double quotes ("gpu,h100"). '
     "See SELECTORS in dynamoctl(1)."
 )
 

@@ -2,9 +2,13 @@
 objects of ``-o json`` / ``-o yaml``. Pure functions; no I/O.
 
 The JSON shapes are an interface for scripts: keys are only ever added. A worker object has
-at least ``id``, ``model``, ``address``, ``taints`` (the caller-managed taints, sorted),
-``topology`` (domain → value; it generates the reserved ``dynamo.topology/`` taints) and
-``revision``.
+at least ``id``, ``model``, ``address``, ``taints`` (the complete sorted set the router
+matches on, the generated ``dynamo.topology/`` taints included), ``caller_taints`` and
+``generated_taints`` (that set split by who manages it), ``topology`` (domain → value; it
+generates the reserved taints) and ``revision``. Events carry the same three lists, and a
+change's ``before`` / ``after`` are complete sets too (``caller_before`` /
+``caller_after`` the caller-managed part). Tables show the complete set; the reserved
+prefix marks the generated taints, since no caller can set one.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ def worker_row(
 ) -> list[str]:
     record = info.record
     domains = dict(record.runtime_config.topology_domains)
-    start = [short, record.model, record.address, joined(info.caller_taints)]
+    start = [short, record.model, record.address, joined(info.taints)]
     when = started_age(record.started_at, now)
     if not wide:
         return [*start, load_text(info), when]
@@ -152,7 +156,7 @@ def worker_object(
         "id": info.id,
         "model": record.model,
         "address": record.address,
-        "taints": sorted(info.caller_taints),
+        **taint_lists(info),
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
         "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
@@ -184,7 +188,8 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Model", record.model),
         ("Address", record.address),
         ("System address", record.system_address or NONE),
-        ("Taints", joined(info.caller_taints)),
+        ("Taints", joined(info.taints)),
+        ("Generated", joined(info.generated_taints)),
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
         ("Key", record.key),
@@ -210,13 +215,24 @@ def caller_part(taints: Sequence[str]) -> list[str]:
     return list(caller_taints(taints))
 
 
+def taint_lists(info: WorkerInfo) -> dict[str, list[str]]:
+    """``taints`` (the complete set), ``caller_taints`` and ``generated_taints``."""
+    return {
+        "taints": list(info.taints),
+        "caller_taints": list(info.caller_taints),
+        "generated_taints": list(info.generated_taints),
+    }
+
+
 def change_object(change: TaintChange, dry_run: bool) -> dict[str, Any]:
     error = change.error
     return {
         "id": change.worker,
         "key": change.key,
-        "before": caller_part(change.before),
-        "after": caller_part(change.after),
+        "before": list(change.before),
+        "after": list(change.after),
+        "caller_before": caller_part(change.before),
+        "caller_after": caller_part(change.after),
         "added": list(change.added),
         "removed": list(change.removed),
         "changed": change.changed,
@@ -243,7 +259,7 @@ def event_change(event: EventInfo) -> str:
     if event.kind == "TAINTS":
         return change_text(event.added, event.removed)
     assert event.worker is not None
-    return f"taints={joined(event.worker.caller_taints)}"
+    return f"taints={joined(event.worker.taints)}"
 
 
 def event_row(event: EventInfo, wide: bool) -> list[str]:
@@ -264,7 +280,7 @@ def event_object(event: EventInfo) -> dict[str, Any]:
     }
     if worker is not None:
         obj["model"] = worker.record.model
-        obj["taints"] = sorted(worker.caller_taints)
+        obj.update(taint_lists(worker))
     if event.kind == "TAINTS":
         obj["added"] = list(event.added)
         obj["removed"] = list(event.removed)
@@ -282,11 +298,11 @@ def candidate_row(candidate: CandidateInfo, short: str) -> list[str]:
     rank = str(candidate.rank) if candidate.rank else "-"
     why = candidate.reason or ("chosen" if candidate.rank == 1 else "eligible")
     if not candidate.eligible:
-        return [rank, short, joined(candidate.worker.caller_taints), *["-"] * 5, why]
+        return [rank, short, joined(candidate.worker.taints), *["-"] * 5, why]
     return [
         rank,
         short,
-        joined(candidate.worker.caller_taints),
+        joined(candidate.worker.taints),
         f"{candidate.load_cost:.3f}",
         f"{candidate.overlap_credit:.3f} ({candidate.overlap_blocks} blocks)",
         f"{candidate.preference:+.2f}",
@@ -318,7 +334,7 @@ def explain_object(info: ExplainInfo) -> dict[str, Any]:
                 "rank": c.rank or None,
                 "eligible": c.eligible,
                 "reason": c.reason,
-                "taints": sorted(c.worker.caller_taints),
+                **taint_lists(c.worker),
                 "load_cost": c.load_cost,
                 "overlap_credit": c.overlap_credit,
                 "overlap_blocks": c.overlap_blocks,

@@ -25,7 +25,7 @@ log_format         auto                                        auto (plain under
                                                                timestamped otherwise), json
 grace              30                                          seconds for in-flight work
                                                                at shutdown
-drain              1                                           the bounded drain at exit
+drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
 event_history_mb   64                                          ... and at most this many MB
 http_head_timeout  10                                          seconds for a request's head
@@ -52,9 +52,10 @@ from typing import Any
 from dynamod.auth import Tokens
 from dynamod.errors import ConfigError, InvalidInputError
 from dynamod.http.limits import HttpLimits
+from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterConfig
-from dynamod.store import store_class
+from dynamod.store import check_url
 
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -74,7 +75,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "auto"
     grace: float = 30.0
-    drain: float = 1.0
+    drain: float = DRAIN_SECONDS
     event_history: int = 10_000
     event_history_mb: float = 64.0
     http_head_timeout: float = HttpLimits.head_timeout
@@ -270,11 +271,12 @@ def load(
 
 def verify(settings: Settings) -> None:
     """Check what ``Settings`` alone cannot: the files and names a start would use — the
-    tokens file parses, the store URL names a known backend, the TLS files load, the audit
-    log can be written. ``dynamod check-config`` and every start run this same check, so a
-    configuration check-config passes does not fail at start for these reasons."""
+    tokens file parses, the store URL and the files it names check out (without connecting:
+    ``store.check_url``), the TLS files load, the audit log can be written.
+    ``dynamod check-config`` and every start run this same check, so a configuration
+    check-config passes does not fail at start for these reasons."""
     Tokens.load(settings.tokens_file)
-    store_class(settings.store)
+    check_url(settings.store)
     _verify_tls(settings)
     if settings.audit_log is not None:
         _verify_writable(settings.audit_log, "audit_log")

@@ -3,7 +3,8 @@ worker or many, explain a routing decision, and describe the daemon. ``api/servi
 only converts around these.
 
 Taint updates go through ``discovery.records.update_taints`` (compare-and-swap at the read
-revision, bounded retries), are checked against the caller's rights on the taints they
+revision, bounded retries with jittered backoff), one at a time per worker in this daemon
+(a lock per worker key), are checked against the caller's rights on the taints they
 actually add or remove, and are written to the audit log, one line per worker. A bulk
 update fans out here, and only here: 16 workers at a time, each outcome handed on as soon
 as it is known, so a client can show progress.
@@ -12,9 +13,10 @@ as it is known, so a client can show progress.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dynamod import __version__
@@ -76,6 +78,31 @@ class Target:
         object.__setattr__(self, "matcher", parse(self.selector or ""))
 
 
+class KeyedLock:
+    """An ``asyncio.Lock`` per key, made on first use and dropped when nobody holds or
+    waits for it (a daemon sees workers come and go for months)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 @dataclass
 class Control:
     store: Store
@@ -89,6 +116,11 @@ class Control:
     metrics: DaemonMetrics | None = None
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
+    serial: KeyedLock = field(default_factory=KeyedLock)
+    """One taint update at a time per worker in this daemon, as Dynamo serialises a
+    worker's updates under its metadata lock: concurrent callers queue here instead of
+    racing each other's compare-and-swap. Other processes are met by the CAS loop's
+    jittered backoff."""
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
         key = record.key
@@ -181,13 +213,15 @@ class Control:
         if dry_run:
             return self._preview(record, update, caller)
         try:
-            change = await update_taints(
-                self.store,
-                record.key,
-                update,
-                expect_revision=target.expect_revision,
-                check=lambda before, after: caller.check_taints(_changed(before, after)),
-            )
+            async with self.serial.hold(record.key):
+                change = await update_taints(
+                    self.store,
+                    record.key,
+                    update,
+                    expect_revision=target.expect_revision,
+                    check=lambda before, after: caller.check_taints(_changed(before, after)),
+                    base=record,
+                )
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc)
             raise

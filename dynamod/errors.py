@@ -6,7 +6,7 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     DynamoError                                                     status code
     ├── InvalidInputError (ValueError)          the caller sent      INVALID_ARGUMENT
     │   │                                       something we refuse
-    │   ├── TaintError                          a taint breaks the grammar or is reserved
+    │   ├── TaintError                          a taint is refused (grammar, reserved)
     │   ├── TopologyError                       topology / kv-transfer metadata is invalid
     │   ├── ConstraintError                     routing constraints are malformed
     │   ├── ImmutableFieldError                 a same-id write changes more than taints
@@ -76,11 +76,19 @@ def shown(value: str, limit: int = 300) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(value)} characters)"
 
 
+def quoted(value: str, limit: int = 300) -> str:
+    """``'value'`` as Dynamo's messages quote it, when that prints safely; else ``shown``."""
+    if len(value) <= limit and value.isprintable():
+        return f"'{value}'"
+    return shown(value, limit)
+
+
 class TaintError(InvalidInputError):
-    """A taint breaks the grammar ``[prefix/]name[=value]`` or uses the reserved prefix."""
+    """A taint is refused: empty, too long, padded, holding a control character, or under
+    (or looking like) the reserved prefix (``dynamod.taints`` has the rules)."""
 
     def __init__(self, taint: str, rule: str) -> None:
-        super().__init__(f"taint {shown(taint)} {rule}")
+        super().__init__(f"taint {quoted(taint)} {rule}")
         self.taint = taint
         self.rule = rule
 
@@ -162,10 +170,18 @@ class RevisionMismatchError(DynamoError):
 
 
 class ConflictError(DynamoError):
-    """Every compare-and-swap attempt lost a race with another writer. Retry the call."""
+    """Every compare-and-swap attempt lost a race with another writer. Retry the call.
+
+    ``attempts`` is how many were made (None when rebuilt from a remote answer: the
+    message says it)."""
 
     code = "ABORTED"
     retryable = True
+    attempts: int | None = None
+
+    def __init__(self, message: str, attempts: int | None = None) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class StoreError(DynamoError):

@@ -3,11 +3,14 @@ bounded drain before the interpreter exits.
 
 ``run(main)`` runs one coroutine on a fresh event loop and returns its exit code. After
 ``main`` returns, whatever tasks and non-daemon threads remain get **one bounded wait**
-(default 1 s). If some are still alive at the deadline, their names are logged at info
-level and the process ends at once with ``os._exit``, without touching them: cancelling
-or joining them could hang, and letting the interpreter finalize around live tasks is what
-prints "Task was destroyed but it is pending" or "Exception ignored". Nothing in this path
-creates a loop, a thread or a connection.
+(``exit_drain_seconds()``: 250 ms by default, Dynamo's bound; ``DYNAMO_DRAIN``
+seconds to change it, ``0`` for no wait). If some are still alive at the deadline, their
+names are logged at info level and the process ends at once with ``os._exit``, without
+touching them: cancelling or joining them could hang, and letting the interpreter finalize
+around live tasks is what prints "Task was destroyed but it is pending" or "Exception
+ignored". Nothing in this path creates a loop, a thread or a connection. The Python client
+drains its own forgotten connections at exit with the same bound
+(``dynamod.client.drain``).
 
 ``Signals`` turns SIGTERM / SIGINT into events: the first sets ``stopping`` (drain within
 the grace period), the second sets ``forced`` (skip the grace period). SIGHUP calls the
@@ -35,7 +38,27 @@ EX_OK = 0
 EX_FAILURE = 1
 EX_UNAVAILABLE = 69  # a socket or port to serve on is taken (sysexits.h)
 EX_SOFTWARE = 70  # the shutdown deadline ran out (sysexits.h)
-DRAIN_SECONDS = 1.0
+DRAIN_SECONDS = 0.25
+DRAIN_ENV = "DYNAMO_DRAIN"
+
+
+def exit_drain_seconds() -> float:
+    """The bound of the drain at exit: ``$DYNAMO_DRAIN`` seconds (``0``: none), else
+    ``DRAIN_SECONDS``. A value that is not a number ≥ 0 is logged and the default used, as
+    Dynamo does with its shutdown timeout."""
+    raw = os.environ.get(DRAIN_ENV)
+    if raw is None or not raw.strip():
+        return DRAIN_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0.0 <= seconds < float("inf"):
+        log.warning(
+            "%s=%r is not a number of seconds >= 0; using %g", DRAIN_ENV, raw, DRAIN_SECONDS
+        )
+        return DRAIN_SECONDS
+    return seconds
 
 
 class Signals:
@@ -110,8 +133,10 @@ def _threads_alive(deadline: float) -> list[str]:
     return [f"thread {t.name!r}" for t in others if t.is_alive()]
 
 
-def run(main: Callable[[], Coroutine[Any, Any, int]], *, drain: float = DRAIN_SECONDS) -> int:
-    """Run ``main()`` and return its exit code, after the bounded drain."""
+def run(main: Callable[[], Coroutine[Any, Any, int]], *, drain: float | None = None) -> int:
+    """Run ``main()`` and return its exit code, after the drain bounded by ``drain``
+    seconds (default: ``exit_drain_seconds()``)."""
+    drain = exit_drain_seconds() if drain is None else drain
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # Our own executor, so the drain can stop it without the extra thread that

@@ -24,7 +24,11 @@ from dynamod.taints import is_topology
 class WorkerInfo:
     """One worker: its record as stored, the record's revision, what the reporting
     daemon's router has in flight there, and what the worker's engine last reported
-    (None when the daemon knows nothing of it)."""
+    (None when the daemon knows nothing of it).
+
+    ``taints`` is the complete normalized set the router matches on, the generated
+    ``dynamo.topology/`` taints included; ``caller_taints`` and ``generated_taints`` split
+    it into the part callers manage and the part generated from the topology."""
 
     record: WorkerRecord
     revision: int
@@ -36,12 +40,24 @@ class WorkerInfo:
         return self.record.instance_id
 
     @property
+    def model(self) -> str:
+        return self.record.model
+
+    @property
+    def taints(self) -> tuple[str, ...]:
+        return self.record.taints
+
+    @property
     def mdcsum(self) -> str:
         return mdcsum(self.record.model_card)
 
     @property
     def caller_taints(self) -> tuple[str, ...]:
         return tuple(t for t in self.record.taints if not is_topology(t))
+
+    @property
+    def generated_taints(self) -> tuple[str, ...]:
+        return tuple(t for t in self.record.taints if is_topology(t))
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,21 @@ A selector is comma-separated terms; a worker matches when every term holds:
 * ``capacity/fast`` — the worker holds this exact taint;
 * ``!pool=batch`` — the worker does not hold it;
 * ``model=llama`` / ``model!=llama`` — a field equals (or not) a value. Fields:
-  ``model``, ``namespace``, ``component``, ``endpoint``, ``id``, ``host``. A term whose key
-  is one of these names is always a field match, never a taint.
+  ``model``, ``namespace``, ``component``, ``endpoint``, ``id``, ``host``. A bare term
+  whose key is one of these names is always a field match, never a taint.
+
+A taint that holds ``,``, ``!``, ``=`` or ``"`` can be written in double quotes, as in
+JSON: ``"gpu,h100"``, ``!"!x"``, ``"model=llama"`` (a quoted term is always a taint,
+never a field match). Inside the quotes ``\\"`` stands for ``"`` and ``\\\\`` for ``\\``;
+no other backslash escape exists. A field's value may be quoted the same way:
+``model="a,b"``. Outside quotes a ``"`` is an error.
 
 Spaces around terms are ignored; the empty selector matches every worker.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dynamod.errors import SelectorError, TaintError, shown
@@ -20,6 +27,7 @@ from dynamod.model import WorkerRecord
 from dynamod.taints import validate
 
 FIELDS = ("model", "namespace", "component", "endpoint", "id", "host")
+QUOTE = '"'
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,39 @@ def parse(text: str) -> Selector:
     """Parse a selector; ``SelectorError`` names the term and what is wrong with it."""
     if not text.strip():
         return Selector()
-    return Selector(tuple(_term(raw.strip(), text) for raw in text.split(",")), text)
+    return Selector(tuple(_term(raw.strip(), text) for raw in _terms(text)), text)
+
+
+def quote(taint: str) -> str:
+    """``taint`` as a selector term: bare when it reads back as itself, else quoted."""
+    if _bare_safe(taint):
+        return taint
+    return QUOTE + taint.replace("\\", "\\\\").replace(QUOTE, "\\" + QUOTE) + QUOTE
+
+
+def _bare_safe(taint: str) -> bool:
+    if any(c in taint for c in ',"') or taint.startswith("!"):
+        return False
+    key = _split(taint)[0]
+    return key not in FIELDS
+
+
+def _terms(text: str) -> Iterator[str]:
+    """The raw terms of ``text``: split at each ``,`` outside double quotes."""
+    start, inside, escaped = 0, False, False
+    for at, char in enumerate(text):
+        if escaped:
+            escaped = False
+        elif inside and char == "\\":
+            escaped = True
+        elif char == QUOTE:
+            inside = not inside
+        elif char == "," and not inside:
+            yield text[start:at]
+            start = at + 1
+    if inside:
+        raise SelectorError(f"selector {shown(text)} has a '\"' that is never closed")
+    yield text[start:]
 
 
 def _term(raw: str, text: str) -> Term:
@@ -60,13 +100,26 @@ def _term(raw: str, text: str) -> Term:
         raise SelectorError(
             f"selector {shown(text)} has an empty term; separate terms with one ','"
         )
+    negate = raw.startswith("!")
+    rest = raw[1:].lstrip() if negate else raw
+    if rest.startswith(QUOTE):
+        return _taint(raw, _unquote(raw, rest), negate)
     key, op, value = _split(raw)
     if key in FIELDS:
+        if value.startswith(QUOTE):
+            value = _unquote(raw, value)
         if not value:
             raise SelectorError(f"selector term {shown(raw)} needs a value after {op!r}")
         return Term(key, value, negate=op == "!=")
-    negate = raw.startswith("!")
-    taint = raw[1:] if negate else raw
+    if QUOTE in raw:
+        raise SelectorError(
+            f"selector term {shown(raw, 100)} has a '\"' inside it; quote the whole taint "
+            '("...") or a field\'s value (model="...")'
+        )
+    return _taint(raw, rest, negate)
+
+
+def _taint(raw: str, taint: str, negate: bool) -> Term:
     try:
         validate(taint, allow_reserved=True)
     except TaintError as exc:
@@ -74,6 +127,28 @@ def _term(raw: str, text: str) -> Term:
             f"selector term {shown(raw, 100)} is not a taint or a field match: {exc}"
         ) from None
     return Term("taint", taint, negate=negate)
+
+
+def _unquote(raw: str, quoted: str) -> str:
+    """The text inside ``quoted`` (which starts with ``"``); nothing may follow it."""
+    out: list[str] = []
+    chars = iter(enumerate(quoted[1:], start=1))
+    for at, char in chars:
+        if char == QUOTE:
+            if quoted[at + 1 :].strip():
+                raise SelectorError(
+                    f"selector term {shown(raw, 100)} has text after its closing '\"'"
+                )
+            return "".join(out)
+        if char == "\\":
+            _, char = next(chars, (at, ""))
+            if char not in (QUOTE, "\\"):
+                raise SelectorError(
+                    f"selector term {shown(raw, 100)} has the escape \\{char}; inside quotes "
+                    'only \\" and \\\\ are escapes'
+                )
+        out.append(char)
+    raise SelectorError(f"selector term {shown(raw, 100)} has a '\"' that is never closed")
 
 
 def _split(raw: str) -> tuple[str, str, str]:

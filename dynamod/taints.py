@@ -1,24 +1,38 @@
 """Taints: the grammar, normalization, generated topology taints and request constraints.
 
-A taint is a routing label on a worker, written ``[prefix/]name[=value]``:
+A taint is a routing label on a worker: any string Dynamo accepts (it checks only "a JSON
+array of strings" and the reserved prefix), except what cannot be routed on safely. A
+taint is refused when it
 
-* ``prefix``: a lowercase DNS subdomain of at most 253 characters (labels of ``a-z``,
-  ``0-9`` and ``-``, separated by ``.``, each starting and ending alphanumeric);
-* ``name``: 1-63 characters of letters, digits, ``-``, ``_`` and ``.``, starting and ending
-  with a letter or digit;
-* ``value``: the same class as ``name``; present only after ``=``, and then not empty.
+* is empty;
+* is longer than ``MAX_TAINT_BYTES`` (1024 bytes, 1 KiB, of UTF-8);
+* has leading or trailing whitespace (two taints that print alike must be equal);
+* holds a control or invisible character: Unicode categories Cc (C0 and C1 controls, tab
+  and newline included), Cf (zero-width characters, bidirectional overrides, the byte
+  order mark), Cs (lone surrogates), Zl and Zp (line and paragraph separators), and the
+  other default-ignorable characters (variation selectors, the combining grapheme joiner,
+  Hangul fillers);
+* starts with the reserved prefix ``dynamo.topology/``, or with something that reads as
+  that prefix: in another case, in a Unicode compatibility form (fullwidth letters,
+  mathematical alphanumerics, ``U+2024`` one dot leader) or with look-alike characters
+  from other scripts (Cyrillic ``U+0430`` a, Greek ``U+03BF`` omicron, the division slash
+  ``U+2215``, ...).
+
+Conventional shapes such as ``capacity/fast``, ``pool=batch`` or
+``dynamo.policy/version=run%2Fa:step%3A17`` are nothing special to the grammar; ``key_of``
+reads a taint's key as everything before its first ``=``.
 
 A worker's taints are a set, stored sorted and de-duplicated, so order never matters.
-Taints under ``dynamo.topology/`` are reserved: they are generated from the record's
-``topology_domains`` and no caller may add or remove them. A ``TaintUpdate`` is one change
-to a worker's caller-managed taints. Everything here is pure and synchronous, and works on
-strings alone (``model.py`` applies taints to records).
+Taints under ``dynamo.topology/`` are generated from the record's ``topology_domains`` and
+no caller may add or remove them. A ``TaintUpdate`` is one change to a worker's
+caller-managed taints. Everything here is pure and synchronous, and works on strings alone
+(``model.py`` applies taints to records).
 """
 
 from __future__ import annotations
 
 import math
-import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -27,73 +41,89 @@ from dynamod.errors import ConstraintError, InvalidInputError, TaintError
 
 TOPOLOGY_PREFIX = "dynamo.topology/"
 CORDONED = "dynamo.io/cordoned"
-MAX_PREFIX = 253
-MAX_NAME = 63
+MAX_TAINT_BYTES = 1024
+"""The length bound: a taint of more UTF-8 bytes is refused (1 KiB)."""
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+")
-_ALNUM = re.compile(r"[A-Za-z0-9]")
-_NAME_CLASS = "letters, digits, '-', '_' and '.'"
+_CONTROL = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
+# Default-ignorable characters outside those categories: they print as nothing.
+_INVISIBLE = frozenset(
+    "\u034f\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180f\u3164\uffa0"
+    + "".join(map(chr, range(0xFE00, 0xFE10)))
+    + "".join(map(chr, range(0xE0100, 0xE01F0)))
+)
+# Characters that read as one of the reserved prefix's own ("dynamo.topology/") and that
+# NFKC does not already fold into it: a subset of Unicode's confusables.txt for exactly
+# those characters, plus the digits 0 and 1 (for o and l).
+_LOOK_ALIKES = {
+    **dict.fromkeys("\u0501", "d"),  # Cyrillic komi de
+    **dict.fromkeys("\u0443\u04af\u03b3\u028f", "y"),  # Cyrillic u, straight u; gamma
+    **dict.fromkeys("\u0578\u057c", "n"),  # Armenian vo, ra
+    **dict.fromkeys("\u0430\u0251\u03b1\u237a", "a"),  # Cyrillic a, Latin / Greek alpha
+    **dict.fromkeys("\u043c", "m"),  # Cyrillic em
+    **dict.fromkeys("0\u043e\u03bf\u0585\u1d0f\u03c3\u0966\u0ce6", "o"),
+    **dict.fromkeys("\u3002\u0660\u06f0\u00b7\u2027", "."),  # ideographic stop, ...
+    **dict.fromkeys("\u0442\u03c4", "t"),  # Cyrillic te, Greek tau
+    **dict.fromkeys("\u0440\u03c1\u2ca3", "p"),  # Cyrillic er, Greek rho, Coptic ro
+    **dict.fromkeys("1i|\u0131\u01c0\u04cf\u0406\u0456\u05c0", "l"),  # digit one, ...
+    **dict.fromkeys("\u0261\u0581", "g"),  # script g, Armenian co
+    **dict.fromkeys("\u2215\u2044\u29f8\u2571\u30ce\u4e3f\u3033", "/"),  # slashes
+}
+_RESERVED_LOOK = 2 * len(TOPOLOGY_PREFIX)
+"""How much of a taint the look-alike check reads: enough for the prefix, NFKC's changes
+in length included (it may compose two characters into one)."""
 
 
 def validate(taint: str, *, allow_reserved: bool = False) -> str:
-    """Return ``taint`` if it follows the grammar, else raise ``TaintError`` naming the rule.
+    """Return ``taint`` if a caller may name it, else raise ``TaintError`` naming the rule.
 
-    With ``allow_reserved`` the ``dynamo.topology/`` prefix is accepted (routing
-    constraints may require a topology taint; callers may never set one).
+    With ``allow_reserved`` the exact ``dynamo.topology/`` prefix is accepted (routing
+    constraints and selectors may name a topology taint; callers may never set one).
+    Look-alikes of the prefix are refused either way: no worker can hold one.
     """
-    if not allow_reserved and taint.startswith(TOPOLOGY_PREFIX):
-        raise TaintError(
-            taint,
-            f"uses reserved prefix {TOPOLOGY_PREFIX!r}; topology taints are generated "
-            "from the worker's topology_domains",
-        )
     if not taint:
         raise TaintError(taint, "is empty")
-    key, has_value, value = taint.partition("=")
-    prefix, slash, name = key.rpartition("/")
-    if slash:
-        _check_prefix(taint, prefix)
-    _check_part(taint, "name", name)
-    if has_value:
-        _check_part(taint, "value", value)
+    if taint.startswith(TOPOLOGY_PREFIX):
+        if allow_reserved:
+            return _checked(taint)
+        # Dynamo's own words, byte for byte.
+        raise TaintError(taint, f"uses reserved prefix '{TOPOLOGY_PREFIX}'")
+    _checked(taint)
+    if _skeleton(taint[:_RESERVED_LOOK]).startswith(TOPOLOGY_PREFIX):
+        raise TaintError(
+            taint,
+            f"looks like reserved prefix '{TOPOLOGY_PREFIX}' (another case, a Unicode "
+            "compatibility form or a look-alike character); topology taints are generated "
+            "from the worker's topology_domains",
+        )
     return taint
 
 
-def _check_prefix(taint: str, prefix: str) -> None:
-    if not prefix:
-        raise TaintError(taint, "has an empty prefix before '/'")
-    if "/" in prefix:
-        raise TaintError(taint, "has more than one '/'; the form is [prefix/]name[=value]")
-    if len(prefix) > MAX_PREFIX:
-        raise TaintError(taint, f"has a prefix of {len(prefix)} characters; the limit is 253")
-    if not all(_DNS_LABEL.fullmatch(label) for label in prefix.split(".")):
+def _checked(taint: str) -> str:
+    size = len(taint.encode("utf-8", "surrogatepass"))
+    if size > MAX_TAINT_BYTES:
         raise TaintError(
-            taint,
-            f"has prefix {prefix!r} that is not a lowercase DNS subdomain (labels of a-z, "
-            "0-9 and '-', separated by '.', each starting and ending with a letter or digit)",
+            taint, f"is {size} bytes long (UTF-8); the limit is {MAX_TAINT_BYTES} bytes"
         )
+    if taint != taint.strip():
+        raise TaintError(taint, "has leading or trailing whitespace")
+    for at, char in enumerate(taint):
+        if char in _INVISIBLE or unicodedata.category(char) in _CONTROL:
+            raise TaintError(
+                taint,
+                f"has control or invisible character U+{ord(char):04X} at position {at}; "
+                "taints may not hold control, format or line-separator characters",
+            )
+    return taint
 
 
-def _check_part(taint: str, part: str, text: str) -> None:
-    if not text:
-        where = "after '='" if part == "value" else "before '=' or at the end"
-        raise TaintError(taint, f"has an empty {part} {where}")
-    if len(text) > MAX_NAME:
-        raise TaintError(taint, f"has a {part} of {len(text)} characters; the limit is 63")
-    if not _NAME_CHARS.fullmatch(text):
-        bad = next(c for c in text if not _NAME_CHARS.fullmatch(c))
-        raise TaintError(
-            taint, f"has {part} {text!r} with character {bad!r}; allowed are {_NAME_CLASS}"
-        )
-    if not (_ALNUM.fullmatch(text[0]) and _ALNUM.fullmatch(text[-1])):
-        raise TaintError(
-            taint, f"has {part} {text!r} that does not start and end with a letter or digit"
-        )
+def _skeleton(text: str) -> str:
+    """``text`` as it reads: compatibility forms folded, case folded, look-alikes mapped."""
+    folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+    return "".join(_LOOK_ALIKES.get(c, c) for c in folded)
 
 
 def key_of(taint: str) -> str:
-    """The ``[prefix/]name`` part of a taint: ``pool=batch`` → ``pool``."""
+    """A taint's key, everything before its first ``=``: ``pool=batch`` → ``pool``."""
     return taint.partition("=")[0]
 
 
@@ -140,7 +170,7 @@ class TaintUpdate:
 
     ``action`` is one of ``ACTIONS``: ``replace`` sets the caller taints (empty clears; the
     CLI's ``taints set``, Dynamo's route), ``add`` / ``remove`` name exact taints,
-    ``remove`` also drops every taint whose key (``[prefix/]name``) is in ``keys``, and
+    ``remove`` also drops every taint whose key (``key_of``) is in ``keys``, and
     ``clear`` removes them all. Everything is checked when the update is built, before any
     read: a reserved or malformed taint raises ``TaintError``, ``add`` / ``remove`` need at
     least one taint. Duplicates collapse.

@@ -7,27 +7,48 @@ tens of milliseconds, so each test that needs it gets its own. Fault tests ask f
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dynamod.store import Store, open_store
-from tests.servers import EtcdServer, NatsServer, ServerMissing, ServerProcess, require_servers
+from tests.servers import (
+    Cluster,
+    EtcdServer,
+    NatsServer,
+    ServerMissing,
+    ServerProcess,
+    require_servers,
+)
 
 BACKENDS = ["memory", "file", "etcd", "nats"]
 SHARED_BACKENDS = ["file", "etcd", "nats"]  # the ones several OS processes can share
 
 
-def _start(server_factory: type[ServerProcess], workdir: Path) -> ServerProcess:
+@contextlib.contextmanager
+def servers_required() -> Iterator[None]:
+    """Run the body, which needs a server binary (or openssl): a missing one skips the test,
+    and fails it in CI."""
     try:
-        server = server_factory(workdir)
-        server.start()
+        yield
     except ServerMissing as exc:
         if require_servers():
             pytest.fail(f"CI needs real servers: {exc}")
         pytest.skip(str(exc))
+
+
+def start_server(server: ServerProcess | Cluster[Any]) -> None:
+    with servers_required():
+        server.start()
+
+
+def _start(server_factory: type[ServerProcess], workdir: Path) -> ServerProcess:
+    server = server_factory(workdir)
+    start_server(server)
     return server
 
 

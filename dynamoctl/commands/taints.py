@@ -45,7 +45,8 @@ WorkerArg = Annotated[
 TaintArgs = Annotated[
     list[str] | None,
     typer.Argument(
-        help="A taint, [prefix/]name[=value].",
+        help="A taint: any text up to 1 KiB without control characters or outer spaces, "
+        "e.g. capacity/fast or pool=batch.",
         metavar="TAINT",
         autocompletion=completion.taint_args,
         show_default=False,
@@ -55,7 +56,8 @@ Keys = Annotated[
     list[str] | None,
     typer.Option(
         "--key",
-        help="Also remove every taint whose key ([prefix/]name) is KEY (repeatable).",
+        help="Also remove every taint whose key (the part before its first '=') is KEY "
+        "(repeatable).",
         metavar="KEY",
         autocompletion=completion.taint_keys,
     ),
@@ -147,7 +149,7 @@ def rm(
 ) -> None:
     """Remove taints from workers.
 
-    Exactly TAINT..., and with --key every taint of that key ([prefix/]name)."""
+    Exactly TAINT..., and with --key every taint of that key (the part before '=')."""
     chosen, named = _split(worker, taints, selector, all_workers)
     _change(ctx, "remove", chosen, named, keys=keys,
             if_revision=if_revision, dry_run=dry_run, yes=yes)  # fmt: skip

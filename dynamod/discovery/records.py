@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 from collections.abc import Callable
 
 from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import (
     ConflictError,
+    ImmutableFieldError,
+    InvalidInputError,
     KeyNotFoundError,
     LeaseExpiredError,
     RevisionMismatchError,
@@ -30,6 +33,8 @@ from dynamod.taints import TaintUpdate, caller_taints
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 8
+BACKOFF_BASE = 0.002
+BACKOFF_CAP = 0.05
 
 
 def new_instance_id() -> str:
@@ -66,23 +71,36 @@ async def update_taints(
     *,
     expect_revision: int | None = None,
     check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
+    base: WorkerRecord | None = None,
 ) -> TaintChange:
     """Apply ``update`` to the worker record at ``key`` atomically; return what changed.
 
     Read → compute on the freshly read taints → unchanged: return without writing →
-    compare-and-swap at the read revision, keeping the worker's lease. A lost race re-reads
-    and retries, at most ``MAX_ATTEMPTS`` times, then raises the retryable
-    ``ConflictError``. With ``expect_revision`` a record at another revision fails at once
-    with ``RevisionMismatchError`` (the caller's optimistic lock). A missing worker raises
-    ``WorkerNotFoundError``. ``check(before, after)`` runs before each write and may raise
-    to refuse it (access control on the taints actually changed).
+    compare-and-swap at the read revision, keeping the worker's lease. A lost race waits a
+    jittered, growing moment (``backoff``) so that writers in several processes stop
+    colliding, re-reads and retries, at most ``MAX_ATTEMPTS`` times, then raises the
+    retryable ``ConflictError`` with the attempts made. With ``expect_revision`` a record
+    at another revision fails at once with ``RevisionMismatchError`` (the caller's
+    optimistic lock). A missing worker raises ``WorkerNotFoundError``.
+    ``check(before, after)`` runs before each write and may raise to refuse it (access
+    control on the taints actually changed).
+
+    ``base`` is the record as registered (a worker's own, or a router's view of it). A
+    stored record that differs from it outside the taints was changed out of band, and
+    routers ignore it: the update is then computed on ``base`` and written over it, so
+    that what the call reports is what routers see.
     """
-    for _ in range(MAX_ATTEMPTS):
-        before, revision = await _read(store, key)
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        entry = await store.get(key)
+        if entry is None:
+            raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
+        revision = entry.revision
         if expect_revision is not None and revision != expect_revision:
             raise RevisionMismatchError(key, expect_revision, revision)
+        stored = _parse(entry.value, key, base)
+        before = within_boundary(base, stored)
         after = before.updated(update)
-        if after.taints == before.taints:
+        if after == stored:
             return _change(before, after, revision)
         if check is not None:
             check(before, after)
@@ -93,23 +111,60 @@ async def update_taints(
         except RevisionMismatchError:
             if expect_revision is not None:
                 raise
+            if attempt < MAX_ATTEMPTS:
+                await asyncio.sleep(backoff(attempt))
             continue
         return _change(before, after, new_revision)
     raise ConflictError(
         f"taint update of {key!r} lost the compare-and-swap race {MAX_ATTEMPTS} times in a "
-        f"row ({MAX_ATTEMPTS} attempts) to concurrent writers; retry the call"
+        f"row ({MAX_ATTEMPTS} attempts) to concurrent writers; retry the call",
+        attempts=MAX_ATTEMPTS,
     )
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after losing race number ``attempt``: uniform in [0, 2 ms * 2^(n-1)],
+    capped at 50 ms ("full jitter"), so writers that collided spread out instead of
+    colliding again in lockstep."""
+    return random.uniform(0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+
+
+def within_boundary(base: WorkerRecord | None, stored: WorkerRecord | None) -> WorkerRecord:
+    """``stored``, or ``base`` when ``stored`` is unreadable (None) or differs from it
+    outside the taints: what routers hold for this worker."""
+    if base is None:
+        assert stored is not None  # _parse raised
+        return stored
+    problem = "it is not a readable worker record"
+    if stored is not None:
+        try:
+            immutable_diff(base, stored)
+        except ImmutableFieldError as exc:
+            problem = str(exc)
+        else:
+            return stored
+    log.warning(
+        "worker record %s was changed out of band (%s); routers ignore that change, so the "
+        "registered record is written back with its latest valid taints",
+        base.key,
+        problem,
+    )
+    return base
+
+
+def _parse(value: bytes, key: str, base: WorkerRecord | None) -> WorkerRecord | None:
+    """The stored record; None if it is unreadable and ``base`` can stand in for it."""
+    try:
+        record = WorkerRecord.from_bytes(value)
+    except InvalidInputError:
+        if base is None:
+            raise
+        return None
+    return record if base is None or record.key == key else None
 
 
 def _change(before: WorkerRecord, after: WorkerRecord, revision: int) -> TaintChange:
     return TaintChange(before.instance_id, before.key, before.taints, after.taints, revision)
-
-
-async def _read(store: Store, key: str) -> tuple[WorkerRecord, int]:
-    entry = await store.get(key)
-    if entry is None:
-        raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
-    return WorkerRecord.from_bytes(entry.value), entry.revision
 
 
 class Registration:
@@ -187,6 +242,9 @@ class Registration:
             await self._register_again()
 
     async def _follow(self) -> None:
+        """Follow the stored record. A change outside the taints (or an unreadable value)
+        was made out of band and routers ignore it: the latest valid record is written
+        back over it, so the store, the routers and this worker agree again."""
         async with self.store.watch(self.record.key) as events:
             async for event in events:
                 if isinstance(event, Resync) and not event.entries:
@@ -194,8 +252,31 @@ class Registration:
                 if isinstance(event, Delete):
                     raise LeaseExpiredError(f"record {self.record.key} was deleted")
                 entry = event.entry if isinstance(event, Put) else event.entries[0]
-                self.record, self.revision = WorkerRecord.from_bytes(entry.value), entry.revision
+                stored = _parse(entry.value, entry.key, self.record)
+                if within_boundary(self.record, stored) is not stored:
+                    await self._restore(entry.revision)
+                    continue
+                assert stored is not None
+                self.record, self.revision = stored, entry.revision
                 self._followed.set()
+
+    async def _restore(self, revision: int) -> None:
+        """Write the latest valid record over the out-of-band one at ``revision``. A write
+        that got there first (a taint update, or the record's removal) is followed next."""
+        try:
+            restored = await self.store.put(
+                self.record.key, self.record.to_bytes(), expect=revision, lease=KEEP
+            )
+        except (RevisionMismatchError, KeyNotFoundError):
+            return
+        log.warning(
+            "worker %s restored its record at revision %d over the out-of-band change at "
+            "revision %d, keeping its latest valid taints %s",
+            self.record.instance_id,
+            restored,
+            revision,
+            list(self.record.taints),
+        )
 
     async def _register_again(self) -> None:
         delay = 0.1

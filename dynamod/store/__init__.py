@@ -41,6 +41,7 @@ __all__ = [
     "Store",
     "Watch",
     "WatchEvent",
+    "check_url",
     "keep_alive",
     "open_store",
     "store_class",
@@ -58,10 +59,17 @@ def store_class(url: str) -> type[Store]:
     return cls
 
 
+def check_url(url: str) -> None:
+    """Check a store URL and the files it names without connecting (``ConfigError`` says
+    what is wrong): what ``open_store`` would refuse before talking to a server."""
+    store_class(url).check_url(url)
+
+
 async def open_store(url: str) -> Store:
     """Open (and connect) the store named by ``url``.
 
-    ``memory://``, ``file:///path/to/dir``, ``etcd://host:2379[,host:2379]/prefix``,
-    ``nats://host:4222/bucket``.
+    ``memory://``, ``file:///path/to/dir``, ``etcd://host:2379[,host:2379...][/prefix]``,
+    ``nats://host:4222[,host:4222...][/bucket]``; etcd and NATS URLs take parameters that
+    name TLS and credential files (README, "Stores in production").
     """
     return await store_class(url).open(url)

@@ -49,6 +49,9 @@ Leases
 ``aclose()``
     Ends watches, cancels the store's own tasks, closes connections. Idempotent. Any call
     afterwards raises ``StoreClosedError``.
+``check_url(url)`` (a classmethod)
+    Checks a URL and every file it names as ``open`` would, without connecting or changing
+    anything: ``ConfigError`` names the first problem.
 
 Errors are ours, translated inside each backend module: ``KeyNotFoundError``,
 ``RevisionMismatchError``, ``StoreUnavailableError`` (retryable: every call has a deadline,
@@ -63,7 +66,7 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
@@ -237,6 +240,12 @@ class Store(abc.ABC):
         """Parse ``url``, connect, and return a ready store (``StoreUnavailableError`` if the
         server cannot be reached in time; ``ConfigError`` for a malformed URL)."""
 
+    @classmethod
+    @abc.abstractmethod
+    def check_url(cls, url: str) -> None:
+        """Check ``url`` and every file it names as ``open`` would, without connecting or
+        changing anything; ``ConfigError`` names the first problem."""
+
     @abc.abstractmethod
     async def get(self, key: str) -> Entry | None: ...
 
@@ -290,6 +299,16 @@ class Store(abc.ABC):
         finally:
             watch.close()
             self._watches.discard(watch)
+
+    async def _ready(self, start: Awaitable[None]) -> Self:
+        """Await ``start`` (connecting, preparing files) and return the store; if it fails,
+        close the store before the error propagates, so ``open`` leaves nothing behind."""
+        try:
+            await start
+        except BaseException:
+            await self.aclose()
+            raise
+        return self
 
     async def aclose(self) -> None:
         if self._closed:

@@ -142,12 +142,28 @@ class FileStore(Store):
     ) -> FileStore:
         """Open the store in the URL's directory, creating it if missing."""
         store = cls(url, timeout=timeout, journal_bytes=journal_bytes)
-        try:
-            await store._start()
-        except BaseException:
-            await store.aclose()
-            raise
-        return store
+        return await store._ready(store._start())
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """The directory, or the nearest existing one above it (open creates the rest), is
+        a writable directory; a store already there has this format."""
+        root = store_root(url)
+        existing = root
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise ConfigError(
+                f"file store URL {url!r} names {root}, which is a file or lies under one; "
+                "the file store needs a directory"
+            )
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"file store directory {existing} is not writable by this user; fix its "
+                "permissions or choose another directory"
+            )
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            _check_format(root, (root / "format").read_bytes())
 
     async def get(self, key: str) -> Entry | None:
         self._check_open()
@@ -366,11 +382,7 @@ class FileStore(Store):
         except FileNotFoundError:
             write_atomic(self._tmp, found, FORMAT)
             stamp = FORMAT
-        if stamp != FORMAT:
-            raise ConfigError(
-                f"{self.root} holds a store of format {stamp[:40]!r}, not {FORMAT!r}: another "
-                "program's directory or another version's; choose another directory"
-            )
+        _check_format(self.root, stamp)
         for name in os.listdir(self._tmp):
             (self._tmp / name).unlink(missing_ok=True)
             log.info("store %s: removed %s, left by a crashed write", self.url, self._tmp / name)
@@ -450,3 +462,11 @@ def _event(record: Record) -> Put | Delete:
     if record.op == PUT:
         return Put(Entry(record.key, record.value, record.revision))
     return Delete(record.key, record.revision)
+
+
+def _check_format(root: Path, stamp: bytes) -> None:
+    if stamp != FORMAT:
+        raise ConfigError(
+            f"{root} holds a store of format {stamp[:40]!r}, not {FORMAT!r}: another "
+            "program's directory or another version's; choose another directory"
+        )

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from dynamod.errors import KeyNotFoundError, LeaseExpiredError, RevisionMismatchError
+from dynamod.errors import ConfigError, KeyNotFoundError, LeaseExpiredError, RevisionMismatchError
 from dynamod.store.base import (
     KEEP,
     Delete,
@@ -49,7 +49,13 @@ class MemoryStore(Store):
 
     @classmethod
     async def open(cls, url: str) -> MemoryStore:
+        cls.check_url(url)
         return cls(url)
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        if url != "memory://":
+            raise ConfigError(f"memory store URL {url!r} takes nothing after it: use memory://")
 
     async def get(self, key: str) -> Entry | None:
         self._check_open()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +19,9 @@ from dynamod.errors import InvalidInputError
 from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import guarded, run
 from dynamod.worker.engines.mocker import MockerConfig
+
+if TYPE_CHECKING:
+    from dynamod.auth import Tokens
 
 EX_USAGE = 2
 
@@ -47,6 +51,23 @@ def parse_pairs(pairs: list[str], flag: str) -> dict[str, str]:
             raise InvalidInputError(f"{flag} names domain {key!r} twice")
         out[key] = value
     return out
+
+
+def read_tokens(path: Path | None) -> Tokens | None:
+    """The tokens the taint route accepts: None without a file; else the file's one bearer
+    token (named after the file in the audit log), or dynamod's tokens file format (TOML
+    ``[[token]]`` entries with ``name``, ``secret``, ``role`` and ``prefixes``)."""
+    from dynamod.auth import Principal, Tokens, read_token_file
+
+    if path is None:
+        return None
+    try:
+        toml = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):  # a bare secret, or
+        toml = {}  # unreadable: read_token_file says why
+    if isinstance(toml.get("token"), list):
+        return Tokens.load(path)
+    return Tokens(((read_token_file(path), Principal(path.name, "write")),))
 
 
 def parse_vllm_args(pairs: list[str]) -> dict[str, object]:
@@ -148,7 +169,15 @@ def worker(
         int, typer.Option(envvar="DYN_SYSTEM_PORT", help="System HTTP port (0 picks one).")
     ] = 0,
     token_file: Annotated[
-        Path | None, typer.Option(help="File holding the bearer token the taint route requires.")
+        Path | None,
+        typer.Option(
+            help="File holding the bearer token the taint route requires, or a dynamod tokens "
+            "file ([[token]] entries: name, secret, role, prefixes)."
+        ),
+    ] = None,
+    audit_log: Annotated[
+        Path | None,
+        typer.Option(help="Append one JSON line per taint update to this file (default: the log)."),
     ] = None,
     lease_ttl: Annotated[float, typer.Option(help="Seconds the record outlives a crash.")] = 10.0,
     grace: Annotated[
@@ -188,7 +217,6 @@ def worker(
     """Run one inference worker: register it in discovery, serve OpenAI-compatible routes,
     and accept taint updates on its system server."""
     from dynamod import logs
-    from dynamod.auth import read_token_file
     from dynamod.worker.engines.upstream import UpstreamConfig
     from dynamod.worker.runtime import WorkerSettings, run_worker
 
@@ -214,7 +242,8 @@ def worker(
             advertise_host=advertise_host,
             system_host=system_host,
             system_port=system_port,
-            token=read_token_file(token_file) if token_file else None,
+            tokens=read_tokens(token_file),
+            audit_log=audit_log,
             lease_ttl=lease_ttl,
             grace=grace,
             http_limits=HttpLimits(http_head_timeout, http_body_timeout, http_idle_timeout),

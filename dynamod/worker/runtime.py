@@ -9,6 +9,10 @@ SIGTERM / SIGINT: deregister first (routers stop choosing this worker), refuse n
 requests, let in-flight ones finish within the grace period, then close servers, engine and
 store. Exit 0 when everything finished; 70 when in-flight requests had to be cut short
 (the grace period ran out, or a second signal skipped it).
+
+Code running inside the worker process (an engine, a hook) changes the worker's taints
+with ``update_model_taints(taints)``, as Dynamo's ``update_model_taints(endpoint,
+taints)`` does: the same replace as the system route, through the same one writer.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -31,8 +35,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from dynamod import __version__
+from dynamod.audit import AuditLog
+from dynamod.auth import Tokens
 from dynamod.discovery.records import Registration, new_instance_id
-from dynamod.errors import ConfigError, InvalidKeyError
+from dynamod.errors import ConfigError, InvalidKeyError, ShuttingDownError
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
@@ -41,7 +47,7 @@ from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.reported import RECORD_FIELD, offer
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
-from dynamod.taints import validate_caller_taints, with_topology
+from dynamod.taints import TaintUpdate, validate_caller_taints, with_topology
 from dynamod.worker.engines.base import Backend, Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
@@ -49,6 +55,7 @@ from dynamod.worker.inference import InferenceRoutes
 from dynamod.worker.proxy import ProxyRoutes
 from dynamod.worker.publish import EnginePublisher
 from dynamod.worker.system import SystemServer, refusal
+from dynamod.worker.writer import IN_PROCESS, TaintWriter
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,8 @@ class WorkerSettings:
     advertise_host: str | None = None
     system_host: str = "127.0.0.1"
     system_port: int = 0
-    token: str | None = None
+    tokens: Tokens | None = None
+    audit_log: Path | None = None
     lease_ttl: float = 10.0
     grace: float = 10.0
     http_limits: HttpLimits = field(default_factory=HttpLimits)
@@ -188,8 +196,44 @@ def make_routes(backend: Backend, instance_id: str, registry: CollectorRegistry)
     return InferenceRoutes(cast(Engine, backend), instance_id, registry=registry)
 
 
+_writer: TaintWriter | None = None
+"""The writer of the worker running in this process (one per process, as in Dynamo)."""
+
+
+async def update_model_taints(taints: Iterable[str]) -> tuple[str, ...]:
+    """Replace this worker's caller-managed taints; return its complete taint set after.
+
+    For code running inside the worker process, as Dynamo's ``update_model_taints(endpoint,
+    taints)``: the same replace as ``POST /engine/update/model_taints`` (``[]`` clears;
+    topology taints stay), made by the same one writer and audited with peer
+    ``in-process``. While the worker is starting it waits until it is registered (so do
+    not await it in an engine's ``__aenter__``, which runs before registration). Raises
+    ``TaintError`` for a refused taint, ``ShuttingDownError`` when no worker runs in this
+    process or it is shutting down, ``ConflictError`` when every compare-and-swap attempt
+    lost to other processes."""
+    update = TaintUpdate.replace(taints)
+    writer = _writer
+    if writer is None:
+        raise ShuttingDownError("no dynamo-worker is running in this process")
+    change = await writer.apply(update, peer=IN_PROCESS, wait=True)
+    return change.after
+
+
 async def run_worker(settings: WorkerSettings) -> int:
     """The whole life of one worker process; returns its exit code."""
+    global _writer
+    audit = AuditLog(settings.audit_log)
+    audit.open()
+    writer = _writer = TaintWriter(audit)
+    try:
+        return await _run(settings, writer)
+    finally:
+        writer.shutting_down()
+        _writer = None
+        audit.close()
+
+
+async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
     signals = Signals().install()
     registry = CollectorRegistry()
     instance_id = new_instance_id()
@@ -204,7 +248,7 @@ async def run_worker(settings: WorkerSettings) -> int:
         engine = await stack.enter_async_context(make_backend(settings))
         registry.register(EngineCollector(engine))
         routes = make_routes(engine, instance_id, registry)
-        system = SystemServer(token=settings.token, registry=registry)
+        system = SystemServer(tokens=settings.tokens, registry=registry, writer=writer)
         inference = web.Application(client_max_size=MAX_BODY)
         routes.add_to(inference)
         limits = settings.http_limits
@@ -236,26 +280,26 @@ async def run_worker(settings: WorkerSettings) -> int:
         registration = await stack.enter_async_context(
             Registration(store, record, ttl=settings.lease_ttl)
         )
-        system.running(registration)
+        writer.running(registration)
         print(
             f"dynamo-worker ready: id={instance_id} model={record.model} "
             f"http={record.address} system={record.system_address} key={record.key}",
             flush=True,
         )
         await signals.stopping.wait()
-        code = await _shutdown(system, registration, routes, signals, settings.grace)
+        code = await _shutdown(writer, registration, routes, signals, settings.grace)
         publisher.close()
     return code
 
 
 async def _shutdown(
-    system: SystemServer,
+    writer: TaintWriter,
     registration: Registration,
     routes: Routes,
     signals: Signals,
     grace: float,
 ) -> int:
-    system.shutting_down()
+    writer.shutting_down()
     await registration.deregister()
     routes.begin_drain()
     log.info("deregistered; waiting up to %gs for %d in-flight requests", grace, routes.in_flight)

@@ -2,51 +2,57 @@
 
 ``POST /engine/update/model_taints`` with ``{"taints": [...]}`` replaces the caller-managed
 taints of this worker's own record through the discovery update (``[]`` clears; topology
-taints are kept) and answers ``{"status": "ok", "taints": [sorted caller taints]}``.
+taints are kept) and answers ``{"status": "ok", "taints": [sorted caller taints]}``, as
+Dynamo's route does. Updates are made by the worker's one ``TaintWriter`` (one at a time,
+each audited; ``writer.py``).
 
-| case                                                     | status |
-|----------------------------------------------------------|--------|
-| body not JSON, not an object, no ``taints`` array of     | 400    |
-| strings, an invalid or reserved taint                    |        |
-| a token is configured and the bearer token is missing or | 401    |
-| wrong                                                    |        |
-| body over ``MAX_BODY`` bytes                             | 413    |
-| the update lost every compare-and-swap race (retryable)  | 409    |
-| starting, shutting down, or the store is unreachable     | 503    |
+| case                                                          | status |
+|---------------------------------------------------------------|--------|
+| the update was made (or changed nothing)                      | 200    |
+| body not JSON, not an object, no ``taints`` array of strings, | 400    |
+| a taint refused by the grammar or the reserved prefix         |        |
+| a token is configured and the bearer token is missing or      | 401    |
+| wrong                                                         |        |
+| the token is read-only, or may not change those taints        | 403    |
+| body over ``MAX_BODY`` bytes                                  | 413    |
+| every compare-and-swap attempt lost to writers in other       | 409    |
+| processes (retryable; the body says how many attempts)        |        |
+| starting, shutting down, or the store / record is unavailable | 503    |
 
-Errors are JSON ``{"error": <short title>, "message": <what was wrong>}``. Also
-``GET /health`` (200 once registered, 503 otherwise), ``GET /metadata`` (the current
-record) and ``GET /metrics`` (Prometheus).
+Errors are JSON ``{"error": <short title>, "message": <what was wrong>}``; a 409 adds
+``"retryable": true`` and ``"attempts"``. Also ``GET /health`` (200 once registered, 503
+otherwise), ``GET /metadata`` (the current record) and ``GET /metrics`` (Prometheus).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from dynamod.auth import same_secret
-from dynamod.discovery.records import Registration, update_taints
+from dynamod.auth import Principal, Tokens
 from dynamod.errors import (
+    AccessError,
     ConflictError,
     InvalidInputError,
+    ShuttingDownError,
     StoreUnavailableError,
+    UnauthenticatedError,
     WorkerNotFoundError,
 )
 from dynamod.http.limits import load_json
 from dynamod.taints import TaintUpdate, caller_taints
+from dynamod.worker.writer import TaintWriter
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
-State = Literal["starting", "running", "shutting down"]
 
 
-def error(status: int, title: str, message: str) -> web.Response:
-    return web.json_response({"error": title, "message": message}, status=status)
+def error(status: int, title: str, message: str, **extra: object) -> web.Response:
+    return web.json_response({"error": title, "message": message, **extra}, status=status)
 
 
 _TITLES = {408: "Request timeout", 413: "Payload too large"}
@@ -58,13 +64,14 @@ def refusal(status: int, message: str) -> web.Response:
 
 
 class SystemServer:
-    """The system routes of one worker; ``registration`` is set once it is registered."""
+    """The system routes of one worker; its taint updates go through ``writer``."""
 
-    def __init__(self, *, token: str | None, registry: CollectorRegistry) -> None:
-        self.token = token
+    def __init__(
+        self, *, tokens: Tokens | None, registry: CollectorRegistry, writer: TaintWriter
+    ) -> None:
+        self.tokens = tokens
         self.registry = registry
-        self.state: State = "starting"
-        self.registration: Registration | None = None
+        self.writer = writer
         self._updates = Counter(
             "dynamo_worker_taint_updates",
             "Taint updates through the system route, by outcome.",
@@ -80,68 +87,74 @@ class SystemServer:
         app.router.add_get("/metrics", self._metrics)
         return app
 
-    def running(self, registration: Registration) -> None:
-        self.registration = registration
-        self.state = "running"
-
-    def shutting_down(self) -> None:
-        self.state = "shutting down"
-
     async def _update_taints(self, request: web.Request) -> web.Response:
-        denied = self._check_token(request)
-        if denied is not None:
-            self._updates.labels("unauthorized").inc()
-            return denied
+        peer = _peer(request)
+        caller: Principal | None = None
+        try:
+            caller = self._caller(request)
+            if caller is not None:
+                caller.require_write()
+        except AccessError as exc:
+            return self._denied(exc, peer, caller)
         try:
             update = TaintUpdate.replace(_taints_of(await _json(request)))
         except InvalidInputError as exc:
             self._updates.labels("invalid").inc()
             return error(400, "Bad request", str(exc))
-        if self.registration is None or self.state != "running":
-            self._updates.labels("unavailable").inc()
-            return error(
-                503,
-                "Unavailable",
-                f"engine administrative routes are unavailable while the worker is {self.state}",
-            )
-        return await self._apply(self.registration, update)
+        return await self._apply(update, peer, caller)
 
-    async def _apply(self, registration: Registration, update: TaintUpdate) -> web.Response:
+    async def _apply(
+        self, update: TaintUpdate, peer: str, caller: Principal | None
+    ) -> web.Response:
         try:
-            change = await update_taints(registration.store, registration.record.key, update)
+            change = await self.writer.apply(update, peer=peer, caller=caller)
+        except AccessError as exc:
+            self._updates.labels("forbidden").inc()
+            return error(403, "Forbidden", str(exc))
         except ConflictError as exc:
             self._updates.labels("conflict").inc()
-            return error(409, "Conflict", str(exc))
-        except (StoreUnavailableError, WorkerNotFoundError) as exc:
+            return error(409, "Conflict", str(exc), retryable=True, attempts=exc.attempts)
+        except (ShuttingDownError, StoreUnavailableError, WorkerNotFoundError) as exc:
             self._updates.labels("unavailable").inc()
             return error(503, "Unavailable", str(exc))
         self._updates.labels("ok").inc()
-        log.info("taints of %s set to %s", registration.record.instance_id, change.after)
+        log.info("taints of %s set to %s", change.worker, list(change.after))
         return web.json_response({"status": "ok", "taints": list(caller_taints(change.after))})
 
-    def _check_token(self, request: web.Request) -> web.Response | None:
-        if self.token is None:
-            return None
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and same_secret(given.strip(), self.token):
-            return None
-        message = "a bearer token is required" if not given else "the bearer token is not valid"
-        response = error(401, "Unauthorized", message)
+    def _denied(self, exc: AccessError, peer: str, caller: Principal | None) -> web.Response:
+        """401 for a missing or unknown token, 403 for a read-only one; audited."""
+        unknown = isinstance(exc, UnauthenticatedError)
+        self._updates.labels("unauthorized" if unknown else "forbidden").inc()
+        self.writer.refused(None, peer=peer, caller=caller, error=exc)
+        if not unknown:
+            return error(403, "Forbidden", str(exc))
+        response = error(401, "Unauthorized", str(exc))
         response.headers["WWW-Authenticate"] = 'Bearer realm="dynamo-worker"'
         return response
 
+    def _caller(self, request: web.Request) -> Principal | None:
+        """Who presented which token: None when no token is configured, else the token's
+        holder (``UnauthenticatedError`` when there is none or nobody issued it)."""
+        if self.tokens is None:
+            return None
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise UnauthenticatedError("a bearer token is required")
+        return self.tokens.authenticate(given.strip())
+
     async def _health(self, request: web.Request) -> web.Response:
-        registration = self.registration
+        writer = self.writer
+        registration = writer.registration
         body = {
-            "status": "ready" if self.state == "running" else self.state,
+            "status": "ready" if writer.state == "running" else writer.state,
             "instance_id": registration.record.instance_id if registration else None,
         }
-        return web.json_response(body, status=200 if self.state == "running" else 503)
+        return web.json_response(body, status=200 if writer.state == "running" else 503)
 
     async def _metadata(self, request: web.Request) -> web.Response:
-        if self.registration is None:
+        registration = self.writer.registration
+        if registration is None:
             return error(503, "Unavailable", "the worker is not registered yet")
-        registration = self.registration
         body = {"record": registration.record.to_json(), "revision": registration.revision}
         return web.json_response(body)
 
@@ -149,6 +162,15 @@ class SystemServer:
         return web.Response(
             body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+
+def _peer(request: web.Request) -> str:
+    """``host:port`` of the client (``host`` alone when the transport does not say)."""
+    peername = request.transport.get_extra_info("peername") if request.transport else None
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = peername[0], peername[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return request.remote or "unknown"
 
 
 async def _json(request: web.Request) -> object:

@@ -114,14 +114,21 @@ def dynamod_proc(store_url: str, socket: Path, http_port: int, **env: str) -> Pr
 
 @contextlib.asynccontextmanager
 async def cluster(
-    store_url: str, tmp_path: Path, *, workers: int = 3, **env: str
+    store_url: str,
+    tmp_path: Path,
+    *,
+    workers: int = 3,
+    worker_args: Sequence[str] = (),
+    **env: str,
 ) -> AsyncIterator[Cluster]:
     """``workers`` mocker workers (pools and capacity from ``bench.load.initial_taints``,
-    lease TTL 2 s) and a dynamod, all started; the log synced with every worker in it."""
+    lease TTL 2 s unless ``worker_args`` say otherwise) and a dynamod, all started; the log
+    synced with every worker in it."""
     procs = [
         worker(
             store_url,
             "--speedup-ratio", "1000",
+            *worker_args,
             *(f for t in initial_taints(i, workers) for f in ("--taint", t)),
             model=MODEL,
         )

@@ -69,9 +69,13 @@ def test_workers_json_is_one_array_with_the_documented_keys(cli: Cli) -> None:
     workers = json.loads(out)
     assert [w["id"] for w in workers] == [FAST, SLOW, MISTRAL]
     fast = workers[0]
-    assert fast["taints"] == ["capacity/fast"]  # caller-managed only, sorted
+    # the complete set the router matches on, and who manages which part of it
+    assert fast["taints"] == ["capacity/fast", "dynamo.topology/zone=a"]
+    assert fast["caller_taints"] == ["capacity/fast"]
+    assert fast["generated_taints"] == ["dynamo.topology/zone=a"]
     assert fast["topology"] == {"zone": "a"}
-    assert {"id", "model", "address", "taints", "topology", "revision"} <= set(fast)
+    keys = {"id", "model", "address", "taints", "caller_taints", "generated_taints", "topology"}
+    assert keys | {"revision"} <= set(fast)
 
 
 def test_yaml_and_json_carry_the_same_objects(cli: Cli) -> None:

@@ -39,6 +39,32 @@ def test_events_tail_json_lines_follow_taint_changes(cluster: Cluster) -> None:
     assert (ended.code, ended.out, ended.err) == (0, "", "")
 
 
+def test_after_a_clear_events_still_show_what_the_router_matches_on(cluster: Cluster) -> None:
+    """Issue 15 item 2: a consumer of the event stream must not conclude that a cleared
+    worker holds nothing while the router still matches on its topology taints."""
+    (worker,) = cluster.start_workers(("zoned", ["--taint", "pool=a", "--topology", "zone=z1"]))
+    wid = worker.field("id")
+    cluster.seen([wid])
+    topology = "dynamo.topology/zone=z1"
+    with Stream(cluster.cli, "events", "tail", "-o", "json", "-l", f"id={wid}") as tail:
+        (shown,) = tail.event()["workers"]
+        assert (shown["taints"], shown["generated_taints"]) == (
+            ["dynamo.topology/zone=z1", "pool=a"],
+            [topology],
+        )
+        cluster.cli.ok("taints", "clear", wid)
+        cleared = tail.event()
+        assert (cleared["event"], cleared["removed"]) == ("TAINTS", ["pool=a"])
+        assert cleared["taints"] == [topology]
+        assert (cleared["caller_taints"], cleared["generated_taints"]) == ([], [topology])
+        assert tail.stop().code == 0
+    table = cluster.cli.ok("events", "tail", "--since", str(cleared["revision"] - 1),
+                           "--no-follow", "-l", f"id={wid}").lines  # fmt: skip
+    assert table[-1].split()[-1] == "-pool=a"
+    listed = json.loads(cluster.cli.ok("workers", "ls", "-l", f"id={wid}", "-o", "json").out)
+    assert listed[0]["taints"] == [topology]
+
+
 def test_since_replays_what_happened_after_a_revision(cluster: Cluster) -> None:
     (worker,) = cluster.start_workers(("since", []))
     wid = worker.field("id")

@@ -22,6 +22,8 @@ from tests.servers import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
+TOPOLOGY = "dynamo.topology/zone=a"  # the solo worker's generated taint
+
 TOKENS = """
 [[token]]
 name = "admin"
@@ -96,20 +98,27 @@ def test_each_verb_says_what_changed_and_the_new_revision(fleet: Fleet) -> None:
     (swap,) = fleet.taints("set", fleet.solo, "capacity/fast", "pool=fast")
     assert (swap["added"], swap["removed"]) == (["pool=fast"], ["pool=slow"])
     (gone,) = fleet.taints("rm", fleet.solo, "capacity/fast")
-    assert gone["after"] == ["pool=fast"]
+    assert gone["after"] == [TOPOLOGY, "pool=fast"] and gone["caller_after"] == ["pool=fast"]
     (by_key,) = fleet.taints("rm", fleet.solo, "--key", "pool")
-    assert by_key["after"] == [] and by_key["removed"] == ["pool=fast"]
+    assert by_key["caller_after"] == [] and by_key["removed"] == ["pool=fast"]
     fleet.taints("add", fleet.solo, "a", "b")
     (cleared,) = fleet.taints("clear", fleet.solo)
-    assert cleared["after"] == [] and cleared["removed"] == ["a", "b"]
+    assert cleared["caller_after"] == [] and cleared["removed"] == ["a", "b"]
 
 
-def test_topology_taints_are_neither_shown_as_caller_taints_nor_cleared(fleet: Fleet) -> None:
+def test_topology_taints_are_shown_as_generated_and_never_cleared(fleet: Fleet) -> None:
+    """After a clear the worker still holds what the router matches on: it says so."""
     fleet.reset(fleet.solo, "x")
     (cleared,) = fleet.taints("clear", fleet.solo)
-    assert cleared["after"] == []
+    assert (cleared["before"], cleared["caller_before"]) == ([TOPOLOGY, "x"], ["x"])
+    assert (cleared["after"], cleared["caller_after"]) == ([TOPOLOGY], [])
     shown = json.loads(fleet.cli.ok("workers", "get", fleet.solo, "-o", "json").out)
     assert shown["topology"] == {"zone": "a"}
+    assert (shown["taints"], shown["caller_taints"], shown["generated_taints"]) == (
+        [TOPOLOGY], [], [TOPOLOGY]
+    )  # fmt: skip
+    table = fleet.cli.ok("workers", "ls", "-l", f"id={fleet.solo}").lines
+    assert table[1].split()[3] == TOPOLOGY
 
 
 def test_unchanged_is_reported_and_writes_nothing(fleet: Fleet) -> None:
@@ -133,7 +142,14 @@ def daemon_message(fleet: Fleet, taint: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "taint", ["dynamo.topology/zone=b", "Bad Taint", "UPPER.case/x", "pool=", "a/b/c"]
+    "taint",
+    [
+        "dynamo.topology/zone=b",
+        "Dynamo.Topology/zone=b",
+        " padded",
+        "tab\tinside",
+        "k=" + "v" * 1023,
+    ],
 )
 def test_bad_taints_are_refused_before_any_call_with_the_daemons_message(
     fleet: Fleet, taint: str, tmp_path: Path
@@ -171,7 +187,7 @@ def test_if_revision_is_an_optimistic_lock(fleet: Fleet) -> None:
     assert stale.code == 1
     assert f"is at revision {revision}, not the expected revision {revision - 1}" in stale.err
     (fresh,) = fleet.taints("set", fleet.solo, "v2", "--if-revision", str(revision))
-    assert fresh["after"] == ["v2"] and fresh["revision"] > revision
+    assert fresh["caller_after"] == ["v2"] and fresh["revision"] > revision
 
 
 def test_if_revision_needs_a_single_worker(fleet: Fleet) -> None:
@@ -190,12 +206,13 @@ def test_dry_run_prints_before_and_after_and_writes_nothing(fleet: Fleet) -> Non
     out = fleet.cli.ok("taints", "set", fleet.solo, "new", "--dry-run")
     header, row = out.lines
     assert header.split() == ["WORKER", "CHANGE", "REVISION", "BEFORE", "AFTER"]
-    assert row.split()[1:] == ["+new", "-old", str(revision), "old", "new"]
+    before, after = f"{TOPOLOGY},old", f"{TOPOLOGY},new"
+    assert row.split()[1:] == ["+new", "-old", str(revision), before, after]
     assert "dry run: nothing was written" in out.err
     fleet.cli.ok("taints", "add", "-l", "pool=a", "z", "--dry-run")
     fleet.cli.ok("taints", "clear", "--all", "--dry-run")  # no --yes needed: nothing changes
     shown = json.loads(fleet.cli.ok("workers", "get", fleet.solo, "-o", "json").out)
-    assert (shown["taints"], shown["revision"]) == (["old"], revision)
+    assert (shown["caller_taints"], shown["revision"]) == (["old"], revision)
     assert audit_lines(fleet) == written
 
 
@@ -272,7 +289,7 @@ def test_concurrent_writers_never_lose_an_update(fleet: Fleet) -> None:
     errors = [r.communicate(timeout=60)[1] for r in runs]
     assert [r.returncode for r in runs] == [0] * 6, errors
     (now,) = fleet.taints("add", fleet.solo, "writer-0")
-    assert now["after"] == [f"writer-{i}" for i in range(6)]
+    assert now["caller_after"] == [f"writer-{i}" for i in range(6)]
 
 
 def tcp(fleet: Fleet, token: str | None, tmp_path: Path) -> Cli:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
-from dynamod.errors import TaintError
+from dynamod.errors import TaintError, quoted
 from dynamod.taints import validate
 from tests.fuzz.conftest import MODEL, Stack
 from tests.fuzz.strategies import any_taint, bad_taint_lists, invalid, nasty_text
@@ -91,7 +91,7 @@ def test_refused_taints_are_invalid_argument_and_never_written(stack: Stack, api
         error = refusal(api.taints.UpdateTaints, request)
         assert code(error) == grpc.StatusCode.INVALID_ARGUMENT, details(error)
         first = next(t for t in taints if invalid(t))
-        assert repr(first)[:40] in details(error)
+        assert quoted(first)[:40] in details(error)
 
     refused()
     assert_untouched(stack, api, before)

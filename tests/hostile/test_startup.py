@@ -60,6 +60,8 @@ def test_check_config_accepts_a_good_configuration(good: list[str]) -> None:
     ("extra", "said"),
     [
         (["--store", "zookeeper://h/x"], "unknown scheme 'zookeeper'"),
+        (["--store", "etcd://127.0.0.1:2379/p?ca={tmp}/missing.pem"], "missing.pem"),
+        (["--store", "nats://127.0.0.1:4222/b?user=u&password_file={tmp}/none"], "none"),
         (["--tokens-file", "{tmp}/missing.toml"], "missing.toml' cannot be read"),
         (["--tokens-file", "{tmp}/bad.toml"], "is not valid TOML"),
         (["--tokens-file", "{tmp}/weak.toml"], "needs a secret of at least 8 characters"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import subprocess
 import time
@@ -33,7 +32,6 @@ from dynamod.store.nats import (
     HEARTBEAT,
     MARKER_TTL,
     NatsStore,
-    NatsUrl,
     decode_key,
     encode_key,
     parse_url,
@@ -73,32 +71,31 @@ async def follow(
 
 
 @pytest.mark.parametrize(
-    ("url", "target"),
+    ("url", "hosts", "bucket"),
     [
-        ("nats://127.0.0.1:4300/workers", NatsUrl(("127.0.0.1:4300",), "workers")),
-        ("nats://a,b:4223", NatsUrl(("a:4222", "b:4223"), "dynamo")),
-        ("nats://u:pw@a:1,b/x_y-z", NatsUrl(("a:1", "b:4222"), "x_y-z", "u:pw")),
-        ("nats://[::1]:4222/b", NatsUrl(("[::1]:4222",), "b")),
+        ("nats://127.0.0.1:4300/workers", ("127.0.0.1:4300",), "workers"),
+        ("nats://a,b:4223", ("a:4222", "b:4223"), "dynamo"),
+        ("nats://a:1,b/x_y-z", ("a:1", "b:4222"), "x_y-z"),
+        ("nats://[::1]:4222/b", ("[::1]:4222",), "b"),
     ],
 )
-def test_urls_name_servers_and_bucket(url: str, target: NatsUrl) -> None:
-    assert parse_url(url) == target
+def test_urls_name_servers_and_bucket(url: str, hosts: tuple[str, ...], bucket: str) -> None:
+    target = parse_url(url)
+    assert (target.hosts, target.bucket, target.shown) == (hosts, bucket, url)
+    assert target.servers == [f"nats://{host}" for host in hosts]
 
 
-def test_credentials_reach_the_client_but_no_message() -> None:
-    target = parse_url("nats://alice:s3cret@a:1,b/x")
-    assert target.servers == ["nats://alice:s3cret@a:1", "nats://alice:s3cret@b:4222"]
-    assert "s3cret" not in f"{target.url} {target!r}"
-    with pytest.raises(ConfigError) as caught:
-        parse_url("nats://alice:s3cret@a:port/x")
+def test_credentials_in_the_url_are_refused_without_repeating_them() -> None:
+    with pytest.raises(ConfigError, match="password_file") as caught:
+        parse_url("nats://alice:s3cret@a:1,b/x")
     assert "s3cret" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
     ("url", "complaint"),
     [
-        ("http://host:4222/b", "not of the form"),
-        ("nats://host:4222/b?history=5", "not of the form"),
+        ("http://host:4222/b", "the form is nats://"),
+        ("nats://host:4222/b?history=5", "unknown parameter .history."),
         ("nats://host:port/b", "server 'host:port'"),
         ("nats://host:0/b", "server 'host:0'"),
         ("nats://host:70000/b", "server 'host:70000'"),
@@ -432,11 +429,9 @@ async def test_a_frozen_server_fails_a_call_at_its_deadline(nats_server: NatsSer
 
 async def freeze(server: NatsServer) -> subprocess.Popen[bytes]:
     """Stop the server process (SIGSTOP) and return once the kernel says it is stopped."""
-    proc = server.proc
-    assert proc is not None
-    proc.send_signal(signal.SIGSTOP)
-    await asyncio.to_thread(os.waitpid, proc.pid, os.WUNTRACED)
-    return proc
+    await asyncio.to_thread(server.freeze)
+    assert server.proc is not None
+    return server.proc
 
 
 async def test_close_leaves_no_task_behind(nats_server: NatsServer) -> None:

@@ -37,8 +37,11 @@ _STREAM_IN_USE: Final = 10058
 class Bucket:
     """The stream ``KV_<name>`` that backs bucket ``name``, and its subjects."""
 
-    def __init__(self, nc: Client, js: JetStreamContext, name: str) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, name: str, replicas: int | None = None
+    ) -> None:
         self.name = name
+        self.replicas = replicas
         self.stream = f"KV_{name}"
         self.root = f"$KV.{name}."
         self.marker_ttl: float = MARKER_TTL
@@ -80,6 +83,8 @@ class Bucket:
             )
             await self._upgrade(config)
             log.info("enabled per-key TTL and expiry markers on bucket %r", self.name)
+        if self.replicas is not None and config.num_replicas != self.replicas:
+            await self._rescale(config)
         self.marker_ttl = config.subject_delete_marker_ttl or MARKER_TTL
 
     async def _upgrade(self, config: api.StreamConfig) -> None:
@@ -92,8 +97,27 @@ class Bucket:
                 "nats-server (2.11 or newer)"
             ) from None
 
+    async def _rescale(self, config: api.StreamConfig) -> None:
+        """The URL asks for another replica count than the bucket has: JetStream moves the
+        stream to that many servers in place."""
+        try:
+            await self._js.update_stream(dataclasses.replace(config, num_replicas=self.replicas))
+        except nats.js.errors.APIError as exc:
+            raise ConfigError(
+                f"NATS bucket {self.name!r} has {config.num_replicas} replicas and the URL "
+                f"asks for {self.replicas}, but changing them failed: {exc.description}"
+            ) from None
+        log.info(
+            "bucket %r now has %d replicas (was %d)", self.name, self.replicas, config.num_replicas
+        )
+
     async def _create(self) -> api.StreamInfo:
-        config = api.KeyValueConfig(bucket=self.name, history=1, limit_marker_ttl=MARKER_TTL)
+        config = api.KeyValueConfig(
+            bucket=self.name,
+            history=1,
+            limit_marker_ttl=MARKER_TTL,
+            replicas=self.replicas or 1,
+        )
         try:
             await self._js.create_key_value(config)
         except nats.js.errors.KeyValueLimitMarkerTTLNotSupportedError:

@@ -8,14 +8,14 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
-from dynamod.aio import cancel_and_wait
+from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import StoreClosedError, StoreError, StoreUnavailableError
 from dynamod.store.base import (
     DEFAULT_TIMEOUT,
@@ -40,6 +40,9 @@ RECONNECT_WAIT: Final = 0.5
 PING_INTERVAL: Final = 5
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
+REESTABLISH_ATTEMPT: Final = 1.0
+"""Seconds one attempt to re-create a watch's consumer may wait."""
+_AUTH_VIOLATION: Final = "Authorization Violation"  # the server's words for a refused login
 _LOST: Final = "the connection to NATS was lost"
 _BACK: Final = "reconnected to NATS"
 
@@ -48,27 +51,29 @@ class NatsStore(Store):
     """The discovery store on a NATS JetStream KV bucket (see the package docstring)."""
 
     def __init__(self, target: NatsUrl, *, timeout: float = DEFAULT_TIMEOUT) -> None:
-        super().__init__(target.url, timeout=timeout)  # shown in messages: no credentials
+        super().__init__(target.shown, timeout=timeout)  # names files, never secrets
         self._target = target
         self._nc = Client()
         js: JetStreamContext = self._nc.jetstream(timeout=timeout)
-        self._bucket = Bucket(self._nc, js, target.bucket)
+        self._bucket = Bucket(self._nc, js, target.bucket, target.replicas)
         self._consumers = Consumers(self._nc, js, self._bucket, self._reachable)
         self._leases = Leases(self._bucket)
         self._connected = asyncio.Event()
         self._deadlines: set[asyncio.Timeout] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._last_error = ""
+        self._refusal = ""
+        self._refused_event = asyncio.Event()
 
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
         """Connect and prepare the bucket; ``call_timeout`` bounds this and every call."""
         store = cls(parse_url(url), timeout=call_timeout)
-        try:
-            await store._connect()
-        except BaseException:
-            await store.aclose()
-            raise
-        return store
+        return await store._ready(store._connect())
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        parse_url(url).check()
 
     # -- the contract -------------------------------------------------------------------------
 
@@ -232,7 +237,9 @@ class NatsStore(Store):
         while True:
             await self._connected.wait()
             try:
-                async with self._call("watch"):
+                # A short deadline: while JetStream elects a stream leader a request waits
+                # for it, and a new try soon after the election beats one that waits on.
+                async with self._call("watch", within=REESTABLISH_ATTEMPT):
                     config = self._consumers.watch_config(prefix, None)
                     return await self._consumers.open(config)
             except StoreClosedError:
@@ -245,33 +252,54 @@ class NatsStore(Store):
     # -- connection and calls -----------------------------------------------------------------
 
     async def _connect(self) -> None:
+        options = self._target.connect_options()  # reads the secret files: ConfigError
+        hosts = ", ".join(self._target.hosts)
         try:
             async with asyncio.timeout(self.timeout):
-                await self._nc.connect(
-                    servers=self._target.servers,
-                    name="dynamod",
-                    connect_timeout=max(1, math.ceil(self.timeout)),
-                    # nats-py annotates an int, but sleeps for any number of seconds.
-                    reconnect_time_wait=RECONNECT_WAIT,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    ping_interval=PING_INTERVAL,
-                    max_outstanding_pings=2,
-                    error_cb=self._on_error,
-                    disconnected_cb=self._on_disconnect,
-                    reconnected_cb=self._on_reconnect,
-                )
+                # nats-py retries a refused login until our deadline: a refusal ends it.
+                await race(self._nc.connect(**self._connect_args(), **options), self._refused())
+                if self._refusal:
+                    raise StoreError(
+                        f"NATS at {hosts} refused the login of {self.url}: "
+                        f"{self._refusal}; check the URL's credentials"
+                    )
                 self._connected.set()
                 await self._bucket.ensure()
         except TimeoutError:
             raise StoreUnavailableError(
-                f"NATS at {', '.join(self._target.hosts)} did not answer within {self.timeout} s"
+                f"NATS at {hosts} did not answer within {self.timeout} s{self._last_error}"
             ) from None
         except nats.errors.Error as exc:
             raise self._translate(exc, "connect") from exc
 
+    def _connect_args(self) -> dict[str, Any]:
+        return {
+            "servers": self._target.servers,
+            "name": "dynamod",
+            # In URL order, as etcd members are: the first is preferred, and an operator can
+            # spread processes over a cluster by ordering their URLs.
+            "dont_randomize": True,
+            "connect_timeout": max(1, math.ceil(self.timeout)),
+            "reconnect_time_wait": RECONNECT_WAIT,
+            "max_reconnect_attempts": -1,
+            "ping_interval": PING_INTERVAL,
+            "max_outstanding_pings": 2,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnect,
+            "reconnected_cb": self._on_reconnect,
+        }
+
+    async def _refused(self) -> None:
+        await self._refused_event.wait()
+
     async def _on_error(self, exc: Exception) -> None:
-        # nats-py reports every failed reconnect attempt here; the default prints a traceback.
+        # nats-py reports every failed (re)connect attempt here; the default prints a
+        # traceback. The last one explains a connect that timed out (a TLS failure).
+        self._last_error = f"; last error: {type(exc).__name__}: {exc}"
         log.debug("NATS client error on %s: %s", self.url, exc)
+        if isinstance(exc, nats.errors.AuthorizationError) or _AUTH_VIOLATION in str(exc):
+            self._refusal = str(exc)
+            self._refused_event.set()
 
     async def _on_disconnect(self) -> None:
         if not self._closed:
@@ -293,31 +321,29 @@ class NatsStore(Store):
         return self._connected.is_set() and not self._closed
 
     @contextlib.asynccontextmanager
-    async def _call(self, what: str) -> AsyncIterator[None]:
+    async def _call(self, what: str, *, within: float | None = None) -> AsyncIterator[None]:
         """Run one store call: open store, live connection, deadline, our errors."""
         self._check_open()
         if not self._connected.is_set():
             raise StoreUnavailableError(f"store {self.url} is not connected to NATS; {what} failed")
         try:
-            async with asyncio.timeout(self.timeout) as deadline:
+            async with asyncio.timeout(within or self.timeout) as deadline:
                 self._deadlines.add(deadline)
                 try:
                     yield
                 finally:
                     self._deadlines.discard(deadline)
         except TimeoutError:
-            raise self._unavailable(what) from None
+            raise self._unavailable(what, within or self.timeout) from None
         except nats.errors.Error as exc:
             raise self._translate(exc, what) from exc
 
-    def _unavailable(self, what: str) -> StoreError:
+    def _unavailable(self, what: str, seconds: float) -> StoreError:
         if self._closed:
             return StoreClosedError(f"store {self.url} was closed during {what}")
         if not self._connected.is_set():
             return StoreUnavailableError(f"store {self.url} lost its NATS connection during {what}")
-        return StoreUnavailableError(
-            f"store {self.url} did not answer {what} within {self.timeout} s"
-        )
+        return StoreUnavailableError(f"store {self.url} did not answer {what} within {seconds} s")
 
     def _translate(self, exc: nats.errors.Error, what: str) -> StoreError:
         """A nats-py error → ours. JetStream API errors other than 503 are not transient."""

@@ -1,0 +1,185 @@
+"""Where the daemon is and how to prove who you are: the same defaults for ``dynamoctl`` and
+for Python programs. No gRPC here, so ``dynamoctl --help`` can read it for free.
+
+Precedence: an explicit argument (a flag) > the environment > the config file > defaults.
+
+* Environment: ``DYNAMO_ENDPOINT``, ``DYNAMO_TOKEN_FILE``, ``DYNAMO_TLS`` (``1``/``true``/
+  ``yes``/``on`` or ``0``/``false``/``no``/``off``), ``DYNAMO_CACERT``, ``DYNAMO_CERT``,
+  ``DYNAMO_CERT_KEY``, ``DYNAMO_TIMEOUT`` (seconds).
+* Config file: ``$DYNAMOCTL_CONFIG``, else ``$XDG_CONFIG_HOME/dynamoctl/config.toml``
+  (``~/.config/dynamoctl/config.toml``): top-level keys ``endpoint``, ``token_file``,
+  ``tls``, ``cacert``, ``cert``, ``cert_key``, ``timeout``, and dynamoctl's display keys
+  ``output`` and ``no_headers`` (a Python client ignores those). A malformed file or an
+  unknown key is refused with a message naming both.
+* Default endpoint: the daemon's unix socket (``dynamod.paths``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynamod.auth import read_token_file
+from dynamod.errors import ConfigError
+from dynamod.paths import default_socket
+
+CONNECTION_KEYS = ("endpoint", "token_file", "tls", "cacert", "cert", "cert_key", "timeout")
+DISPLAY_KEYS = ("output", "no_headers")
+"""dynamoctl's own keys in the shared file."""
+CONFIG_KEYS = CONNECTION_KEYS + DISPLAY_KEYS
+ENVIRONMENT = {key: f"DYNAMO_{key.upper()}" for key in CONNECTION_KEYS}
+PATH_KEYS = ("token_file", "cacert", "cert", "cert_key")
+DEFAULT_TIMEOUT = 10.0
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+_FALSE = ("0", "false", "f", "no", "n", "off")
+
+
+@dataclass(frozen=True)
+class Credentials:
+    token: str | None = None
+    tls: bool = False
+    ca: bytes | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Everything needed to dial the daemon: ``AsyncClient(**vars(connection))``.
+    ``endpoint`` is as given (``target_of`` makes it a gRPC target)."""
+
+    endpoint: str
+    credentials: Credentials
+    timeout: float
+
+
+def default_endpoint() -> str:
+    """The daemon's default unix socket (see ``dynamod.paths``)."""
+    return "unix://" + str(default_socket())
+
+
+def target_of(endpoint: str) -> str:
+    """``/path`` → ``unix:///path``; ``unix://...`` and ``host:port`` stay as they are."""
+    if endpoint.startswith("/"):
+        return "unix://" + endpoint
+    return endpoint
+
+
+def config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the config file is looked for (it need not exist)."""
+    env = os.environ if environ is None else environ
+    if env.get("DYNAMOCTL_CONFIG"):
+        return Path(env["DYNAMOCTL_CONFIG"]).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "dynamoctl" / "config.toml"
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """The config file's keys and values (paths expanded); ``{}`` when there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"config file {str(path)!r} has unknown key {unknown[0]!r}; known keys are "
+            f"{', '.join(CONFIG_KEYS)}"
+        )
+    return {k: _expand(k, v) for k, v in data.items()}
+
+
+def _expand(key: str, value: Any) -> Any:
+    if key in PATH_KEYS and isinstance(value, str):
+        return str(Path(value).expanduser())
+    return value
+
+
+def resolve(
+    endpoint: str | None = None,
+    *,
+    token_file: str | Path | None = None,
+    tls: bool | None = None,
+    cacert: str | Path | None = None,
+    cert: str | Path | None = None,
+    cert_key: str | Path | None = None,
+    timeout: float | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Connection:
+    """The connection dynamoctl would make with these flags: each value from the argument,
+    else the environment, else the config file, else the default. Unreadable files and
+    invalid values raise ``ConfigError`` naming them."""
+    env = os.environ if environ is None else environ
+    given = {
+        "endpoint": endpoint, "token_file": token_file, "tls": tls, "cacert": cacert,
+        "cert": cert, "cert_key": cert_key, "timeout": timeout,
+    }  # fmt: skip
+    file: dict[str, Any] | None = None
+    chosen: dict[str, Any] = {}
+    for key, value in given.items():
+        if value is None and env.get(ENVIRONMENT[key]):
+            value = _from_env(key, env[ENVIRONMENT[key]])
+        if value is None:
+            file = load_config(config_path(env)) if file is None else file
+            value = file.get(key)
+        chosen[key] = value
+    return connection(**chosen)
+
+
+def connection(
+    *,
+    endpoint: str | None,
+    token_file: str | Path | None,
+    tls: bool | None,
+    cacert: str | Path | None,
+    cert: str | Path | None,
+    cert_key: str | Path | None,
+    timeout: float | None,
+) -> Connection:
+    """A ``Connection`` from settled values (None: the default); reads the files named."""
+    if (cert is None) != (cert_key is None):
+        raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
+    credentials = Credentials(
+        token=read_token_file(Path(token_file)) if token_file else None,
+        tls=bool(tls),
+        ca=read_file(Path(cacert), "--cacert") if cacert else None,
+        cert=read_file(Path(cert), "--cert") if cert else None,
+        key=read_file(Path(cert_key), "--cert-key") if cert_key else None,
+    )
+    seconds = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    if not seconds > 0:
+        raise ConfigError(f"timeout {seconds:g} is not a number of seconds above 0")
+    return Connection(endpoint or default_endpoint(), credentials, seconds)
+
+
+def read_file(path: Path, flag: str) -> bytes:
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{flag} {str(path)!r} cannot be read: {exc.strerror}") from None
+
+
+def _from_env(key: str, raw: str) -> Any:
+    name = ENVIRONMENT[key]
+    if key == "tls":
+        if raw.strip().lower() in _TRUE:
+            return True
+        if raw.strip().lower() in _FALSE:
+            return False
+        raise ConfigError(f"{name}={raw!r} is not a boolean; use 1/true/yes/on or 0/false/no/off")
+    if key == "timeout":
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    return raw
