@@ -43,6 +43,9 @@ from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.metrics import DaemonMetrics
+from dynamod.prompts.reader import PromptReader
+from dynamod.prompts.workers import PROCESSES as PROMPT_PROCESSES
+from dynamod.prompts.workers import PromptWorkers
 from dynamod.reports import DaemonState
 from dynamod.router import Router
 from dynamod.store import Store, open_store
@@ -109,8 +112,18 @@ class Daemon:
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
         feeds = Feeds(view, router.report)
+        # Large bodies and explain prompts are read in child processes (prompts/reader.py).
+        workers = await stack.enter_async_context(PromptWorkers(PROMPT_PROCESSES))
+        reader = PromptReader(workers)
         control = Control(
-            store, view, router, self.audit, settings.replica_id, tokenizers, metrics=self.metrics
+            store,
+            view,
+            router,
+            self.audit,
+            settings.replica_id,
+            tokenizers,
+            metrics=self.metrics,
+            prompts=reader,
         )
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, self.metrics
@@ -126,7 +139,7 @@ class Daemon:
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
-                Frontend(router, view, tokenizers, registry=self.registry)
+                Frontend(router, view, tokenizers, registry=self.registry, reader=reader)
             )
             http = await self._start_http(stack, front, listener)
             await grpc.serving(True)

@@ -58,8 +58,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import RoutingError
-from dynamod.frontend.inbound import Inbound, read_body
+from dynamod.errors import PromptWorkerError, RoutingError
+from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import (
     UpstreamFailure,
@@ -72,8 +72,10 @@ from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_re
 from dynamod.http.inflight import Drains, InFlight
 from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
 from dynamod.model import ModelCard
+from dynamod.prompts.prepare import Model
+from dynamod.prompts.reader import PromptReader
 from dynamod.router import Assignment, Router, RouteRequest
-from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,10 @@ DEFAULT_CLIENT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 _SHAPE_ONLY = SimpleTokenizer()
 """Reads the prompt of a request for a model no worker serves, only to check its shape."""
+_UNSERVED = Model(block_size=1, context_length=0, checked=False)
+"""What the front knows of a model no worker serves: nothing to check a body against."""
+RETRY_AFTER = 1
+"""Seconds a client is told to wait (``Retry-After``) before retrying a retryable 503."""
 
 
 class Frontend(Drains):
@@ -91,10 +97,12 @@ class Frontend(Drains):
 
     ``client_timeout``: the longest a worker may stay silent (to answer, and between the
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
-    a connection to a worker may take. ``tokenizers`` gives each model's workers' own
-    tokenizer (the daemon's registry; ``Fixed`` in tests), or token counts and block
-    hashes mean nothing. The front owns one ``aiohttp.ClientSession``,
-    opened by ``start()`` and closed by ``aclose()`` (or ``async with``).
+    a connection to a worker may take. ``reader`` reads bodies (``prompts.reader``: large
+    ones in the daemon's prompt worker processes; all on the loop when None).
+    ``tokenizers`` gives each model's workers' own tokenizer (the daemon's registry;
+    ``Fixed`` in tests), or token counts and block hashes mean nothing. The front owns
+    one ``aiohttp.ClientSession``, opened by ``start()`` and closed by ``aclose()`` (or
+    ``async with``).
     """
 
     def __init__(
@@ -106,8 +114,10 @@ class Frontend(Drains):
         registry: CollectorRegistry | None = None,
         client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reader: PromptReader | None = None,
     ) -> None:
         self._router = router
+        self._reader = reader if reader is not None else PromptReader(None)
         self._view = view
         self._metrics = FrontendMetrics(registry if registry is not None else CollectorRegistry())
         self._timeout = aiohttp.ClientTimeout(
@@ -190,19 +200,25 @@ class Frontend(Drains):
     async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body = await read_body(request, api)
-            card = self._router.card(body.model)
+            # Read in time and bounded before any handler: http/server.py.
+            read = await self._reader.head(await request.read())
+            card = self._router.card(read.head.model)
             # A malformed prompt is a 400 even for a model nobody serves: check it first.
-            tokenizer = await self._tokenizers.for_card(card) if card else _SHAPE_ONLY
-            inbound = body.tokenized(tokenizer)
+            tokenizer: Tokenizer = _SHAPE_ONLY
+            model = _UNSERVED
+            if card is not None:
+                tokenizer, model = await self._tokenizers.for_card(card), Model.of(card)
+            prepared = await self._reader.prepare(read, api, tokenizer, model)
         except FieldError as exc:
             return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+        except PromptWorkerError as exc:
+            return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER)
         if card is None:
-            message = self._router.unserved(body.model)
+            message = self._router.unserved(read.head.model)
             return error_response(404, message, "model_not_found", param="model")
-        route = inbound.route_request(card.kv_block_size)
+        inbound = Inbound.of(api, read.head, prepared)
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
-        return await self._dispatch(_Call(request, inbound, headers, started), route)
+        return await self._dispatch(_Call(request, inbound, headers, started), inbound.route)
 
     async def _dispatch(self, call: _Call, route: RouteRequest) -> web.StreamResponse:
         """Route and forward; a failure before the worker's first byte is retried once on

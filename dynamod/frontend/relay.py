@@ -16,6 +16,7 @@ here and nowhere else in the front.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -74,7 +75,7 @@ async def send(
     name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=inbound.raw, headers={**headers, "Content-Type": "application/json"}
+            url, data=_payload(inbound.raw), headers={**headers, "Content-Type": "application/json"}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
@@ -88,6 +89,15 @@ async def send(
     return UpstreamFailure(
         worker, "status", upstream.status, f"{name} answered {upstream.status}: {said}"
     )
+
+
+_AT_ONCE = 1024 * 1024
+"""aiohttp warns (``ResourceWarning``) when a body over 1 MiB is given as bytes: it is
+written to the socket in one call. A larger one is given as a stream, written in chunks."""
+
+
+def _payload(raw: bytes) -> bytes | io.BytesIO:
+    return raw if len(raw) <= _AT_ONCE else io.BytesIO(raw)
 
 
 async def _error_text(upstream: aiohttp.ClientResponse) -> str:

@@ -295,8 +295,12 @@ def error_response(
     *,
     param: str | None = None,
     worker_id: str | None = None,
+    retry_after: int | None = None,
 ) -> web.Response:
-    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else None
+    """The error answer; ``retry_after`` (seconds) marks it retryable with ``Retry-After``."""
+    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     return json_response(error_body(status, message, code, param), status=status, headers=headers)
 
 

@@ -44,6 +44,7 @@ from dynamod.http.openai import (
     OpenAIApi,
     Sampling,
     brief,
+    check_fits,
     error_body,
     error_response,
     json_object,
@@ -140,6 +141,8 @@ class InferenceRoutes(Drains):
             wanted = sampling(body, api)
             prompt_ids = api.prompt(body, self._engine.tokenizer)
             self._check_model(wanted.model)
+            # The engine refuses these too; checked here, they get the front's very answer.
+            check_fits(len(prompt_ids), wanted, self._engine.model_card().context_length, api)
             chunks = self._engine.generate(_generate_request(request, reply_id, prompt_ids, wanted))
         except FieldError as exc:
             return error_response(400, str(exc), "invalid_value", param=exc.param)
