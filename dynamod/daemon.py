@@ -139,7 +139,14 @@ class Daemon:
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
-                Frontend(router, view, tokenizers, registry=self.registry, reader=reader)
+                Frontend(
+                    router,
+                    view,
+                    tokenizers,
+                    registry=self.registry,
+                    reader=reader,
+                    gone_window=settings.model_gone_window,
+                )
             )
             http = await self._start_http(stack, front, listener)
             await grpc.serving(True)
