@@ -52,6 +52,9 @@ from dynamod.store import Store, open_store
 
 log = logging.getLogger(__name__)
 
+CUT_WITHIN = 1.0
+"""Seconds the streams cut at the end of the grace period get to write their ending."""
+
 Listener = socket.socket | None
 
 
@@ -242,16 +245,25 @@ class Daemon:
 
         waiter = asyncio.create_task(watch_idle(), name="front idle")
         try:
-            async with asyncio.timeout(grace):
-                await wait_any(idle, signals.forced)
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await wait_any(idle, signals.forced)
+            if idle.is_set():
+                return EX_OK
+            log.warning("grace period over with %d requests in flight", front.in_flight)
+            why = (
+                "the daemon was told to stop at once"
+                if signals.forced.is_set()
+                else f"the daemon's grace period of {grace:g} s ended"
+            )
+            if front.cut_streams(f"{why}; this stream is cut short"):
+                # Each stream's handler writes its ending: give them a bounded moment.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CUT_WITHIN):
+                        await idle.wait()
+            return EX_SOFTWARE
         finally:
             await cancel_and_wait(waiter)
-        if not idle.is_set():
-            log.warning("grace period over with %d requests in flight", front.in_flight)
-            return EX_SOFTWARE
-        return EX_OK
 
     def _on_sighup(self) -> None:
         systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")

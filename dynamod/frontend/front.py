@@ -10,6 +10,7 @@ Use::
         front.begin_drain()                   # new requests get 503
         async with asyncio.timeout(grace):
             await front.wait_idle()           # in-flight requests finish
+        # past the grace: front.cut_streams(why), and streams end with an error event
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
 (every model with at least one worker in the view).
@@ -68,6 +69,7 @@ from dynamod.frontend.departures import Departures
 from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import (
+    Streams,
     UpstreamFailure,
     carries_output,
     relay_stream,
@@ -138,6 +140,7 @@ class Frontend(Drains):
         self._session: aiohttp.ClientSession | None = None
         self._requests = InFlight(self._metrics.in_flight)
         self._departures = Departures(gone_window)
+        self._streams = Streams()
         self._unfollow: Callable[[], None] | None = None
 
     async def start(self) -> None:
@@ -169,6 +172,12 @@ class Frontend(Drains):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def cut_streams(self, message: str) -> int:
+        """End every stream being relayed with an error event (``message``, code
+        ``shutting_down``) and ``[DONE]``, as their handlers' next step; how many there were.
+        For the end of a grace period: a client then knows its answer is incomplete."""
+        return self._streams.cut(message)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post(COMPLETIONS.path, self._completions)
@@ -329,7 +338,7 @@ class Frontend(Drains):
                     lambda: self._first_byte(call),
                     lambda: self._router.prefill_done(assignment),
                 )
-                return await relay_stream(call.request, upstream, worker, events.saw)
+                return await relay_stream(call.request, upstream, worker, events.saw, self._streams)
             self._first_byte(call)
             self._router.prefill_done(assignment)
             return await relay_whole(upstream, worker)
