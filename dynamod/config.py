@@ -28,6 +28,9 @@ grace              30                                          seconds for in-fl
 drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
 event_history_mb   64                                          ... and at most this many MB
+max_taints         4096                                        taints an update may leave
+                                                               one worker
+max_taint_bytes    262144                                      ... and bytes of them
 http_head_timeout  10                                          seconds for a request's head
 http_body_timeout  30                                          seconds for a request's body
 http_idle_timeout  75                                          seconds a kept-alive
@@ -60,6 +63,7 @@ from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterConfig
 from dynamod.store import check_url
+from dynamod.taints import TaintLimits
 
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -82,6 +86,8 @@ class Settings:
     drain: float = DRAIN_SECONDS
     event_history: int = 10_000
     event_history_mb: float = 64.0
+    max_taints: int = TaintLimits.count
+    max_taint_bytes: int = TaintLimits.bytes
     http_head_timeout: float = HttpLimits.head_timeout
     http_body_timeout: float = HttpLimits.body_timeout
     http_idle_timeout: float = HttpLimits.idle_timeout
@@ -110,6 +116,10 @@ class Settings:
             self.http_limits  # noqa: B018 - built to check the three timeouts
         except InvalidInputError as exc:
             raise ConfigError(f"http_{exc}") from None
+        try:
+            self.taint_limits  # noqa: B018 - built to check max_taints and max_taint_bytes
+        except InvalidInputError as exc:
+            raise ConfigError(f"max_taints / max_taint_bytes: {exc}") from None
         if not self.listen:
             raise ConfigError("listen needs at least one address")
         for address in self.listen:
@@ -124,6 +134,10 @@ class Settings:
     @property
     def http_limits(self) -> HttpLimits:
         return HttpLimits(self.http_head_timeout, self.http_body_timeout, self.http_idle_timeout)
+
+    @property
+    def taint_limits(self) -> TaintLimits:
+        return TaintLimits(self.max_taints, self.max_taint_bytes)
 
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
@@ -184,6 +198,8 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "drain": _number(float),
     "event_history": _number(int),
     "event_history_mb": _number(float),
+    "max_taints": _number(int),
+    "max_taint_bytes": _number(int),
     "http_head_timeout": _number(float),
     "http_body_timeout": _number(float),
     "http_idle_timeout": _number(float),

@@ -48,7 +48,7 @@ from dynamod.reports import (
 from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.selectors import Selector, parse
 from dynamod.store import Store
-from dynamod.taints import RoutingConstraints, TaintUpdate
+from dynamod.taints import RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ class Control:
     metrics: DaemonMetrics | None = None
     prompts: PromptReader = field(default_factory=lambda: PromptReader(None))
     """Tokenizes ``explain``'s prompt: a long one in the daemon's prompt worker processes."""
+    limits: TaintLimits = field(default_factory=TaintLimits)
+    """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
     serial: KeyedLock = field(default_factory=KeyedLock)
@@ -229,6 +231,7 @@ class Control:
                     expect_revision=target.expect_revision,
                     check=lambda before, after: caller.check_taints(_changed(before, after)),
                     base=record,
+                    limits=self.limits,
                 )
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc)
@@ -237,7 +240,7 @@ class Control:
         return change
 
     def _preview(self, record: WorkerRecord, update: TaintUpdate, caller: Principal) -> TaintChange:
-        after = record.updated(update)
+        after = record.updated(update, self.limits)
         caller.check_taints(_changed(record, after))
         return TaintChange(
             record.instance_id,

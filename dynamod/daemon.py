@@ -127,6 +127,7 @@ class Daemon:
             tokenizers,
             metrics=self.metrics,
             prompts=reader,
+            limits=settings.taint_limits,
         )
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, self.metrics

@@ -7,6 +7,7 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     ├── InvalidInputError (ValueError)          the caller sent      INVALID_ARGUMENT
     │   │                                       something we refuse
     │   ├── TaintError                          a taint is refused (grammar, reserved)
+    │   ├── TaintLimitError                     too many taints, or bytes of them
     │   ├── TopologyError                       topology / kv-transfer metadata is invalid
     │   ├── ConstraintError                     routing constraints are malformed
     │   ├── ImmutableFieldError                 a same-id write changes more than taints
@@ -94,6 +95,11 @@ class TaintError(InvalidInputError):
         super().__init__(f"taint {quoted(taint)} {rule}")
         self.taint = taint
         self.rule = rule
+
+
+class TaintLimitError(InvalidInputError):
+    """An update would leave a worker more taints, or more bytes of them, than the limit
+    (``dynamod.taints.TaintLimits``). Permanent: retrying the same update cannot help."""
 
 
 class TopologyError(InvalidInputError):

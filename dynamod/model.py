@@ -24,6 +24,7 @@ from typing import Any
 
 from dynamod.errors import ImmutableFieldError, InvalidInputError, TaintError, TopologyError
 from dynamod.taints import (
+    TaintLimits,
     TaintUpdate,
     caller_taints,
     is_topology,
@@ -240,9 +241,14 @@ class WorkerRecord:
         merged = with_topology(caller, config.topology_domains)
         return replace(self, runtime_config=replace(config, taints=merged))
 
-    def updated(self, update: TaintUpdate) -> WorkerRecord:
-        """This record after ``update``, computed on its current caller taints."""
-        return self.with_caller_taints(update.apply(caller_taints(self.taints)))
+    def updated(self, update: TaintUpdate, limits: TaintLimits | None = None) -> WorkerRecord:
+        """This record after ``update``, computed on its current caller taints; with
+        ``limits``, an update that grows the set past them raises ``TaintLimitError``."""
+        before = caller_taints(self.taints)
+        after = update.apply(before)
+        if limits is not None:
+            limits.check(before, after)
+        return self.with_caller_taints(after)
 
     @classmethod
     def from_json(cls, obj: object) -> WorkerRecord:

@@ -34,13 +34,23 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from dynamod.errors import ConstraintError, InvalidInputError, TaintError
+from dynamod.errors import (
+    ConstraintError,
+    InvalidInputError,
+    PermissionDeniedError,
+    TaintError,
+    TaintLimitError,
+)
 
 TOPOLOGY_PREFIX = "dynamo.topology/"
 CORDONED = "dynamo.io/cordoned"
+OPERATOR_TAINTS = frozenset({CORDONED})
+"""Taints the operator owns: set and lifted through dynamod (``dynamoctl workers cordon``,
+``uncordon``, ``taints``). A worker's own updates (its system route, ``update_model_taints``)
+keep them as they are: ``TaintUpdate.keeping``."""
 MAX_TAINT_BYTES = 1024
 """The length bound: a taint of more UTF-8 bytes is refused (1 KiB)."""
 
@@ -179,6 +189,8 @@ class TaintUpdate:
     action: UpdateAction
     taints: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
+    kept: frozenset[str] = frozenset()
+    """Taints this update leaves as they are (``keeping``)."""
 
     def __post_init__(self) -> None:
         if self.action not in ACTIONS:
@@ -211,17 +223,77 @@ class TaintUpdate:
     def clear(cls) -> TaintUpdate:
         return cls("clear")
 
+    def keeping(self, taints: frozenset[str]) -> TaintUpdate:
+        """This update, leaving ``taints`` as they are: a replace or clear that leaves a held
+        one out keeps it; adding one, or removing one by name or key, raises
+        ``PermissionDeniedError`` (nothing written). A worker's own updates keep the
+        operator's taints this way (``OPERATOR_TAINTS``)."""
+        return replace(self, kept=self.kept | taints)
+
     def apply(self, current: Iterable[str]) -> tuple[str, ...]:
-        """The caller taints after this update, given the caller taints read just now."""
+        """The caller taints after this update, given the caller taints read just now.
+        Linear in the taints held and named (sets throughout)."""
         held = set(current)
         if self.action == "add":
-            held |= set(self.taints)
+            after = held | set(self.taints)
         elif self.action == "remove":
-            held -= set(self.taints)
-            held = {t for t in held if key_of(t) not in self.keys}
+            keys = set(self.keys)
+            after = {t for t in held - set(self.taints) if key_of(t) not in keys}
         else:
-            held = set(self.taints)
-        return normalize(held)
+            after = set(self.taints)
+        if self.kept:
+            after = self._keep(held, after)
+        return normalize(after)
+
+    def _keep(self, held: set[str], after: set[str]) -> set[str]:
+        """``after`` with the kept taints as ``held`` has them. Adding one, or removing
+        one by name or key, is refused; a replace or clear that leaves one out keeps it."""
+        touched = (after - held) & self.kept
+        if self.action == "remove":
+            touched |= (held - after) & self.kept
+        if touched:
+            raise PermissionDeniedError(
+                f"taint {min(touched)!r} is the operator's: only dynamod changes it "
+                "(dynamoctl workers cordon / uncordon); a worker's own taint updates keep it "
+                "as it is"
+            )
+        return (after - self.kept) | (held & self.kept)
+
+
+@dataclass(frozen=True)
+class TaintLimits:
+    """How many caller taints one worker may hold, and their total size (UTF-8 bytes, one
+    separator each). The defaults keep a worker's record well inside etcd's request limit
+    (1.5 MiB) and NATS's message limit (1 MiB) beside its model card."""
+
+    count: int = 4096
+    bytes: int = 256 * 1024
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.bytes < MAX_TAINT_BYTES:
+            raise InvalidInputError(
+                f"taint limits must allow at least one taint of {MAX_TAINT_BYTES} bytes, got "
+                f"{self.count} taints and {self.bytes} bytes"
+            )
+
+    def check(self, before: tuple[str, ...], after: tuple[str, ...]) -> None:
+        """Refuse (``TaintLimitError``, permanent) an update that leaves ``after`` over a
+        limit and larger by it than ``before``: a set already over a lowered limit may
+        still shrink."""
+        for name, limit, measure in (
+            ("taints", self.count, len),
+            ("bytes of taints", self.bytes, _size),
+        ):
+            held, wanted = measure(before), measure(after)
+            if wanted > limit and wanted > held:
+                raise TaintLimitError(
+                    f"the update would leave the worker {wanted} {name}; the limit is {limit} "
+                    f"{name} per worker (the worker holds {held})"
+                )
+
+
+def _size(taints: tuple[str, ...]) -> int:
+    return sum(len(t.encode("utf-8", "surrogatepass")) + 1 for t in taints)
 
 
 def _valid_key(key: str) -> str:

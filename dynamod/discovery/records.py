@@ -28,7 +28,7 @@ from dynamod.errors import (
 from dynamod.model import WorkerRecord, immutable_diff
 from dynamod.reports import TaintChange
 from dynamod.store import KEEP, Delete, Lease, Put, Resync, Store, keep_alive
-from dynamod.taints import TaintUpdate, caller_taints
+from dynamod.taints import TaintLimits, TaintUpdate, caller_taints
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ async def update_taints(
     expect_revision: int | None = None,
     check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
     base: WorkerRecord | None = None,
+    limits: TaintLimits | None = None,
 ) -> TaintChange:
     """Apply ``update`` to the worker record at ``key`` atomically; return what changed.
 
@@ -83,7 +84,8 @@ async def update_taints(
     at another revision fails at once with ``RevisionMismatchError`` (the caller's
     optimistic lock). A missing worker raises ``WorkerNotFoundError``.
     ``check(before, after)`` runs before each write and may raise to refuse it (access
-    control on the taints actually changed).
+    control on the taints actually changed). ``limits`` bound the taints an update may leave
+    (``TaintLimitError``, permanent, nothing written).
 
     ``base`` is the record as registered (a worker's own, or a router's view of it). A
     stored record that differs from it outside the taints was changed out of band, and
@@ -99,7 +101,7 @@ async def update_taints(
             raise RevisionMismatchError(key, expect_revision, revision)
         stored = _parse(entry.value, key, base)
         before = within_boundary(base, stored)
-        after = before.updated(update)
+        after = before.updated(update, limits)
         if after == stored:
             return _change(before, after, revision)
         if check is not None:

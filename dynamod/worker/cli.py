@@ -18,6 +18,7 @@ from dynamod import __version__
 from dynamod.errors import InvalidInputError
 from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import guarded, run
+from dynamod.taints import TaintLimits
 from dynamod.worker.engines.mocker import MockerConfig
 
 if TYPE_CHECKING:
@@ -179,6 +180,12 @@ def worker(
         Path | None,
         typer.Option(help="Append one JSON line per taint update to this file (default: the log)."),
     ] = None,
+    max_taints: Annotated[
+        int, typer.Option(help="Most taints a taint update may leave this worker.")
+    ] = TaintLimits.count,
+    max_taint_bytes: Annotated[
+        int, typer.Option(help="Most bytes of taints (UTF-8, one per separator) it may leave.")
+    ] = TaintLimits.bytes,
     lease_ttl: Annotated[float, typer.Option(help="Seconds the record outlives a crash.")] = 10.0,
     grace: Annotated[
         float, typer.Option(help="Seconds in-flight requests get to finish on SIGTERM.")
@@ -244,6 +251,7 @@ def worker(
             system_port=system_port,
             tokens=read_tokens(token_file),
             audit_log=audit_log,
+            taint_limits=TaintLimits(max_taints, max_taint_bytes),
             lease_ttl=lease_ttl,
             grace=grace,
             http_limits=HttpLimits(http_head_timeout, http_body_timeout, http_idle_timeout),

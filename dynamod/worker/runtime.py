@@ -38,7 +38,7 @@ from dynamod import __version__
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
 from dynamod.discovery.records import Registration, new_instance_id
-from dynamod.errors import ConfigError, InvalidKeyError, ShuttingDownError
+from dynamod.errors import ConfigError, InvalidInputError, InvalidKeyError, ShuttingDownError
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
@@ -47,7 +47,7 @@ from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.reported import RECORD_FIELD, offer
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
-from dynamod.taints import TaintUpdate, validate_caller_taints, with_topology
+from dynamod.taints import TaintLimits, TaintUpdate, validate_caller_taints, with_topology
 from dynamod.worker.engines.base import Backend, Engine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
@@ -84,6 +84,7 @@ class WorkerSettings:
     system_port: int = 0
     tokens: Tokens | None = None
     audit_log: Path | None = None
+    taint_limits: TaintLimits = field(default_factory=TaintLimits)
     lease_ttl: float = 10.0
     grace: float = 10.0
     http_limits: HttpLimits = field(default_factory=HttpLimits)
@@ -134,6 +135,10 @@ class WorkerSettings:
         )
         validate_topology(config)
         caller = validate_caller_taints(self.taints)
+        try:
+            self.taint_limits.check((), caller)
+        except InvalidInputError as exc:
+            raise ConfigError(f"--taint: {exc} (--max-taints, --max-taint-bytes)") from None
         return RuntimeConfig(
             taints=with_topology(caller, config.topology_domains),
             topology_domains=config.topology_domains,
@@ -224,7 +229,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     global _writer
     audit = AuditLog(settings.audit_log)
     audit.open()
-    writer = _writer = TaintWriter(audit)
+    writer = _writer = TaintWriter(audit, settings.taint_limits)
     try:
         return await _run(settings, writer)
     finally:

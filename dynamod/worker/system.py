@@ -36,6 +36,7 @@ from dynamod.auth import Principal, Tokens
 from dynamod.errors import (
     AccessError,
     ConflictError,
+    DynamoError,
     InvalidInputError,
     ShuttingDownError,
     StoreUnavailableError,
@@ -114,9 +115,16 @@ class SystemServer:
         except ConflictError as exc:
             self._updates.labels("conflict").inc()
             return error(409, "Conflict", str(exc), retryable=True, attempts=exc.attempts)
+        except InvalidInputError as exc:  # a limit: permanent, nothing written
+            self._updates.labels("invalid").inc()
+            return error(400, "Bad request", str(exc))
         except (ShuttingDownError, StoreUnavailableError, WorkerNotFoundError) as exc:
             self._updates.labels("unavailable").inc()
             return error(503, "Unavailable", str(exc))
+        except DynamoError as exc:  # the store refused the write: said, not a traceback
+            self._updates.labels("failed").inc()
+            log.warning("taint update failed: %s", exc)
+            return error(500, "Internal server error", str(exc))
         self._updates.labels("ok").inc()
         log.info("taints of %s set to %s", change.worker, list(change.after))
         return web.json_response({"status": "ok", "taints": list(caller_taints(change.after))})

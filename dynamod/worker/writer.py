@@ -13,6 +13,11 @@ Every update, and every refused attempt, leaves one audit line (``dynamod.audit`
 came from (``peer``: the client's address, or ``in-process``), the token's name when a
 token was presented, the taints sent, the complete taint sets before and after, the
 revision, and the outcome.
+
+The operator's taints (``OPERATOR_TAINTS``: the cordon) are outside a worker's reach: its
+updates keep them as they are (a replace that leaves the cordon out keeps it), and one that
+would add them is refused with 403 (``TaintUpdate.keeping``). Only dynamod, through
+``dynamoctl``, cordons and uncordons.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dynamod.discovery.records import Registration, update_taints
 from dynamod.errors import DynamoError, ShuttingDownError
 from dynamod.model import WorkerRecord
 from dynamod.reports import TaintChange
-from dynamod.taints import TaintUpdate
+from dynamod.taints import OPERATOR_TAINTS, TaintLimits, TaintUpdate
 
 State = Literal["starting", "running", "shutting down"]
 IN_PROCESS = "in-process"
@@ -38,8 +43,9 @@ class TaintWriter:
     """See the module docstring. ``state`` follows the worker's life; updates are taken
     only while it is ``running``."""
 
-    def __init__(self, audit: AuditLog) -> None:
+    def __init__(self, audit: AuditLog, limits: TaintLimits | None = None) -> None:
         self.audit = audit
+        self.limits = limits or TaintLimits()
         self.state: State = "starting"
         self.registration: Registration | None = None
         self._lock = asyncio.Lock()
@@ -75,9 +81,10 @@ class TaintWriter:
                 change = await update_taints(
                     registration.store,
                     registration.record.key,
-                    update,
+                    update.keeping(OPERATOR_TAINTS),
                     check=None if caller is None else _check(caller),
                     base=registration.record,
+                    limits=self.limits,
                 )
         except DynamoError as exc:
             self.refused(update, peer=peer, caller=caller, error=exc)

@@ -30,16 +30,15 @@ from bench.load import (
     Judgement,
     LoadGenerator,
     Outcome,
-    TaintLog,
     Target,
     initial_taints,
     judge,
     lost_updates,
     running,
     start_all,
-    taint_log,
     verdict,
 )
+from bench.taintlog import TaintLog, taint_log
 from dynamod.client import AsyncClient
 from dynamod.discovery.view import WorkerView
 from dynamod.store import open_store

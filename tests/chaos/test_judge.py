@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from bench.load import Kind, Outcome, TaintLog, verdict
+from bench.load import Kind, Outcome, verdict
+from bench.taintlog import TaintLog
 from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerRecord, WorkerRemoved
 from dynamod.taints import RoutingConstraints
 from tests.factories import make_record

@@ -388,10 +388,16 @@ async def test_concurrent_clients_never_lose_an_update(
             for i in range(clients)
         ]
         outputs = []
-        for proc in procs:
-            out, err = await asyncio.to_thread(proc.communicate, timeout=100)
-            assert proc.returncode == 0, err
-            outputs.append(out)
+        try:
+            for proc in procs:
+                out, err = await asyncio.to_thread(proc.communicate, timeout=100)
+                assert proc.returncode == 0, err
+                outputs.append(out)
+        finally:  # a failed or timed-out client leaves none of the others running
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     expected = {"base", "dynamo.topology/zone=a"}
     applied = conflicts = 0
     for out in outputs:
