@@ -45,9 +45,7 @@ from bench.common import (
     stats_json,
     write_json,
 )
-from bench.front import MODEL, front_on_loopback, one
-from dynamod.store import open_store
-from tests.procs import Proc, running, worker
+from bench.front import MODEL, one, worker_and_front
 
 WARMUP = 50
 STREAM_BLOCK = 10
@@ -156,24 +154,13 @@ async def streams(
 
 
 async def measure(url: str, requests: int, stream_count: int) -> dict[str, Any]:
-    store = await open_store(url)
-    try:
-        proc: Proc
-        async with (
-            running(worker(url, "--speedup-ratio", "1000", model=MODEL)) as proc,
-            front_on_loopback(store) as (front_url, view),
-            aiohttp.ClientSession() as http,
-        ):
-            key = proc.field("key")
-            await view.wait_for(lambda v: v.get(key) is not None)
-            path = "/v1/completions"
-            for _ in range(WARMUP):
-                await one(http, front_url + path, proc.field("id"))
-            rows, found = await profiled(http, front_url + path, proc.field("id"), requests)
-            targets = {"direct": proc.field("http") + path, "front": front_url + path}
-            streamed = await streams(http, targets, stream_count)
-    finally:
-        await store.aclose()
+    async with worker_and_front(url) as (proc, front_url, http):
+        path = "/v1/completions"
+        for _ in range(WARMUP):
+            await one(http, front_url + path, proc.field("id"))
+        rows, found = await profiled(http, front_url + path, proc.field("id"), requests)
+        targets = {"direct": proc.field("http") + path, "front": front_url + path}
+        streamed = await streams(http, targets, stream_count)
     return {"rows": rows, "parts_us": found, "streams": streamed}
 
 
