@@ -4,6 +4,7 @@ README ("Limits and threat model")."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import orjson
@@ -39,13 +40,13 @@ class HttpLimits:
 def load_json(raw: bytes, what: str = "the request body") -> object:
     """``raw`` parsed, or ``InvalidInputError`` saying why not: not UTF-8 JSON, or nested
     deeper than ``MAX_JSON_DEPTH``. orjson parses (``http/openai.py`` says why); it stops
-    by itself at 1024 levels, so no nesting exhausts a recursion."""
+    by itself at a nesting limit of its own, so no nesting exhausts a recursion."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        if not str(exc).startswith("depth limit exceeded"):
-            raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
-        depth = MAX_JSON_DEPTH + 1
+        # orjson's nesting limit reads as "failed to allocate memory": the reason comes
+        # from the standard library's parser instead, on this refusal's path only.
+        depth = _refused_depth(raw, what, str(exc))
     else:
         depth = _depth(value)
     if depth > MAX_JSON_DEPTH:
@@ -53,6 +54,22 @@ def load_json(raw: bytes, what: str = "the request body") -> object:
             f"{what} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
         )
     return value
+
+
+def _refused_depth(raw: bytes, what: str, said: str) -> int:
+    """How deep a body orjson refused nests, when that was its fault; else raises the
+    ``InvalidInputError`` naming what is wrong with it."""
+    try:
+        value = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        return MAX_JSON_DEPTH + 1
+    depth = _depth(value)
+    if depth > MAX_JSON_DEPTH:
+        return depth
+    # JSON the standard library takes and orjson does not (NaN, Infinity): refused.
+    raise InvalidInputError(f"{what} is not valid JSON: {said}")
 
 
 _NESTING = (dict, list)

@@ -137,3 +137,17 @@ async def test_explain_tokenizes_a_long_prompt_and_bounds_it(fleet: Fleet) -> No
         too_long = "x" * (8 * 1024 * 1024 + 1)
         with pytest.raises(InvalidInputError, match=r"8388609 characters long; at most 8388608"):
             await client.explain(MODEL, prompt=too_long)
+
+
+@pytest.mark.parametrize("surface", ["front", "inference"])
+async def test_nesting_cut_off_is_refused_for_its_depth(
+    fleet: Fleet, session: aiohttp.ClientSession, surface: str
+) -> None:
+    """Unclosed nesting past the JSON parser's own limit is named as nesting, not as a
+    parser's internal error."""
+    raw = b'{"model": "llama", "prompt": ' + b"[" * 2000
+    headers = {"Content-Type": "application/json"}
+    async with session.post(url(fleet, surface, "/v1/completions"), data=raw, headers=headers) as r:
+        assert r.status == 400
+        message = (await r.json())["error"]["message"]
+    assert message == "the request body nests arrays or objects more than 64 levels deep"
