@@ -43,33 +43,35 @@ def load_json(raw: bytes, what: str = "the request body") -> object:
     by itself at a nesting limit of its own, so no nesting exhausts a recursion."""
     try:
         value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        # orjson's nesting limit reads as "failed to allocate memory": the reason comes
-        # from the standard library's parser instead, on this refusal's path only.
-        depth = _refused_depth(raw, what, str(exc))
-    else:
-        depth = _depth(value)
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidInputError(
-            f"{what} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
-        )
+    except orjson.JSONDecodeError:
+        # orjson refuses integers past 64 bits, which are JSON (a field check then names
+        # the field), and reports its nesting limit as a memory error: the standard
+        # library's parser decides instead, on this path only.
+        value = _strict_loads(raw, what)
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise _too_deep(what)
     return value
 
 
-def _refused_depth(raw: bytes, what: str, said: str) -> int:
-    """How deep a body orjson refused nests, when that was its fault; else raises the
-    ``InvalidInputError`` naming what is wrong with it."""
+def _strict_loads(raw: bytes, what: str) -> object:
+    """``raw`` parsed by the standard library, which refuses NaN and Infinity here as
+    orjson does (they are not JSON)."""
     try:
-        value = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return json.loads(raw, parse_constant=_not_json)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise InvalidInputError(f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
-        return MAX_JSON_DEPTH + 1
-    depth = _depth(value)
-    if depth > MAX_JSON_DEPTH:
-        return depth
-    # JSON the standard library takes and orjson does not (NaN, Infinity): refused.
-    raise InvalidInputError(f"{what} is not valid JSON: {said}")
+        raise _too_deep(what) from None
+
+
+def _not_json(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _too_deep(what: str) -> InvalidInputError:
+    return InvalidInputError(
+        f"{what} nests arrays or objects more than {MAX_JSON_DEPTH} levels deep"
+    )
 
 
 _NESTING = (dict, list)

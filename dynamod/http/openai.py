@@ -20,6 +20,7 @@ measures it; the README's dependency notes give the figures).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -175,7 +176,13 @@ def _content(where: str, content: object) -> str:
 
 def dump_json(value: object) -> bytes:
     """``value`` as compact JSON (UTF-8, no NaN): the one writer of JSON bodies and events."""
-    return orjson.dumps(value)
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        # An integer past 64 bits, which JSON allows and the standard library's parser
+        # takes (``http/limits.py``): orjson cannot write it, the standard library can.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode()
 
 
 def json_response(
