@@ -33,7 +33,7 @@ from dynamod.model import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
-from tests.procs import Proc, daemon, dynamoctl, env, running, worker
+from tests.procs import Proc, daemon, run_ctl, running, worker
 
 pytestmark = [pytest.mark.etcd, pytest.mark.nats, pytest.mark.timeout(300)]
 
@@ -41,17 +41,6 @@ CLI_WRITERS = 64
 ROUTE_WRITERS = 100
 DAEMONS = 4
 SECONDS = float(os.environ.get("DYNAMO_WRITERS_SECONDS", "30"))
-
-
-async def run_ctl(socket: Path, *args: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *dynamoctl("--endpoint", f"unix://{socket}", *args),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env(),
-    )  # fmt: skip
-    async with asyncio.timeout(120):
-        _, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, err.decode()
 
 
 async def record_of(store: Store, key: str) -> tuple[WorkerRecord, int]:
