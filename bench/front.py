@@ -104,7 +104,9 @@ async def one(http: aiohttp.ClientSession, url: str, expect_worker: str) -> int:
     return elapsed
 
 
-async def measure(url: str, n: int) -> dict[str, Stats]:
+@contextlib.asynccontextmanager
+async def worker_and_front(url: str) -> AsyncIterator[tuple[Proc, str, aiohttp.ClientSession]]:
+    """A mocker worker in the store ``url``, a front that sees it, and a client session."""
     store = await open_store(url)
     try:
         async with (
@@ -114,9 +116,14 @@ async def measure(url: str, n: int) -> dict[str, Stats]:
         ):
             key = proc.field("key")
             await view.wait_for(lambda v: v.get(key) is not None)
-            return await compare(http, proc, front_url, n)
+            yield proc, front_url, http
     finally:
         await store.aclose()
+
+
+async def measure(url: str, n: int) -> dict[str, Stats]:
+    async with worker_and_front(url) as (proc, front_url, http):
+        return await compare(http, proc, front_url, n)
 
 
 async def compare(

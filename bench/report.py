@@ -59,6 +59,12 @@ SUITES = (
     Suite("store_latency", "bench.store_latency", ("--ops", "300"), ("--ops", "60")),
     Suite("propagation", "bench.propagation", ("--updates", "300"), ("--updates", "60")),
     Suite("front", "bench.front", ("--requests", "300"), ("--requests", "60")),
+    Suite(
+        "front_profile",
+        "bench.front_profile",
+        ("--requests", "300", "--streams", "100"),
+        ("--requests", "60", "--streams", "20"),
+    ),
     Suite("cli", "bench.cli", ("--runs", "10"), ("--runs", "3")),
     Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
     Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
@@ -188,6 +194,29 @@ def section_front(data: Json) -> list[str]:
     rows = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["rows"].items()]
     over = f"overhead p50 **{ms(data['overhead_p50_ms'])} ms** (front minus direct, the floor)"
     return [*table(("path", "n", "p50 ms", "p99 ms"), rows), over, ""]
+
+
+def section_front_profile(data: Json) -> list[str]:
+    """Where the front's CPU time per request goes (cProfile), and a stream's overhead."""
+    parts = data["parts_us"]
+    out = table(("part", "µs / request (profiled)", "share of the handler"), data["rows"])
+    out += [
+        f"Wall-clock p50 {ms(parts['wall p50 ms'])} ms per request "
+        f"({ms(parts['wall p50 ms profiled'])} ms under the profiler, which inflates every "
+        "row alike: read the shares).",
+        "",
+    ]
+    rows = []
+    for what, label in (("ttfb", "time to first event"), ("gap", "gap between events")):
+        floor = data["streams"]["direct"][what]
+        front = data["streams"]["front"][what]
+        over = front["p50_ms"] - floor["p50_ms"]
+        rows.append([label, p(floor), p(front), f"{over:+.3f}", p(front, "p99_ms")])
+    out += table(
+        ("stream (32 tokens)", "direct p50 ms", "front p50 ms", "overhead p50 ms", "front p99 ms"),
+        rows,
+    )
+    return out
 
 
 def section_engines(data: Json) -> list[str]:
@@ -462,6 +491,10 @@ SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
     "store_latency": ("Store latency (`bench.store_latency`)", section_store_latency),
     "propagation": ("Taint propagation (`bench.propagation`)", section_propagation),
     "front": ("Front overhead (`bench.front`)", section_front),
+    "front_profile": (
+        "Front profile: where a request's time goes (`bench.front_profile`)",
+        section_front_profile,
+    ),
     "cli": ("CLI (`bench.cli`)", section_generic),
     "scale": ("Scale (`bench.scale`)", section_scale),
     "load": ("Load with moving taints (`bench.load`)", section_load),

@@ -35,6 +35,10 @@ http_head_timeout  10                                          seconds for a req
 http_body_timeout  30                                          seconds for a request's body
 http_idle_timeout  75                                          seconds a kept-alive
                                                                connection may idle
+model_gone_window  30                                          seconds after a model's last
+                                                               worker left during which
+                                                               its requests get a
+                                                               retryable 503, not 404
 replica_id         <host>-<pid>                                this replica's name
 =================  ==========================================  ==========================
 """
@@ -87,6 +91,7 @@ class Settings:
     http_head_timeout: float = HttpLimits.head_timeout
     http_body_timeout: float = HttpLimits.body_timeout
     http_idle_timeout: float = HttpLimits.idle_timeout
+    model_gone_window: float = 30.0
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     router: RouterConfig = field(default_factory=RouterConfig)
 
@@ -97,7 +102,7 @@ class Settings:
             raise ConfigError(
                 f"log_format {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}"
             )
-        for name in ("grace", "drain"):
+        for name in ("grace", "drain", "model_gone_window"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -198,6 +203,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "http_head_timeout": _number(float),
     "http_body_timeout": _number(float),
     "http_idle_timeout": _number(float),
+    "model_gone_window": _number(float),
     "replica_id": str,
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterConfig)}

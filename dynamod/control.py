@@ -31,8 +31,11 @@ from dynamod.errors import (
     StoreUnavailableError,
     code_name,
 )
+from dynamod.http.limits import MAX_BODY
 from dynamod.metrics import DaemonMetrics
 from dynamod.model import ModelCard, WorkerRecord
+from dynamod.prompts.prepare import Tokenized
+from dynamod.prompts.reader import PromptReader
 from dynamod.reports import (
     CandidateInfo,
     ChangeError,
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 BULK_CONCURRENCY = 16
 DEFAULT_BLOCK_SIZE = 16
 """The block size ``explain`` hashes a prompt with when the model has no worker."""
+MAX_EXPLAIN_PROMPT = MAX_BODY
+"""The longest prompt (characters) ``explain`` tokenizes: no request to the front could
+carry a longer one."""
 
 Progress = Callable[[TaintChange], Awaitable[None]]
 
@@ -114,6 +120,8 @@ class Control:
     """The tokenizers the front uses too: ``explain`` counts and hashes prompts as the
     front would, with the tokenizer the model's workers publish."""
     metrics: DaemonMetrics | None = None
+    prompts: PromptReader = field(default_factory=lambda: PromptReader(None))
+    """Tokenizes ``explain``'s prompt: a long one in the daemon's prompt worker processes."""
     limits: TaintLimits = field(default_factory=TaintLimits)
     """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
@@ -286,14 +294,19 @@ class Control:
         """The router's decision for a hypothetical request, as data. The prompt is
         tokenized and its blocks hashed as the front would, so prefix overlap shows up
         exactly as a real request would see it."""
+        if len(prompt) > MAX_EXPLAIN_PROMPT:
+            raise InvalidInputError(
+                f"the prompt to explain is {len(prompt)} characters long; at most "
+                f"{MAX_EXPLAIN_PROMPT} are allowed (the front's largest body)"
+            )
         card = self.router.card(model)
-        tokens: list[int] = []
+        block_size = card.kv_block_size if card is not None else DEFAULT_BLOCK_SIZE
+        read = Tokenized(0, ())
         if prompt:
             tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
-            tokens = tokenizer.encode(prompt)
-        block_size = card.kv_block_size if card is not None else DEFAULT_BLOCK_SIZE
+            read = await self.prompts.tokenize(prompt, tokenizer, block_size)
         result = self.router.explain(
-            RouteRequest.for_prompt(model, constraints, tokens, block_size)
+            RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes)
         )
         candidates = tuple(self._candidate(row) for row in result.workers)
         chosen = next((c.worker.id for c in candidates if c.rank == 1), "")

@@ -43,11 +43,17 @@ from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.metrics import DaemonMetrics
+from dynamod.prompts.reader import PromptReader
+from dynamod.prompts.workers import PROCESSES as PROMPT_PROCESSES
+from dynamod.prompts.workers import PromptWorkers
 from dynamod.reports import DaemonState
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.store import Store, open_store
 
 log = logging.getLogger(__name__)
+
+CUT_WITHIN = 1.0
+"""Seconds the streams cut at the end of the grace period get to write their ending."""
 
 Listener = socket.socket | None
 
@@ -109,6 +115,9 @@ class Daemon:
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
         feeds = Feeds(view, router.report, kv=kv)
+        # Large bodies and explain prompts are read in child processes (prompts/reader.py).
+        workers = await stack.enter_async_context(PromptWorkers(PROMPT_PROCESSES))
+        reader = PromptReader(workers)
         control = Control(
             store,
             view,
@@ -117,6 +126,7 @@ class Daemon:
             settings.replica_id,
             tokenizers,
             metrics=self.metrics,
+            prompts=reader,
             limits=settings.taint_limits,
         )
         self.api = ServiceContext(
@@ -133,7 +143,14 @@ class Daemon:
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
-                Frontend(router, view, tokenizers, registry=self.registry)
+                Frontend(
+                    router,
+                    view,
+                    tokenizers,
+                    registry=self.registry,
+                    reader=reader,
+                    gone_window=settings.model_gone_window,
+                )
             )
             http = await self._start_http(stack, front, listener)
             await grpc.serving(True)
@@ -241,16 +258,25 @@ class Daemon:
 
         waiter = asyncio.create_task(watch_idle(), name="front idle")
         try:
-            async with asyncio.timeout(grace):
-                await wait_any(idle, signals.forced)
-        except TimeoutError:
-            pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await wait_any(idle, signals.forced)
+            if idle.is_set():
+                return EX_OK
+            log.warning("grace period over with %d requests in flight", front.in_flight)
+            why = (
+                "the daemon was told to stop at once"
+                if signals.forced.is_set()
+                else f"the daemon's grace period of {grace:g} s ended"
+            )
+            if front.cut_streams(f"{why}; this stream is cut short"):
+                # Each stream's handler writes its ending: give them a bounded moment.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CUT_WITHIN):
+                        await idle.wait()
+            return EX_SOFTWARE
         finally:
             await cancel_and_wait(waiter)
-        if not idle.is_set():
-            log.warning("grace period over with %d requests in flight", front.in_flight)
-            return EX_SOFTWARE
-        return EX_OK
 
     def _on_sighup(self) -> None:
         systemd.notify("RELOADING=1", f"MONOTONIC_USEC={time.monotonic_ns() // 1000}")

@@ -36,6 +36,9 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   │                                       credentials
     │   └── PermissionDeniedError               credentials lack     PERMISSION_DENIED
     │                                           the right
+    ├── PromptWorkerError                       a large prompt could not UNAVAILABLE
+    │                                           be prepared now (its workers are busy or
+    │                                           one failed); retryable
     ├── UnreachableError (ConnectionError)      the daemon cannot be reached at all
     └── ListenError (OSError)                   a listener cannot be bound (address in use)
 
@@ -253,6 +256,14 @@ class PermissionDeniedError(AccessError):
     """Valid credentials without the needed right."""
 
     code = "PERMISSION_DENIED"
+
+
+class PromptWorkerError(DynamoError):
+    """The daemon's prompt workers (``dynamod/prompts``) could not take or finish a large
+    prompt: too many are waiting, one took too long, or one died. Retry later."""
+
+    code = "UNAVAILABLE"
+    retryable = True
 
 
 class UnreachableError(DynamoError, ConnectionError):

@@ -286,3 +286,15 @@ def daemon(store_url: str, socket: Path, *args: str, **env: str) -> Proc:
 
 def dynamoctl(*args: str) -> list[str]:
     return [str(BIN / "dynamoctl"), *args]
+
+
+async def run_ctl(socket: Path, *args: str, within: float = 120) -> tuple[int, str]:
+    """Run ``dynamoctl`` against the daemon at ``socket``; its exit status and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        *dynamoctl("--endpoint", f"unix://{socket}", *args),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env(),
+    )  # fmt: skip
+    async with asyncio.timeout(within):
+        _, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, err.decode()

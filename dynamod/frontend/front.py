@@ -10,12 +10,14 @@ Use::
         front.begin_drain()                   # new requests get 503
         async with asyncio.timeout(grace):
             await front.wait_idle()           # in-flight requests finish
+        # past the grace: front.cut_streams(why), and streams end with an error event
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
 (every model with at least one worker in the view).
 
-Per request: read the body (``inbound.py``: model, ``nvext`` routing constraints and
-``max_wait``), tokenize its prompt with the tokenizer the model's workers publish
+Per request: read the body (``prompts.reader``; ``inbound.py`` says what is checked:
+the worker's own checks, model, ``nvext`` routing constraints and ``max_wait``), tokenize
+its prompt with the tokenizer the model's workers publish
 (``tokenizers.for_card``), route it (prompt token count and KV block hashes, with the
 block size of the model's workers), forward the body to ``<worker.address>/v1/...``
 (with the prompt's token ids added, so the worker need not tokenize again) and pass the
@@ -27,9 +29,13 @@ response arrives.
 Answers the front gives itself (OpenAI-shaped errors, ``replies.py``):
 
 =======================================================  ======
-malformed body, bad constraints or ``max_wait``          400
+malformed body, a field a worker would refuse, a         400
+prompt over the context, bad constraints, ``max_wait``
 body over the application's ``client_max_size``          413
-no worker serves the model                               404
+no worker serves the model (after a wait, when           404
+``max_wait`` or the router's ``no_worker_wait`` asks)
+... and its last worker left within ``gone_window`` s    503 + ``Retry-After``
+a large body the prompt workers cannot take now          503 + ``Retry-After``
 no worker satisfies the constraints (the router's        503
 message names what was required and what exists),
 queue wait over, router shutting down, front draining
@@ -58,10 +64,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import RoutingError
-from dynamod.frontend.inbound import Inbound, read_body
+from dynamod.errors import PromptWorkerError, RoutingError
+from dynamod.frontend.departures import Departures
+from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import (
+    Streams,
     UpstreamFailure,
     carries_output,
     relay_stream,
@@ -72,8 +80,10 @@ from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_re
 from dynamod.http.inflight import Drains, InFlight
 from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
 from dynamod.model import ModelCard
+from dynamod.prompts.prepare import Model, Prepared
+from dynamod.prompts.reader import PromptReader, Read
 from dynamod.router import Assignment, Router, RouteRequest
-from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
@@ -84,6 +94,14 @@ DEFAULT_CLIENT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 _SHAPE_ONLY = SimpleTokenizer()
 """Reads the prompt of a request for a model no worker serves, only to check its shape."""
+_UNSERVED = Model(block_size=1, context_length=0, checked=False)
+"""What the front knows of a model no worker serves: nothing to check a body against."""
+RETRY_AFTER = 1
+"""Seconds a client is told to wait (``Retry-After``) before retrying a retryable 503."""
+GONE_WINDOW = 30.0
+"""Seconds after a model's last worker left during which a request for it gets a
+retryable 503 instead of 404 (the daemon's ``model_gone_window``)."""
+"""Seconds a client is told to wait (``Retry-After``) before retrying a retryable 503."""
 
 
 class Frontend(Drains):
@@ -91,10 +109,12 @@ class Frontend(Drains):
 
     ``client_timeout``: the longest a worker may stay silent (to answer, and between the
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
-    a connection to a worker may take. ``tokenizers`` gives each model's workers' own
-    tokenizer (the daemon's registry; ``Fixed`` in tests), or token counts and block
-    hashes mean nothing. The front owns one ``aiohttp.ClientSession``,
-    opened by ``start()`` and closed by ``aclose()`` (or ``async with``).
+    a connection to a worker may take. ``reader`` reads bodies (``prompts.reader``: large
+    ones in the daemon's prompt worker processes; all on the loop when None).
+    ``tokenizers`` gives each model's workers' own tokenizer (the daemon's registry;
+    ``Fixed`` in tests), or token counts and block hashes mean nothing. The front owns
+    one ``aiohttp.ClientSession``, opened by ``start()`` and closed by ``aclose()`` (or
+    ``async with``).
     """
 
     def __init__(
@@ -106,8 +126,11 @@ class Frontend(Drains):
         registry: CollectorRegistry | None = None,
         client_timeout: float = DEFAULT_CLIENT_TIMEOUT,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        reader: PromptReader | None = None,
+        gone_window: float = GONE_WINDOW,
     ) -> None:
         self._router = router
+        self._reader = reader if reader is not None else PromptReader(None)
         self._view = view
         self._metrics = FrontendMetrics(registry if registry is not None else CollectorRegistry())
         self._timeout = aiohttp.ClientTimeout(
@@ -116,6 +139,9 @@ class Frontend(Drains):
         self._tokenizers = tokenizers
         self._session: aiohttp.ClientSession | None = None
         self._requests = InFlight(self._metrics.in_flight)
+        self._departures = Departures(gone_window)
+        self._streams = Streams()
+        self._unfollow: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Open the session to the workers. Call once, before serving."""
@@ -124,9 +150,14 @@ class Frontend(Drains):
         # No connection limit of its own: the router bounds what each worker gets.
         connector = aiohttp.TCPConnector(limit=0)
         self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        self._departures.follow(self._view.records())
+        self._unfollow = self._view.listen(self._departures.apply)
 
     async def aclose(self) -> None:
         """Close the session. Drain first: requests still in flight fail."""
+        if self._unfollow is not None:
+            self._unfollow()
+            self._unfollow = None
         if self._session is not None:
             await self._session.close()
 
@@ -141,6 +172,12 @@ class Frontend(Drains):
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    def cut_streams(self, message: str) -> int:
+        """End every stream being relayed with an error event (``message``, code
+        ``shutting_down``) and ``[DONE]``, as their handlers' next step; how many there were.
+        For the end of a grace period: a client then knows its answer is incomplete."""
+        return self._streams.cut(message)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_post(COMPLETIONS.path, self._completions)
@@ -190,19 +227,81 @@ class Frontend(Drains):
     async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body = await read_body(request, api)
-            card = self._router.card(body.model)
-            # A malformed prompt is a 400 even for a model nobody serves: check it first.
-            tokenizer = await self._tokenizers.for_card(card) if card else _SHAPE_ONLY
-            inbound = body.tokenized(tokenizer)
+            # Read in time and bounded before any handler: http/server.py.
+            read = await self._reader.head(await request.read())
         except FieldError as exc:
             return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+        except PromptWorkerError as exc:
+            return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER)
+        card = self._router.card(read.head.model)
+        # A malformed prompt is a 400 even for a model nobody serves: check it first.
+        prepared = await self._prepare(read, api, card)
+        if isinstance(prepared, web.Response):
+            return prepared
         if card is None:
-            message = self._router.unserved(body.model)
-            return error_response(404, message, "model_not_found", param="model")
-        route = inbound.route_request(card.kv_block_size)
+            return await self._unserved(request, api, read, started)
+        return await self._forward(request, api, read, prepared, started)
+
+    async def _prepare(
+        self, read: Read, api: OpenAIApi, card: ModelCard | None
+    ) -> Prepared | web.Response:
+        """The body read for ``card``'s workers (only its shape for no card), or the
+        refusal to answer with."""
+        tokenizer: Tokenizer = _SHAPE_ONLY
+        model = _UNSERVED
+        try:
+            if card is not None:
+                tokenizer, model = await self._tokenizers.for_card(card), Model.of(card)
+            return await self._reader.prepare(read, api, tokenizer, model)
+        except FieldError as exc:
+            return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+        except PromptWorkerError as exc:
+            return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER)
+
+    async def _unserved(
+        self, request: web.Request, api: OpenAIApi, read: Read, started: float
+    ) -> web.StreamResponse:
+        """A request for a model no worker serves: it waits for one when its ``max_wait``
+        or the router's ``no_worker_wait`` asks; else a retryable 503 when the model lost
+        its last worker within ``gone_window`` seconds, else 404."""
+        model = read.head.model
+        wait = read.head.max_wait
+        if (self._router.config.no_worker_wait if wait is None else wait) > 0:
+            return await self._after_wait(request, api, read, started)
+        gone = self._departures.gone_since(model)
+        if gone is not None:
+            message = (
+                f"model {model!r} has no worker now: its last one left {gone:.1f} s ago; "
+                f"retry shortly"
+            )
+            return error_response(503, message, "model_unavailable", retry_after=RETRY_AFTER)
+        return error_response(404, self._router.unserved(model), "model_not_found", param="model")
+
+    async def _after_wait(
+        self, request: web.Request, api: OpenAIApi, read: Read, started: float
+    ) -> web.StreamResponse:
+        """Wait (in the router, up to the request's limit) until a worker of the model can
+        take it, then read the body with that model's card and route it as usual. The
+        worker that ended the wait is let go at once: the request is routed again with its
+        prompt's blocks, so prefix reuse still counts."""
+        head = read.head
+        waiting = RouteRequest(head.model, head.constraints, max_wait=head.max_wait)
+        try:
+            async with self._router.route(waiting) as assignment:
+                card = assignment.worker.model_card
+        except RoutingError as exc:
+            return routing_error_response(exc)
+        prepared = await self._prepare(read, api, card)
+        if isinstance(prepared, web.Response):
+            return prepared
+        return await self._forward(request, api, read, prepared, started)
+
+    async def _forward(
+        self, request: web.Request, api: OpenAIApi, read: Read, prepared: Prepared, started: float
+    ) -> web.StreamResponse:
+        inbound = Inbound.of(api, read.head, prepared)
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
-        return await self._dispatch(_Call(request, inbound, headers, started), route)
+        return await self._dispatch(_Call(request, inbound, headers, started), inbound.route)
 
     async def _dispatch(self, call: _Call, route: RouteRequest) -> web.StreamResponse:
         """Route and forward; a failure before the worker's first byte is retried once on
@@ -239,7 +338,7 @@ class Frontend(Drains):
                     lambda: self._first_byte(call),
                     lambda: self._router.prefill_done(assignment),
                 )
-                return await relay_stream(call.request, upstream, worker, events.saw)
+                return await relay_stream(call.request, upstream, worker, events.saw, self._streams)
             self._first_byte(call)
             self._router.prefill_done(assignment)
             return await relay_whole(upstream, worker)

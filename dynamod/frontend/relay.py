@@ -12,14 +12,22 @@ The line that matters is the worker's *first byte* (its response status and head
 Only complete events (``data: ...`` up to the blank line) are written, so a stream cut
 off mid-event never hands the client half a JSON object. aiohttp errors are translated
 here and nowhere else in the front.
+
+``Streams`` holds the streams being relayed; ``cut(message)`` ends each of them with an
+error event (code ``shutting_down``) and ``[DONE]``: the daemon calls it when its grace
+period ends with streams still open, so that no client sees a silent cut. It closes each
+stream's upstream connection, which wakes its pending read; the stream's own task writes
+the ending, so nothing writes to a response from outside the task serving it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -74,7 +82,7 @@ async def send(
     name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=inbound.raw, headers={**headers, "Content-Type": "application/json"}
+            url, data=_payload(inbound.raw), headers={**headers, "Content-Type": "application/json"}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
@@ -88,6 +96,15 @@ async def send(
     return UpstreamFailure(
         worker, "status", upstream.status, f"{name} answered {upstream.status}: {said}"
     )
+
+
+_AT_ONCE = 1024 * 1024
+"""aiohttp warns (``ResourceWarning``) when a body over 1 MiB is given as bytes: it is
+written to the socket in one call. A larger one is given as a stream, written in chunks."""
+
+
+def _payload(raw: bytes) -> bytes | io.BytesIO:
+    return raw if len(raw) <= _AT_ONCE else io.BytesIO(raw)
 
 
 async def _error_text(upstream: aiohttp.ClientResponse) -> str:
@@ -124,11 +141,42 @@ async def relay_whole(upstream: aiohttp.ClientResponse, worker: WorkerRecord) ->
     return web.Response(status=upstream.status, body=body, headers=headers)
 
 
+@dataclass(eq=False)
+class _Open:
+    upstream: aiohttp.ClientResponse
+    cut: str | None = None
+    """Why the stream was cut, once it was."""
+
+
+@dataclass
+class Streams:
+    """The streams being relayed; see the module docstring."""
+
+    _open: set[_Open] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def opened(self, upstream: aiohttp.ClientResponse) -> Iterator[_Open]:
+        stream = _Open(upstream)
+        self._open.add(stream)
+        try:
+            yield stream
+        finally:
+            self._open.discard(stream)
+
+    def cut(self, message: str) -> int:
+        """End every open stream with an error event and ``[DONE]``; how many there were."""
+        for stream in self._open:
+            stream.cut = message
+            stream.upstream.close()
+        return len(self._open)
+
+
 async def relay_stream(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
+    streams: Streams,
 ) -> web.StreamResponse:
     """Pass the worker's event stream on, calling ``on_event`` before each event is sent.
 
@@ -140,7 +188,8 @@ async def relay_stream(
     )
     try:
         await response.prepare(request)
-        await _pump(response, upstream, worker, on_event)
+        with streams.opened(upstream) as stream:
+            await _pump(response, stream, worker, on_event)
         await response.write_eof()
     except ConnectionResetError:
         log.debug("client went away from a stream of worker %s", worker.instance_id)
@@ -149,20 +198,22 @@ async def relay_stream(
 
 async def _pump(
     response: web.StreamResponse,
-    upstream: aiohttp.ClientResponse,
+    stream: _Open,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
 ) -> None:
+    upstream = stream.upstream
     while True:
         try:
             event = await upstream.content.readuntil(EVENT_END, max_size=MAX_EVENT)
         except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
             broke = f"worker {worker.instance_id} failed mid-stream: {_why(exc)}"
-            await _end_broken(response, broke)
+            await _end_broken(response, stream, broke)
             return
-        if not event.endswith(EVENT_END):  # the end of the body, maybe after half an event
+        if stream.cut is not None or not event.endswith(EVENT_END):
+            # The end of the body, maybe after half an event.
             broke = f"worker {worker.instance_id} ended the stream without [DONE]"
-            await _end_broken(response, broke)
+            await _end_broken(response, stream, broke)
             return
         on_event(event)
         await response.write(event)
@@ -170,9 +221,12 @@ async def _pump(
             return
 
 
-async def _end_broken(response: web.StreamResponse, message: str) -> None:
-    log.warning("%s", message)
-    await response.write(error_event(message, "worker_failed"))
+async def _end_broken(response: web.StreamResponse, stream: _Open, message: str) -> None:
+    if stream.cut is not None:  # the daemon cut it: the worker did nothing wrong
+        await response.write(error_event(stream.cut, "shutting_down"))
+    else:
+        log.warning("%s", message)
+        await response.write(error_event(message, "worker_failed"))
     await response.write(DONE_EVENT)
 
 

@@ -1,23 +1,32 @@
 """The OpenAI wire format, as far as the worker's inference routes and the daemon's front
-share it: reading request bodies, the error shape, and the worker-id header.
+share it: reading request bodies, the checks on their fields, the error shape, and the
+worker-id header.
 
 Both must agree on how a prompt becomes token ids (the front counts tokens and hashes
-prompt blocks for prefix-aware routing; the worker generates from them), so both call
-these functions. A refused field raises ``FieldError`` naming it (``param``).
+prompt blocks for prefix-aware routing; the worker generates from them), and on which
+bodies are refused (the front refuses, before routing, what a worker would refuse:
+``sampling`` and ``check_fits``), so both call these functions. A refused field raises
+``FieldError`` naming it (``param``).
 
 An error is ``{"error": {"message", "type", "param", "code"}}``; ``type`` is
 ``invalid_request_error`` below 500 (``rate_limit_error`` for 429) and ``server_error``
 from 500. An error after a stream has started is one ``data: {"error": ...}`` event.
+
+JSON goes through orjson both ways (``http/limits.py`` parses, ``dump_json`` writes): a
+prompt's token ids are written by the front and read by the worker on every request, and
+orjson does both faster than the standard library (``bench/codec.py``
+measures it; the README's dependency notes give the figures).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
 from aiohttp import web
 
 from dynamod.errors import InvalidInputError
@@ -31,6 +40,11 @@ FORWARDED_IDS = "token_ids"
 FORWARDED_TOKENIZER = "tokenizer"
 """The ``nvext`` keys the front forwards a tokenized prompt in (``forwarded_ids``)."""
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+FORWARDING_ENGINES = frozenset({"openai"})
+"""Engines whose worker passes a request's body on to an upstream server as it is
+(``worker/proxy.py``): the upstream checks it, so neither the worker nor the front does.
+Every other engine's worker serves its own inference routes, which run ``sampling`` and
+whose engines refuse what ``check_fits`` refuses."""
 
 
 class FieldError(InvalidInputError):
@@ -41,6 +55,14 @@ class FieldError(InvalidInputError):
         super().__init__(message)
         self.param = param
         self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in the prompt workers' processes too (``dynamod/prompts``): it must pickle.
+        return (_field_error, (self.param, str(self), self.status))
+
+
+def _field_error(param: str | None, message: str, status: int) -> FieldError:
+    return FieldError(param, message, status=status)
 
 
 def brief(value: object, limit: int = 80) -> str:
@@ -93,7 +115,7 @@ def with_forwarded_ids(body: Json, ids: tuple[int, ...], tokenizer: Tokenizer) -
     extended = {**(nvext if isinstance(nvext, dict) else {})}
     extended[FORWARDED_IDS] = list(ids)
     extended[FORWARDED_TOKENIZER] = tokenizer.checksum
-    return json.dumps({**body, "nvext": extended}, separators=(",", ":")).encode()
+    return dump_json({**body, "nvext": extended})
 
 
 def completion_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:
@@ -152,6 +174,119 @@ def _content(where: str, content: object) -> str:
     )
 
 
+def dump_json(value: object) -> bytes:
+    """``value`` as compact JSON (UTF-8, no NaN): the one writer of JSON bodies and events."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        # An integer past 64 bits, which JSON allows and the standard library's parser
+        # takes (``http/limits.py``): orjson cannot write it, the standard library can.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return text.encode()
+
+
+def json_response(
+    data: object, *, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """A JSON answer written by ``dump_json``."""
+    return web.Response(
+        body=dump_json(data), status=status, headers=headers, content_type="application/json"
+    )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a request asks of the engine besides its prompt, once checked (``sampling``).
+    ``max_tokens_name`` is the field ``max_tokens`` came from, for messages."""
+
+    model: str
+    max_tokens: int | None
+    max_tokens_name: str
+    seed: int | None
+    temperature: float | None
+    top_p: float | None
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+
+
+def sampling(body: Json, api: OpenAIApi) -> Sampling:
+    """The body's fields besides the prompt, checked as the worker's inference routes check
+    them; raises ``FieldError`` naming the first bad one. JSON booleans are refused where
+    numbers are expected, although Python's bool subclasses int."""
+    name = "max_tokens"
+    if api.kind == "chat" and body.get("max_completion_tokens") is not None:
+        name = "max_completion_tokens"  # the chat API's newer name wins when both are sent
+    max_tokens = _optional(body, name, int, "a positive integer")
+    if max_tokens is not None and max_tokens < 1:
+        raise FieldError(name, f"{name} must be at least 1, got {max_tokens}")
+    n = _optional(body, "n", int, "an integer")
+    if n not in (None, 1):
+        raise FieldError("n", f"n must be 1: a worker generates one choice, got {n}")
+    stream = _flag(body, "stream")
+    return Sampling(
+        model=model_of(body),
+        max_tokens=max_tokens,
+        max_tokens_name=name,
+        seed=_optional(body, "seed", int, "an integer"),
+        temperature=_number_in(body, "temperature", 0, 2),
+        top_p=_number_in(body, "top_p", 0, 1),
+        ignore_eos=_flag(body, "ignore_eos"),
+        stream=stream,
+        include_usage=_include_usage(body, stream),
+    )
+
+
+def check_fits(prompt_tokens: int, wanted: Sampling, context_length: int, api: OpenAIApi) -> None:
+    """Refuse, as every engine with its own inference routes does (``FORWARDING_ENGINES``
+    aside), an empty prompt and one that leaves no room for the output it asks for."""
+    param = "messages" if api.kind == "chat" else "prompt"
+    if prompt_tokens == 0:
+        raise FieldError(param, "the prompt is empty; give at least one token")
+    output = wanted.max_tokens or 1
+    if prompt_tokens + output > context_length:
+        asked = f"{wanted.max_tokens_name} ({output})" if wanted.max_tokens else "one token"
+        raise FieldError(
+            param,
+            f"the prompt ({prompt_tokens} tokens) plus {asked} exceeds the model's context "
+            f"length of {context_length} tokens",
+        )
+
+
+def _optional(body: Json, name: str, kinds: type | tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        raise FieldError(name, f"{name} must be {what}, got {brief(value)}")
+    return value
+
+
+def _flag(body: Json, name: str) -> bool:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise FieldError(name, f"{name} must be true or false, got {brief(value)}")
+    return bool(value)
+
+
+def _number_in(body: Json, name: str, low: float, high: float) -> float | None:
+    value = _optional(body, name, (int, float), "a number")
+    if value is not None and not low <= value <= high:
+        raise FieldError(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
+    return None if value is None else float(value)
+
+
+def _include_usage(body: Json, stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise FieldError("stream_options", "stream_options is only allowed when stream is true")
+    if not isinstance(options, dict):
+        raise FieldError(
+            "stream_options", f"stream_options must be an object, got {brief(options)}"
+        )
+    return _flag(options, "include_usage")
+
+
 def error_body(status: int, message: str, code: str, param: str | None = None) -> Json:
     if status == 429:
         kind = "rate_limit_error"
@@ -167,11 +302,13 @@ def error_response(
     *,
     param: str | None = None,
     worker_id: str | None = None,
+    retry_after: int | None = None,
 ) -> web.Response:
-    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else None
-    return web.json_response(
-        error_body(status, message, code, param), status=status, headers=headers
-    )
+    """The error answer; ``retry_after`` (seconds) marks it retryable with ``Retry-After``."""
+    headers = {WORKER_ID_HEADER: worker_id} if worker_id is not None else {}
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return json_response(error_body(status, message, code, param), status=status, headers=headers)
 
 
 _REFUSALS = {408: "request_timeout", 413: "request_too_large"}
@@ -185,8 +322,8 @@ def openai_refusal(status: int, message: str) -> web.Response:
 
 def sse_event(data: Json | str) -> bytes:
     """One server-sent event: ``data: <json or text>`` and the blank line."""
-    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
+    text = data.encode() if isinstance(data, str) else dump_json(data)
+    return b"data: " + text + b"\n\n"
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -219,3 +356,4 @@ CHAT = OpenAIApi(
     "chat_completions", "/v1/chat/completions", "chat", chat_prompt,
     "chat.completion", "chat.completion.chunk", "chatcmpl",
 )  # fmt: skip
+API_BY_KIND = {api.kind: api for api in (COMPLETIONS, CHAT)}

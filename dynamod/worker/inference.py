@@ -12,8 +12,10 @@
 Every response of the application, errors included, carries ``x-dynamo-worker-id``.
 Errors are OpenAI-shaped JSON (``{"error": {"message", "type", "param", "code"}}``):
 400 for a malformed body or a request the engine refuses, 404 for another model's name,
-503 while draining. Unknown body keys (``nvext``, ``user``, ...) are ignored. An error
-after a stream has started becomes one ``data: {"error": ...}`` event before ``[DONE]``.
+503 while draining. The body's fields are checked by ``http.openai.sampling``, the very
+checks the daemon's front makes before routing. Unknown body keys (``nvext``, ``user``,
+...) are ignored. An error after a stream has started becomes one ``data: {"error": ...}``
+event before ``[DONE]``.
 
 Shutdown: ``begin_drain()`` refuses new inference requests with 503 while in-flight ones
 continue; ``wait_idle()`` returns once none is in flight. A client that disconnects
@@ -24,10 +26,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -41,17 +42,17 @@ from dynamod.http.openai import (
     FieldError,
     Json,
     OpenAIApi,
+    Sampling,
     brief,
-    chat_prompt,
-    completion_prompt,
+    check_fits,
     error_body,
     error_response,
     json_object,
-    model_of,
+    json_response,
+    sampling,
     sse_event,
 )
 from dynamod.model import ModelCard
-from dynamod.tokenizers import Tokenizer
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
 log = logging.getLogger(__name__)
@@ -59,21 +60,6 @@ log = logging.getLogger(__name__)
 
 class _ModelNotFound(Exception):
     """The request names a model this worker does not serve (answered with 404)."""
-
-
-@dataclass(frozen=True)
-class _Params:
-    """What a request asks for, once validated."""
-
-    model: str
-    prompt_ids: tuple[int, ...]
-    max_tokens: int | None
-    seed: int | None
-    temperature: float | None
-    top_p: float | None
-    ignore_eos: bool
-    stream: bool
-    include_usage: bool
 
 
 class _Metrics:
@@ -151,18 +137,22 @@ class InferenceRoutes(Drains):
     async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
         reply_id = api.new_id()
         try:
-            params = _PARSERS[api.kind](await _json_body(request), self._engine.tokenizer)
-            self._check_model(params.model)
-            chunks = self._engine.generate(_generate_request(request, reply_id, params))
+            body = json_object(await request.read())
+            wanted = sampling(body, api)
+            prompt_ids = api.prompt(body, self._engine.tokenizer)
+            self._check_model(wanted.model)
+            # The engine refuses these too; checked here, they get the front's very answer.
+            check_fits(len(prompt_ids), wanted, self._engine.model_card().context_length, api)
+            chunks = self._engine.generate(_generate_request(request, reply_id, prompt_ids, wanted))
         except FieldError as exc:
             return error_response(400, str(exc), "invalid_value", param=exc.param)
         except InvalidInputError as exc:
             return error_response(400, str(exc), "invalid_value")
         except _ModelNotFound as exc:
             return error_response(404, str(exc), "model_not_found")
-        reply = _Reply(api, params.model, reply_id)
-        if params.stream:
-            return await self._stream(request, reply, params, chunks)
+        reply = _Reply(api, wanted.model, reply_id)
+        if wanted.stream:
+            return await self._stream(request, reply, wanted.include_usage, chunks)
         return await self._whole(reply, chunks)
 
     def _check_model(self, model: str) -> None:
@@ -182,13 +172,13 @@ class InferenceRoutes(Drains):
             return error_response(503, str(exc), "engine_stopped")
         last = _final(chunk)
         self._metrics.served(last.usage)
-        return web.json_response(reply.whole("".join(texts), last))
+        return json_response(reply.whole("".join(texts), last))
 
     async def _stream(
         self,
         request: web.Request,
         reply: _Reply,
-        params: _Params,
+        include_usage: bool,
         chunks: AsyncGenerator[Chunk, None],
     ) -> web.StreamResponse:
         response = web.StreamResponse(
@@ -197,7 +187,7 @@ class InferenceRoutes(Drains):
         await response.prepare(request)
         try:
             async with aclosing(chunks):
-                await self._pump(response, reply, params, chunks)
+                await self._pump(response, reply, include_usage, chunks)
             await _send(response, "[DONE]")
             await response.write_eof()
         except ConnectionResetError:
@@ -209,20 +199,20 @@ class InferenceRoutes(Drains):
         self,
         response: web.StreamResponse,
         reply: _Reply,
-        params: _Params,
+        include_usage: bool,
         chunks: AsyncGenerator[Chunk, None],
     ) -> None:
         for opening in reply.opening():
             await _send(response, opening)
         try:
             async for chunk in chunks:
-                await _send(response, reply.delta(chunk, params.include_usage))
+                await _send(response, reply.delta(chunk, include_usage))
         except ShuttingDownError as exc:
             await _send(response, error_body(500, str(exc), "engine_stopped"))
             return
         last = _final(chunk)
         self._metrics.served(last.usage)
-        if params.include_usage:
+        if include_usage:
             await _send(response, reply.usage_chunk(last.usage))
 
 
@@ -235,7 +225,7 @@ def models_response(card: ModelCard) -> web.Response:
         "owned_by": "dynamo",
         "max_model_len": card.context_length,
     }
-    return web.json_response({"object": "list", "data": [entry]})
+    return json_response({"object": "list", "data": [entry]})
 
 
 @dataclass(frozen=True)
@@ -305,98 +295,16 @@ async def _send(response: web.StreamResponse, data: Json | str) -> None:
     await response.write(sse_event(data))
 
 
-async def _json_body(request: web.Request) -> Json:
-    return json_object(await request.read())
-
-
-def _generate_request(request: web.Request, reply_id: str, params: _Params) -> GenerateRequest:
+def _generate_request(
+    request: web.Request, reply_id: str, prompt_ids: tuple[int, ...], wanted: Sampling
+) -> GenerateRequest:
     """The engine's request, named by the caller's ``x-request-id`` or else the reply's id."""
     return GenerateRequest(
         request_id=request.headers.get("x-request-id") or reply_id,
-        prompt_ids=params.prompt_ids,
-        max_tokens=params.max_tokens,
-        seed=params.seed,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        ignore_eos=params.ignore_eos,
-    )
-
-
-# Body validation. JSON booleans are refused where numbers are expected, although Python's
-# bool subclasses int.
-
-
-def _optional(body: Json, name: str, kinds: type | tuple[type, ...], what: str) -> Any:
-    value = body.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
-        raise FieldError(name, f"{name} must be {what}, got {brief(value)}")
-    return value
-
-
-def _flag(body: Json, name: str) -> bool:
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise FieldError(name, f"{name} must be true or false, got {brief(value)}")
-    return bool(value)
-
-
-def _number_in(body: Json, name: str, low: float, high: float) -> float | None:
-    value = _optional(body, name, (int, float), "a number")
-    if value is not None and not low <= value <= high:
-        raise FieldError(name, f"{name} must be between {low:g} and {high:g}, got {value!r}")
-    return None if value is None else float(value)
-
-
-def _common(body: Json, prompt_ids: tuple[int, ...], max_tokens_name: str) -> _Params:
-    """The fields both APIs share; ``prompt_ids`` comes from the API-specific part."""
-    model = model_of(body)
-    max_tokens = _optional(body, max_tokens_name, int, "a positive integer")
-    if max_tokens is not None and max_tokens < 1:
-        raise FieldError(max_tokens_name, f"{max_tokens_name} must be at least 1, got {max_tokens}")
-    n = _optional(body, "n", int, "an integer")
-    if n not in (None, 1):
-        raise FieldError("n", f"n must be 1: this worker generates one choice, got {n}")
-    temperature = _number_in(body, "temperature", 0, 2)
-    top_p = _number_in(body, "top_p", 0, 1)
-    stream = _flag(body, "stream")
-    return _Params(
-        model=model,
         prompt_ids=prompt_ids,
-        max_tokens=max_tokens,
-        seed=_optional(body, "seed", int, "an integer"),
-        temperature=temperature,
-        top_p=top_p,
-        ignore_eos=_flag(body, "ignore_eos"),
-        stream=stream,
-        include_usage=_include_usage(body, stream),
+        max_tokens=wanted.max_tokens,
+        seed=wanted.seed,
+        temperature=wanted.temperature,
+        top_p=wanted.top_p,
+        ignore_eos=wanted.ignore_eos,
     )
-
-
-def _include_usage(body: Json, stream: bool) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise FieldError("stream_options", "stream_options is only allowed when stream is true")
-    if not isinstance(options, dict):
-        raise FieldError(
-            "stream_options", f"stream_options must be an object, got {brief(options)}"
-        )
-    return _flag(options, "include_usage")
-
-
-def _parse_completion(body: Json, tokenizer: Tokenizer) -> _Params:
-    return _common(body, completion_prompt(body, tokenizer), "max_tokens")
-
-
-def _parse_chat(body: Json, tokenizer: Tokenizer) -> _Params:
-    prompt_ids = chat_prompt(body, tokenizer)
-    # The chat API renamed max_tokens; the new name wins when both are sent.
-    newer = body.get("max_completion_tokens") is not None
-    return _common(body, prompt_ids, "max_completion_tokens" if newer else "max_tokens")
-
-
-_PARSERS: dict[str, Callable[[Json, Tokenizer], _Params]] = {
-    "text": _parse_completion,
-    "chat": _parse_chat,
-}

@@ -17,7 +17,7 @@ from dynamod.model import WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
-from tests.procs import daemon, dynamoctl, env, running, worker
+from tests.procs import daemon, run_ctl, running, worker
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(180)]
 
@@ -25,17 +25,6 @@ PAIRS = 8  # 8 adders and 8 removers
 SEEDS = [f"chaos.seed/s{i}" for i in range(PAIRS)]
 ADDED = [f"chaos.cli/a{i}=v{i}" for i in range(PAIRS)]
 EX_FAILED = 1  # dynamoctl: the operation failed (here: the retryable ABORTED)
-
-
-async def run_ctl(socket: Path, *args: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *dynamoctl("--endpoint", f"unix://{socket}", *args),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env(),
-    )  # fmt: skip
-    async with asyncio.timeout(60):
-        _, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, err.decode()
 
 
 def worker_view_of_itself(system: str) -> tuple[str, ...]:

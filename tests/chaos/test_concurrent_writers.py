@@ -33,7 +33,7 @@ from dynamod.model import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
-from tests.procs import Proc, daemon, dynamoctl, env, running, worker
+from tests.procs import Proc, daemon, run_ctl, running, worker
 
 pytestmark = [pytest.mark.etcd, pytest.mark.nats, pytest.mark.timeout(300)]
 
@@ -41,17 +41,6 @@ CLI_WRITERS = 64
 ROUTE_WRITERS = 100
 DAEMONS = 4
 SECONDS = float(os.environ.get("DYNAMO_WRITERS_SECONDS", "30"))
-
-
-async def run_ctl(socket: Path, *args: str) -> tuple[int, str]:
-    process = await asyncio.create_subprocess_exec(
-        *dynamoctl("--endpoint", f"unix://{socket}", *args),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env(),
-    )  # fmt: skip
-    async with asyncio.timeout(120):
-        _, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, err.decode()
 
 
 async def record_of(store: Store, key: str) -> tuple[WorkerRecord, int]:
@@ -64,7 +53,10 @@ async def test_64_concurrent_dynamoctl_adds_through_one_daemon_all_succeed(
     shared_store: Store, shared_store_url: str, tmp_path: Path, figures: Figures
 ) -> None:
     socket = tmp_path / "dynamod.sock"
-    async with running(worker(shared_store_url)) as proc, running(daemon(shared_store_url, socket)):
+    # 64 dynamoctl processes starting at once hold both cores for seconds: a 2 s lease could
+    # lapse for want of CPU, and this test is about writers, not leases.
+    calm = worker(shared_store_url, "--lease-ttl", "30")
+    async with running(calm) as proc, running(daemon(shared_store_url, socket)):
         worker_id, key = proc.field("id"), proc.field("key")
         added = [f"writer/n{i}" for i in range(CLI_WRITERS)]
         async with asyncio.TaskGroup() as group:

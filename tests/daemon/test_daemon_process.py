@@ -115,6 +115,18 @@ async def stream_through(
     return response
 
 
+async def cut_ending(response: aiohttp.ClientResponse) -> dict[str, str]:
+    """The error a stream cut by the daemon ends with: the event before its ``[DONE]``."""
+    try:
+        events = [e.strip() for e in (await response.text()).split("\n\n") if e.strip()]
+    finally:
+        response.release()
+    assert events[-1] == "data: [DONE]", events[-3:]
+    error: dict[str, str] = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "shutting_down", error
+    return error
+
+
 async def test_drain_finishes_a_stream_within_grace(
     shared_store_url: str, tmp_path: Path, http: aiohttp.ClientSession
 ) -> None:
@@ -138,8 +150,9 @@ async def test_drain_past_grace_exits_70_and_a_second_signal_is_immediate(
         async with running(proc):
             response = await stream_through(http, proc.field("http"), 5000)
             proc.send(signal.SIGTERM)
+            ending = await cut_ending(response)
+            assert "the daemon's grace period of 0.5 s ended" in ending["message"]
             assert await proc.wait() == 70
-            response.release()
         proc.assert_clean_stderr()
         second = daemon(shared_store_url, sock_path(tmp_path, "e.sock"), "--grace", "60")
         async with running(second):
@@ -147,8 +160,9 @@ async def test_drain_past_grace_exits_70_and_a_second_signal_is_immediate(
             second.send(signal.SIGTERM)
             await second.logged("SIGTERM received")
             second.send(signal.SIGINT)
+            ending = await cut_ending(response)
+            assert "the daemon was told to stop at once" in ending["message"]
             assert await second.wait(within=10) == 70
-            response.release()
         assert "skipping the grace period" in second.stderr
         second.assert_clean_stderr()
 

@@ -5,7 +5,6 @@ dynamod, as permanent errors that change nothing."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from dynamod.errors import TaintLimitError
 from dynamod.model import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import CORDONED
-from tests.procs import daemon, dynamoctl, env, running, worker
+from tests.procs import daemon, run_ctl, running, worker
 from tests.worker.test_route_parity import audit_lines, taints_seen
 from tests.worker.test_worker_process import post_taints, stored
 
@@ -30,16 +29,6 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def ctl(socket: Path, *args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *dynamoctl("-e", f"unix://{socket}", *args),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env(),
-    )  # fmt: skip
-    out, _ = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode()
-
-
 async def test_the_worker_route_keeps_the_operators_cordon(
     shared_store: Store, shared_store_url: str, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
@@ -50,7 +39,7 @@ async def test_the_worker_route_keeps_the_operators_cordon(
     ):
         worker_id = proc.field("id")
         await taints_seen(socket, worker_id, {"pool=a"})
-        assert (await ctl(socket, "workers", "cordon", worker_id))[0] == 0
+        assert (await run_ctl(socket, "workers", "cordon", worker_id))[0] == 0
 
         status, reply = await post_taints(http, proc, {"taints": ["pool=b"]})
         assert (status, reply) == (200, {"status": "ok", "taints": [CORDONED, "pool=b"]})
@@ -62,7 +51,7 @@ async def test_the_worker_route_keeps_the_operators_cordon(
         assert status == 200
         assert WorkerRecord.from_bytes(await stored(shared_store, proc)).taints == (CORDONED,)
 
-        assert (await ctl(socket, "workers", "uncordon", worker_id))[0] == 0
+        assert (await run_ctl(socket, "workers", "uncordon", worker_id))[0] == 0
         await taints_seen(socket, worker_id, set())
         before = await stored(shared_store, proc)
         status, reply = await post_taints(http, proc, {"taints": [CORDONED]})
@@ -117,7 +106,7 @@ async def test_dynamod_refuses_growth_past_its_limits_as_a_permanent_error(
             with pytest.raises(TaintLimitError, match="the limit is 2 taints per worker") as info:
                 await client.add_taints(worker_id, ["b", "c"])
         assert not info.value.retryable
-        code, out = await ctl(socket, "taints", "add", worker_id, "b", "c", "d")
+        code, out = await run_ctl(socket, "taints", "add", worker_id, "b", "c", "d")
         assert code == 1
         assert "would leave the worker 4 taints; the limit is 2 taints per worker" in out
         assert await stored(shared_store, proc) == before

@@ -52,6 +52,10 @@ def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> N
         ("[router]\nmax_queu = 1", "unknown router setting 'max_queu'"),
         ('grace = "soon"', "grace: expected a float, got 'soon'"),
         ("grace = -1", "grace must be a number of seconds >= 0, got -1.0"),
+        (
+            "model_gone_window = -1",
+            "model_gone_window must be a number of seconds >= 0, got -1.0",
+        ),
         ('log_level = "loud"', "log_level 'loud' is not one of debug, info, warning, error"),
         ('listen = ["0.0.0.0:7070"]', "is TCP: set tokens_file or tls_client_ca (mTLS)"),
         ('listen = ["unix://relative.sock"]', "needs an absolute path"),
