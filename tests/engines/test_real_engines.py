@@ -270,7 +270,7 @@ async def test_engine_load_shows_in_dynamoctl_workers_ls(fleet: Fleet) -> None:
             while proc.field("id") not in seen:
                 url = f"{proc.field('http')}/v1/completions"
                 async with http.post(url, json=body) as response:
-                    assert response.status == 200
+                    assert response.status == 200, await response.text()
 
         async with asyncio.TaskGroup() as group:
             for proc in (fleet.fast, fleet.sidecar):

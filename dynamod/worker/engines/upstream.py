@@ -64,6 +64,8 @@ from dynamod.worker.engines.scrape import Scraped, parse
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+KEEPALIVE = 2.0
+"""Seconds an idle connection to the upstream stays pooled: under uvicorn's 5 s."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,14 @@ class UpstreamEngine:
         return self.config.url.rstrip("/") + path
 
     async def __aenter__(self) -> Self:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        # Idle connections go back to the pool for less time than the upstream keeps them
+        # open: uvicorn (vllm serve, SGLang) closes an idle one after 5 s, aiohttp's pool
+        # keeps it 15 s, and a request sent on one the server is closing fails as "Server
+        # disconnected" (seen under load: 502s from a healthy vllm serve).
+        connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+        )
         try:
             if self.config.launch:
                 await self._launch()
