@@ -28,6 +28,10 @@ ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per engine: plenty for the tiny model
     "VLLM_LOGGING_STREAM": "ext://sys.stderr",
 }
+LEASE_TTL = "10"
+"""The workers' lease: three engines busy on two cores starve the workers' event loops for
+seconds at a time, and a shorter lease lapses and re-registers them over and over. No test
+of this tier waits for a lease to expire (a killed upstream leaves by its health)."""
 READY_WITHIN = 300.0
 """Engines start in 15-50 s alone here, more when several start at once."""
 VLLM_ARGS = {
@@ -85,7 +89,7 @@ def vllm_worker(
         "--model", model,
         "--model-path", str(model_dir),
         "--store", store_url,
-        "--lease-ttl", "3",
+        "--lease-ttl", LEASE_TTL,
         *vllm_args,
         *args,
     ]  # fmt: skip

@@ -64,8 +64,6 @@ from dynamod.worker.engines.scrape import Scraped, parse
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
-KEEPALIVE = 2.0
-"""Seconds an idle connection to the upstream stays pooled: under uvicorn's 5 s."""
 
 
 @dataclass(frozen=True)
@@ -203,11 +201,12 @@ class UpstreamEngine:
         return self.config.url.rstrip("/") + path
 
     async def __aenter__(self) -> Self:
-        # Idle connections go back to the pool for less time than the upstream keeps them
-        # open: uvicorn (vllm serve, SGLang) closes an idle one after 5 s, aiohttp's pool
-        # keeps it 15 s, and a request sent on one the server is closing fails as "Server
-        # disconnected" (seen under load: 502s from a healthy vllm serve).
-        connector = aiohttp.TCPConnector(keepalive_timeout=KEEPALIVE)
+        # A new connection per request: a kept-alive one that the upstream closes as a
+        # request is sent on it fails as "Server disconnected" (uvicorn, behind vllm serve
+        # and SGLang, closes idle ones; under load the tier saw 502s from a healthy vllm
+        # serve even with the pool's idle time under uvicorn's 5 s). A loopback connect
+        # costs a fraction of a millisecond; a request that cannot be retried safely is lost.
+        connector = aiohttp.TCPConnector(force_close=True)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None)
         )
