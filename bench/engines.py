@@ -205,7 +205,12 @@ async def onset_lag(s: Stack, http: aiohttp.ClientSession, proc: Proc, target: s
 
     async def keep_busy() -> None:
         while True:
-            await one(http, url, payload)
+            try:
+                await one(http, url, payload)
+            except aiohttp.ServerDisconnectedError:
+                # uvicorn closed a kept-alive connection as the request went out: this is
+                # load, not a measurement; send it again on a new connection.
+                continue
 
     started = time.perf_counter_ns()
     requests = [asyncio.ensure_future(keep_busy()) for _ in range(4)]
