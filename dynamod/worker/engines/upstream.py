@@ -204,8 +204,9 @@ class UpstreamEngine:
         # A new connection per request: a kept-alive one that the upstream closes as a
         # request is sent on it fails as "Server disconnected" (uvicorn, behind vllm serve
         # and SGLang, closes idle ones; under load the tier saw 502s from a healthy vllm
-        # serve even with the pool's idle time under uvicorn's 5 s). A loopback connect
-        # costs a fraction of a millisecond; a request that cannot be retried safely is lost.
+        # serve even with the pool's idle time under uvicorn's 5 s). A new connection costs
+        # about 1.5 ms at best here (bench.engines: the sidecar hop's minimum), small beside
+        # an inference; a completion cannot be re-sent safely once it may have run.
         connector = aiohttp.TCPConnector(force_close=True)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None)
