@@ -17,7 +17,7 @@ prompt, tokenized and refused with 400: it overflows the model's context), ``ser
 Part 2, in this process: reading one 7 MB refused body (parse, check, tokenize with the
 mocker's tokenizer) while a 1 ms ticker runs on the loop; the longest gap between ticks is
 the longest the loop could not answer anything. The same read on the loop, in a thread
-(``asyncio.to_thread``) and in a ``PromptWorkers`` process.
+(``asyncio.to_thread``) and in a ``PromptProcesses`` process.
 """
 
 from __future__ import annotations
@@ -39,9 +39,8 @@ import orjson
 from bench.common import Stats, interruptible, ms, owned, render_table, stats_json, write_json
 from dynamod.client import AsyncClient
 from dynamod.http.openai import COMPLETIONS, FieldError, json_object
-from dynamod.prompts import prepare
-from dynamod.prompts.prepare import Model
-from dynamod.prompts.workers import PromptWorkers
+from dynamod.prompts.body import CardLimits, read_prompt
+from dynamod.prompts.processes import PromptProcesses
 from dynamod.tokenizers import SimpleTokenizer
 from tests.procs import Proc, daemon, running, worker
 
@@ -132,13 +131,13 @@ async def part1(requests: int) -> dict[str, dict[str, Stats]]:
 
 def read_refused(raw: bytes) -> None:
     try:
-        prepare.prepare(json_object(raw), raw, COMPLETIONS, SimpleTokenizer(), _MODEL)
+        read_prompt(json_object(raw), raw, COMPLETIONS, SimpleTokenizer(), _MODEL)
     except FieldError:
         return
     raise AssertionError("the huge prompt was not refused")
 
 
-_MODEL = Model(block_size=16, context_length=8192, checked=True)
+_MODEL = CardLimits(block_size=16, context_length=8192, checked=True)
 
 
 async def stall(read: Callable[[], Awaitable[None]]) -> tuple[float, float]:
@@ -171,7 +170,7 @@ async def part2() -> list[list[str]]:
     async def in_thread() -> None:
         await asyncio.to_thread(read_refused, raw)
 
-    async with PromptWorkers(1) as workers:
+    async with PromptProcesses(1) as workers:
         await _refused_by(workers, refused_body(100_000))  # start the process: not measured
 
         async def in_process() -> None:
@@ -187,9 +186,9 @@ async def part2() -> list[list[str]]:
     return rows
 
 
-async def _refused_by(workers: PromptWorkers, raw: bytes) -> None:
+async def _refused_by(workers: PromptProcesses, raw: bytes) -> None:
     try:
-        await workers.prepare(raw, COMPLETIONS, SimpleTokenizer(), _MODEL)
+        await workers.read_prompt(raw, COMPLETIONS, SimpleTokenizer(), _MODEL)
     except FieldError:
         return
     raise AssertionError("the huge prompt was not refused")

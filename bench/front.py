@@ -46,7 +46,7 @@ from bench.common import (
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
 from dynamod.http.openai import WORKER_ID_HEADER
-from dynamod.router import Router, RouterConfig
+from dynamod.router import Router, RouterKnobs
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Fixed
@@ -67,7 +67,7 @@ HEADERS = ("path", "n", "p50 ms", "p99 ms", "min ms", "overhead")
 @contextlib.asynccontextmanager
 async def front_on_loopback(store: Store) -> AsyncIterator[tuple[str, WorkerView]]:
     """View → router → front, served on a free loopback port; yields its URL and the view."""
-    router = Router(RouterConfig(), registry=CollectorRegistry())
+    router = Router(RouterKnobs(), registry=CollectorRegistry())
     view = WorkerView(store)
     view.listen(router.apply)
     async with (

@@ -53,7 +53,7 @@ STREAM_TOKENS = 32
 
 PARTS: tuple[tuple[str, str, str], ...] = (
     ("read the head (parse, model, nvext)", "prompts/reader.py", "head"),
-    ("check and tokenize (tokenizer, prepare)", "frontend/front.py", "_prepare"),
+    ("check and tokenize (tokenizer, prepare)", "frontend/front.py", "_read_prompt"),
     ("route (router acquire)", "router/router.py", "acquire"),
     ("release the worker", "router/router.py", "release"),
     ("send to the worker (until its headers)", "frontend/relay.py", "send"),

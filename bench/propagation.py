@@ -8,7 +8,7 @@ Per backend, this process registers one worker and spawns an *observer* process
 store, as a router would. Each round:
 
 1. ``update_taints`` replaces the worker's taints; the clock starts when it *returns*;
-   the observer's view listener stamps the ``TaintsUpdated`` of that revision;
+   the observer's view listener stamps the ``WorkerModified`` of that revision;
 2. the floor: a plain ``Store.put`` of another key, the clock starting when it returns; the
    observer's bare ``Store.watch`` on that key stamps its ``Put``.
 
@@ -56,12 +56,13 @@ from bench.common import (
     versions,
     write_json,
 )
-from dynamod.aio import race
-from dynamod.discovery.records import register, update_taints
+from dynamod.discovery.registration import register
+from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
-from dynamod.model import DiscoveryEvent, TaintsUpdated
+from dynamod.discovery_events import DiscoveryEvent, WorkerModified
 from dynamod.store import Put, Resync, Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
+from dynamod.tasks import race
 from tests.factories import make_record
 
 BACKENDS = ("memory", "file", "etcd", "nats")
@@ -106,7 +107,7 @@ class Observer:
                     self.emit("floor", event.revision)
 
     def _on_view_event(self, event: DiscoveryEvent) -> None:
-        if isinstance(event, TaintsUpdated):
+        if isinstance(event, WorkerModified):
             self.emit("view", event.revision)
 
 

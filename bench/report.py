@@ -36,8 +36,9 @@ matplotlib.use("Agg")  # files only; before pyplot is imported
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from bench import peer_report, prefix_report
 from bench.common import markdown_table as table
+from bench.peer import report as peer_report
+from bench.prefix import report as prefix_report
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -65,7 +66,7 @@ SUITES = (
         ("--requests", "300", "--streams", "100"),
         ("--requests", "60", "--streams", "20"),
     ),
-    Suite("cli", "bench.cli", ("--runs", "10"), ("--runs", "3")),
+    Suite("cli", "bench.ctl_commands", ("--runs", "10"), ("--runs", "3")),
     Suite("scale", "bench.scale", (), ("--workers", "1000", "--requests", "50")),
     Suite("load", "bench.load", ("--duration", "10"), ("--duration", "4")),
     Suite("route", "bench.route", ("--quick",), ("--quick", "--rounds", "50"), json=False),
@@ -495,7 +496,7 @@ SECTIONS: dict[str, tuple[str, Callable[[Json], list[str]]]] = {
         "Front profile: where a request's time goes (`bench.front_profile`)",
         section_front_profile,
     ),
-    "cli": ("CLI (`bench.cli`)", section_generic),
+    "cli": ("CLI (`bench.ctl_commands`)", section_generic),
     "scale": ("Scale (`bench.scale`)", section_scale),
     "load": ("Load with moving taints (`bench.load`)", section_load),
     "exit_drain": ("Exit drain (`bench.exit_drain`)", section_exit_drain),

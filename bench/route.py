@@ -28,7 +28,7 @@ records, the view's maps and the snapshot it keeps, the router; not the store's 
 copy); one worker record as discovery decodes it is printed below the table.
 
 Wake latency: a request waits for a ``capacity/fast`` worker while the only one is busy;
-``apply(TaintsUpdated)`` adds ``capacity/fast`` to an idle worker. ``dispatch`` is apply →
+``apply(WorkerModified)`` adds ``capacity/fast`` to an idle worker. ``dispatch`` is apply →
 the waiter's worker reserved (inside ``apply``), ``resume`` is apply → the waiting task
 running again; alone, behind 999 alike requests (one case: one decision answers for all),
 and beside 999 requests in cases of their own (each requires a taint nobody holds, and
@@ -49,14 +49,15 @@ import tracemalloc
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from dynamod.discovery_events import ViewResync, WorkerModified
 from dynamod.errors import RoutingError, ShuttingDownError
 from dynamod.load import IDLE
-from dynamod.model import ModelCard, RuntimeConfig, TaintsUpdated, ViewResync, WorkerRecord
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.router import (
     Assignment,
     Router,
-    RouterConfig,
     RouteRequest,
+    RouterKnobs,
     cost_terms,
     select,
 )
@@ -116,7 +117,7 @@ def scan(records: list[WorkerRecord], constraints: RoutingConstraints) -> list[W
 
 
 def scan_and_score(
-    records: list[WorkerRecord], request: RouteRequest, config: RouterConfig, rng: random.Random
+    records: list[WorkerRecord], request: RouteRequest, config: RouterKnobs, rng: random.Random
 ) -> WorkerRecord:
     found = scan(records, request.constraints)
     costs = [
@@ -162,7 +163,7 @@ def cuts(samples: list[float]) -> tuple[float, float]:
 
 def memory(records: list[WorkerRecord]) -> tuple[Router, float]:
     """A router holding ``records``, and the bytes per worker its structures took."""
-    router = Router(RouterConfig(), rng=random.Random(1))
+    router = Router(RouterKnobs(), rng=random.Random(1))
     snapshot = ViewResync(tuple(records), 1)
     gc.collect()
     tracemalloc.start()
@@ -180,7 +181,7 @@ async def view_memory(records: list[WorkerRecord]) -> float:
     """Bytes per worker of a ``WorkerView`` and its ``Router`` holding ``records``, as the
     daemon wires them, fed by a memory store (whose own copy is not counted): the records
     as decoded, the view's maps and history, the router's table."""
-    from dynamod.discovery.records import register
+    from dynamod.discovery.registration import register
     from dynamod.discovery.view import WorkerView
     from dynamod.store import open_store
 
@@ -192,7 +193,7 @@ async def view_memory(records: list[WorkerRecord]) -> float:
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
-            view, router = WorkerView(store), Router(RouterConfig())
+            view, router = WorkerView(store), Router(RouterKnobs())
             view.listen(router.apply)
             async with asyncio.TaskGroup() as group:
                 watching = group.create_task(view.run())
@@ -284,7 +285,7 @@ async def wake_latency(others: int, rounds: int, *, alike: bool) -> tuple[list[f
     (the same constraints, queued behind the woken one), or each in a case of its own."""
     card = ModelCard(name="m", max_num_seqs=1)
     busy, idle = worker(0, "capacity/fast", card=card), worker(1, "capacity/slow", card=card)
-    config = RouterConfig(max_queue_wait=None, max_queue=others + 10)
+    config = RouterKnobs(max_queue_wait=None, max_queue=others + 10)
     router = Router(config, rng=random.Random(3))
     router.apply(ViewResync((busy, idle), 1))
     fast = RouteRequest("m", RoutingConstraints(frozenset({"capacity/fast"})), prompt_tokens=64)
@@ -301,14 +302,14 @@ async def wake_latency(others: int, rounds: int, *, alike: bool) -> tuple[list[f
                 tg.create_task(_wait_in_vain(router, RouteRequest("m", never, max_wait=3600)))
         await asyncio.sleep(0)
         for revision in range(2, 2 * rounds + 2, 2):
-            event = TaintsUpdated(worker(1, "capacity/fast", card=card), (), (), revision)
+            event = WorkerModified(worker(1, "capacity/fast", card=card), (), (), revision)
             started = time.perf_counter()
             router.apply(event)
             dispatch.append(time.perf_counter() - started)
             woken = await waiting.popleft()
             assert woken is not None and woken.worker.key == idle.key
             resume.append(stamps.pop(id(woken)) - started)
-            router.apply(TaintsUpdated(idle, (), (), revision + 1))
+            router.apply(WorkerModified(idle, (), (), revision + 1))
             router.release(woken)
             waiting.append(tg.create_task(_acquire_stamped(router, fast, stamps)))
             await asyncio.sleep(0)
@@ -364,7 +365,7 @@ async def main(sizes: tuple[int, ...], rounds: int) -> None:
     print(table(rows))
     print(f"\none worker record as decoded: {record_bytes():.0f} B")
     print()
-    print(f"wake latency after apply(TaintsUpdated), microseconds (p50 p99), {rounds} rounds")
+    print(f"wake latency after apply(WorkerModified), microseconds (p50 p99), {rounds} rounds")
     print(f"{'waiting':>26} {'dispatch':>19} {'resume':>19}")
     for label, others, alike in WAKE_ROWS:
         dispatch, resume = await wake_latency(others, rounds, alike=alike)

@@ -71,8 +71,9 @@ from bench.common import (
 )
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.client import AsyncClient
-from dynamod.discovery.records import register, update_taints
-from dynamod.model import WORKERS_PREFIX
+from dynamod.discovery.registration import register
+from dynamod.discovery.updates import update_taints
+from dynamod.records import WORKERS_PREFIX
 from dynamod.store import Lease, Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.factories import make_record

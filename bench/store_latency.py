@@ -56,7 +56,7 @@ from bench.common import (
     write_json,
 )
 from dynamod.store import Put, Resync, Store, Watch, open_store
-from dynamod.store._inotify import IN_MOVED_TO, Inotify
+from dynamod.store.file.inotify import IN_MOVED_TO, Inotify
 
 BACKENDS = ("memory", "file", "etcd", "nats")
 OPS = ("put", "cas", "put→watch")

@@ -11,11 +11,11 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
-from dynamod.aio import cancel_and_wait
 from dynamod.discovery.view import WorkerView
-from dynamod.model import DiscoveryEvent, ViewResync, WorkerRemoved
+from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerRemoved
 from dynamod.store import Store
 from dynamod.taints import RoutingConstraints, caller_taints, matches
+from dynamod.tasks import cancel_and_wait
 
 SETTLE_TIMEOUT = 20.0
 """Seconds the log's view may take to sync on entry."""

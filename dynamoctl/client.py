@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dynamoctl.options import Options
-from dynamod.client.config import connection
+from dynamod.client.endpoint import connection
 
 if TYPE_CHECKING:
     from dynamod.client import AsyncClient
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
     """A client for ``options``' endpoint; use it as ``async with connect(options) as c``.
     Unreadable credential files raise ``ConfigError`` naming the flag and the file (the
-    files are read by ``dynamod.client.config``, as for any Python program)."""
+    files are read by ``dynamod.client.endpoint``, as for any Python program)."""
     from dynamod.client import AsyncClient
 
     dial = connection(

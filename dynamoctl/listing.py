@@ -23,12 +23,12 @@ from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
 
-from dynamoctl import views
+from dynamoctl import formats
 from dynamoctl.output import Printer
 from dynamoctl.watch import Columns
 
 if TYPE_CHECKING:
-    from dynamod.reports import WorkerInfo, WorkerPage
+    from dynamod.results import WorkerInfo, WorkerPage
 
 _TABLE = ("id", "model", "address", "taints", "load", "engine", "started_at")  # LOAD shows both
 _OBJECT = (
@@ -73,11 +73,11 @@ class _Writer:
 class _Table(_Writer):
     def __init__(self, printer: Printer) -> None:
         super().__init__(printer)
-        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
+        headers = formats.WORKER_WIDE_HEADERS if printer.wide else formats.WORKER_HEADERS
         self.columns = Columns(printer, headers, event_column=-1)
 
     def page(self, page: WorkerPage) -> None:
-        self.columns.rows(views.worker_rows(page.workers, self.printer.wide, page.id_prefix))
+        self.columns.rows(formats.worker_rows(page.workers, self.printer.wide, page.id_prefix))
 
 
 class _Names(_Writer):
@@ -134,7 +134,7 @@ def _objects(workers: list[WorkerInfo]) -> list[dict[str, Any]]:
         shared = cards.get(id(card))
         if shared is None:
             shared = cards[id(card)] = card.to_json()
-        objects.append(views.worker_object(info, views.card_sum(info, sums), shared))
+        objects.append(formats.worker_object(info, formats.card_sum(info, sums), shared))
     return objects
 
 

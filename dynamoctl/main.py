@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if answered is not None:
         return answered
 
-    from dynamoctl import coercion, completion
+    from dynamoctl import coercion, shells
     from dynamoctl.app import command, invoked
     from dynamoctl.options import load_config
     from dynamod.errors import ConfigError
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return exits.USAGE
     instruction = os.environ.get(fastpath.COMPLETE_VAR)
     if instruction:
-        return completion.respond(command(), instruction, default_map)
+        return shells.respond(command(), instruction, default_map)
     cli = command(invoked(args))
     # Standalone mode: click prints usage errors (exit 2) and ends with SystemExit.
     cli.main(args, prog_name=fastpath.PROG, default_map=default_map)

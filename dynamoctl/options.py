@@ -7,7 +7,7 @@ Precedence is flags > environment > config file > defaults. The file
 "10.0.0.5:7070"``, ``token_file = "~/.dynamo-token"``, ``output = "wide"``, ...); it becomes
 click's ``default_map``, so click itself applies the precedence. A malformed file or an
 unknown key is refused with a message naming both. How the file is read, the environment
-variables and the default endpoint live in ``dynamod.client.config``, so a Python program
+variables and the default endpoint live in ``dynamod.client.endpoint``, so a Python program
 using ``dynamod.client`` gets the same defaults (its ``config_path`` and
 ``fastpath.config_path`` agree: a test holds them to it).
 
@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dynamod.client.config import DEFAULT_TIMEOUT, default_endpoint, load_config
+from dynamod.client.endpoint import DEFAULT_TIMEOUT, default_endpoint, load_config
 
 __all__ = ["DEFAULT_TIMEOUT", "load_config"]  # the root command uses these
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from dynamoctl import completion
+from dynamoctl import shells
 from dynamoctl.options import UsageError
 
 SELECTOR_HELP = (
@@ -23,14 +23,14 @@ SELECTOR_HELP = (
     "See SELECTORS in dynamoctl(1)."
 )
 
-Selector = Annotated[
+SelectorOption = Annotated[
     str | None,
     typer.Option(
         "--selector",
         "-l",
         help=SELECTOR_HELP,
         metavar="SELECTOR",
-        autocompletion=completion.selectors,
+        autocompletion=shells.selectors,
     ),
 ]
 AllWorkers = Annotated[bool, typer.Option("--all", help="Every worker (asks first unless --yes).")]
@@ -53,7 +53,7 @@ WorkerId = Annotated[
     typer.Argument(
         help="Worker id, or any unique prefix of it.",
         metavar="ID",
-        autocompletion=completion.worker_ids,
+        autocompletion=shells.worker_ids,
     ),
 ]
 

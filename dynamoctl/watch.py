@@ -13,11 +13,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dynamoctl import views
+from dynamoctl import formats
 from dynamoctl.output import Printer, widths_of
 
 if TYPE_CHECKING:
-    from dynamod.reports import EventInfo, WorkerInfo
+    from dynamod.results import EventInfo, WorkerInfo
 
 EVENT_STYLES = {"ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan"}
 EVENT_WIDTH = max(len(k) for k in EVENT_STYLES)  # so the EVENT column never shifts
@@ -55,7 +55,7 @@ class WorkerWatch:
     def __init__(self, printer: Printer) -> None:
         self.printer = printer
         self.known: dict[str, WorkerInfo] = {}
-        headers = views.WORKER_WIDE_HEADERS if printer.wide else views.WORKER_HEADERS
+        headers = formats.WORKER_WIDE_HEADERS if printer.wide else formats.WORKER_HEADERS
         self.columns = Columns(printer, ("EVENT", *headers), 0)
 
     def feed(self, event: EventInfo) -> None:
@@ -90,7 +90,7 @@ class WorkerWatch:
     def _print(self, changes: list[tuple[str, WorkerInfo]], revision: int) -> None:
         if self.printer.output in ("json", "yaml"):
             for kind, info in changes:
-                obj = {"event": kind, "revision": revision, "worker": views.worker_object(info)}
+                obj = {"event": kind, "revision": revision, "worker": formats.worker_object(info)}
                 self._structured(obj)
             return
         if self.printer.output == "name":
@@ -98,10 +98,10 @@ class WorkerWatch:
                 self.printer.line(f"{kind} {info.id}")
             self.printer.flush()
             return
-        shorts = views.short_ids([*self.known, *(i.id for _, i in changes)])
+        shorts = formats.short_ids([*self.known, *(i.id for _, i in changes)])
         now = time.time()
         rows = [
-            [kind, *views.worker_row(info, shorts[info.id], self.printer.wide, now)]
+            [kind, *formats.worker_row(info, shorts[info.id], self.printer.wide, now)]
             for kind, info in changes
         ]
         self.columns.rows(rows)
@@ -122,19 +122,19 @@ class EventTail:
         self.printer = printer
         self.buffered = buffered
         self.pending: list[list[str]] = []
-        headers = views.EVENT_WIDE_HEADERS if printer.wide else views.EVENT_HEADERS
+        headers = formats.EVENT_WIDE_HEADERS if printer.wide else formats.EVENT_HEADERS
         self.columns = Columns(printer, headers, 2)
 
     def feed(self, event: EventInfo) -> None:
         if self.printer.output == "json":
-            self.printer.json_line(views.event_object(event))
+            self.printer.json_line(formats.event_object(event))
         elif self.printer.output == "yaml":
-            self.printer.yaml(views.event_object(event), document=True)
+            self.printer.yaml(formats.event_object(event), document=True)
             self.printer.flush()
         elif self.buffered:
-            self.pending.append(views.event_row(event, self.printer.wide))
+            self.pending.append(formats.event_row(event, self.printer.wide))
         else:
-            self.columns.rows([views.event_row(event, self.printer.wide)])
+            self.columns.rows([formats.event_row(event, self.printer.wide)])
 
     def close(self) -> None:
         self.columns.rows(self.pending)

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from dynamod import __version__
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
-from dynamod.discovery.records import update_taints
+from dynamod.daemon_metrics import DaemonMetrics
+from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import (
     DynamoError,
@@ -32,17 +33,16 @@ from dynamod.errors import (
     code_name,
 )
 from dynamod.http.limits import MAX_BODY
-from dynamod.metrics import DaemonMetrics
-from dynamod.model import ModelCard, WorkerRecord
-from dynamod.prompts.prepare import Tokenized
+from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
-from dynamod.reports import (
+from dynamod.records import ModelCard, WorkerRecord
+from dynamod.results import (
     CandidateInfo,
-    ChangeError,
     DaemonState,
     ExplainInfo,
     StatusInfo,
-    TaintChange,
+    UpdateFailure,
+    UpdateOutcome,
     WorkerInfo,
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
@@ -60,7 +60,7 @@ MAX_EXPLAIN_PROMPT = MAX_BODY
 """The longest prompt (characters) ``explain`` tokenizes: no request to the front could
 carry a longer one."""
 
-Progress = Callable[[TaintChange], Awaitable[None]]
+Progress = Callable[[UpdateOutcome], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Control:
         caller: Principal,
         dry_run: bool = False,
         progress: Progress | None = None,
-    ) -> list[TaintChange]:
+    ) -> list[UpdateOutcome]:
         """Apply ``update`` to every targeted worker; return the outcomes in target order.
 
         ``progress`` (when given) is awaited with each outcome as soon as it is known. With
@@ -193,7 +193,7 @@ class Control:
         single = target.worker is not None
         gate = asyncio.Semaphore(BULK_CONCURRENCY)
 
-        async def one(record: WorkerRecord) -> TaintChange:
+        async def one(record: WorkerRecord) -> UpdateOutcome:
             async with gate:
                 try:
                     change = await self._update_one(record, update, caller, target, dry_run)
@@ -219,7 +219,7 @@ class Control:
         caller: Principal,
         target: Target,
         dry_run: bool,
-    ) -> TaintChange:
+    ) -> UpdateOutcome:
         if dry_run:
             return self._preview(record, update, caller)
         try:
@@ -239,10 +239,12 @@ class Control:
         self._audit(caller, update, record, change.before, change.after, change.revision, None)
         return change
 
-    def _preview(self, record: WorkerRecord, update: TaintUpdate, caller: Principal) -> TaintChange:
+    def _preview(
+        self, record: WorkerRecord, update: TaintUpdate, caller: Principal
+    ) -> UpdateOutcome:
         after = record.updated(update, self.limits)
         caller.check_taints(_changed(record, after))
-        return TaintChange(
+        return UpdateOutcome(
             record.instance_id,
             record.key,
             record.taints,
@@ -304,7 +306,7 @@ class Control:
         read = Tokenized(0, ())
         if prompt:
             tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
-            read = await self.prompts.tokenize(prompt, tokenizer, block_size)
+            read = await self.prompts.tokenize_text(prompt, tokenizer, block_size)
         result = self.router.explain(
             RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes)
         )
@@ -364,10 +366,10 @@ def _asked(update: TaintUpdate, target: Target) -> dict[str, object]:
     return {"action": update.action, "taints": taints, "keys": keys, "target": which}
 
 
-def _failed(record: WorkerRecord, error: DynamoError) -> TaintChange:
+def _failed(record: WorkerRecord, error: DynamoError) -> UpdateOutcome:
     """One worker's failed part of a bulk update: its taints as they were, and why."""
-    failure = ChangeError(code_name(error), str(error))
-    return TaintChange(record.instance_id, record.key, record.taints, record.taints, 0, failure)
+    failure = UpdateFailure(code_name(error), str(error))
+    return UpdateOutcome(record.instance_id, record.key, record.taints, record.taints, 0, failure)
 
 
 def _changed(before: WorkerRecord, after: WorkerRecord) -> set[str]:

@@ -27,28 +27,28 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from dynamod import __version__, logs, systemd
-from dynamod.aio import cancel_and_wait
 from dynamod.api import server as grpc_server
 from dynamod.api.service import ServiceContext
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
-from dynamod.config import Settings, parse_hostport
+from dynamod.boundary import EngineStreams, KvIndexer, TokenizerRegistry
 from dynamod.control import Control
+from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
-from dynamod.feed import Feeds, KvFeed, TokenizerRegistry
 from dynamod.frontend import Frontend
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
-from dynamod.metrics import DaemonMetrics
+from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES
+from dynamod.prompts.processes import PromptProcesses
 from dynamod.prompts.reader import PromptReader
-from dynamod.prompts.workers import PROCESSES as PROMPT_PROCESSES
-from dynamod.prompts.workers import PromptWorkers
-from dynamod.reports import DaemonState
+from dynamod.results import DaemonState
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
+from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.store import Store, open_store
+from dynamod.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ class Daemon:
 
     def __init__(
         self,
-        settings: Settings,
-        reload: Callable[[], Settings] | None = None,
+        settings: DaemonSettings,
+        reload: Callable[[], DaemonSettings] | None = None,
         *,
         store: Store | None = None,
     ) -> None:
@@ -114,9 +114,9 @@ class Daemon:
         view.listen(self.metrics.on_event)
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
-        feeds = Feeds(view, router.report, kv=kv)
+        feeds = EngineStreams(view, router.report, kv=kv)
         # Large bodies and explain prompts are read in child processes (prompts/reader.py).
-        workers = await stack.enter_async_context(PromptWorkers(PROMPT_PROCESSES))
+        workers = await stack.enter_async_context(PromptProcesses(PROMPT_PROCESSES))
         reader = PromptReader(workers)
         control = Control(
             store,
@@ -166,7 +166,7 @@ class Daemon:
                     task.cancel()
         return code
 
-    def _router(self) -> tuple[Router, KvFeed | None]:
+    def _router(self) -> tuple[Router, KvIndexer | None]:
         """The router, and the feed of its KV index when engines' KV events are used
         (where none arrive, overlap stays approximate: ``router/kvindex.py``)."""
         config = self.settings.router
@@ -174,7 +174,7 @@ class Daemon:
         if config.kv_blocks_per_worker == 0:
             return Router(config, registry=self.registry, overlaps=approximate), None
         index = KvIndex()
-        kv = KvFeed(index, config.kv_blocks_per_worker, self.registry)
+        kv = KvIndexer(index, config.kv_blocks_per_worker, self.registry)
         overlaps = Overlaps(approximate, index)
         return Router(config, registry=self.registry, overlaps=overlaps), kv
 
@@ -303,6 +303,8 @@ class Daemon:
         log.info("reloaded: log level %s, tokens, router settings", new.log_level)
 
 
-async def run_daemon(settings: Settings, reload: Callable[[], Settings] | None = None) -> int:
+async def run_daemon(
+    settings: DaemonSettings, reload: Callable[[], DaemonSettings] | None = None
+) -> int:
     log.info("dynamod %s starting on %s", __version__, settings.store)
     return await Daemon(settings, reload).run()

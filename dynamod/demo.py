@@ -24,10 +24,10 @@ from pathlib import Path
 
 import dynamod
 from dynamod import logs
-from dynamod.config import Settings
 from dynamod.daemon import Daemon
 from dynamod.errors import ConfigError
 from dynamod.lifecycle import guarded, run
+from dynamod.settings import DaemonSettings
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ CHECKOUT = Path(dynamod.__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
-class Engine:
+class DemoEngine:
     """What the demo's workers run: the mocker, or vLLM on ``model_path`` under ``python``."""
 
     name: str = "mocker"
@@ -54,7 +54,7 @@ class Engine:
     @classmethod
     def of(
         cls, name: str, model_path: Path | None, python: Path | None, vllm_args: tuple[str, ...]
-    ) -> Engine:
+    ) -> DemoEngine:
         if name not in ("mocker", "vllm"):
             raise ConfigError(f"--engine {name!r}: the demo runs mocker or vllm workers")
         if name == "vllm" and (model_path is None or not model_path.is_dir()):
@@ -84,7 +84,7 @@ class Engine:
 class Child:
     """One supervised worker process: restarted with back-off until ``stop()``."""
 
-    def __init__(self, index: int, store: str, engine: Engine) -> None:
+    def __init__(self, index: int, store: str, engine: DemoEngine) -> None:
         self.index = index
         self.engine = engine
         self.argv = [
@@ -156,7 +156,7 @@ def _describe(children: list[Child]) -> str:
     return "\n".join(lines)
 
 
-def _banner(settings: Settings, http: str, children: list[Child]) -> str:
+def _banner(settings: DaemonSettings, http: str, children: list[Child]) -> str:
     socket = settings.listen[0]
     ctl = BIN / "dynamoctl"
     body = json.dumps(
@@ -186,8 +186,8 @@ Try, in another shell:
 """
 
 
-async def _demo(count: int, root: Path, http: str, engine: Engine) -> int:
-    settings = Settings(
+async def _demo(count: int, root: Path, http: str, engine: DemoEngine) -> int:
+    settings = DaemonSettings(
         store=(root / "store").as_uri(),
         listen=(f"unix://{root / 'dynamod.sock'}",),
         http=http,
@@ -216,14 +216,14 @@ def run_demo(
     workers: int = 3,
     directory: Path | None = None,
     http: str = "127.0.0.1:8080",
-    engine: Engine | None = None,
+    engine: DemoEngine | None = None,
 ) -> int:
     logs.configure("info", "auto")
     temporary = directory is None
     root = Path(tempfile.mkdtemp(prefix="dynamod-demo-")) if directory is None else directory
     root.mkdir(parents=True, exist_ok=True)
     try:
-        chosen = engine or Engine()
+        chosen = engine or DemoEngine()
         return run(lambda: guarded(_demo(workers, root, http, chosen), "dynamod demo"))
     finally:
         if temporary:

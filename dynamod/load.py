@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
 
 
 class Busy(enum.Enum):

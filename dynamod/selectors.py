@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dynamod.errors import SelectorError, TaintError, shown
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.taints import validate
 
 FIELDS = ("model", "namespace", "component", "endpoint", "id", "host")

@@ -41,11 +41,11 @@ def generated() -> dict[str, str]:
 
 
 def completions() -> dict[str, str]:
-    from dynamoctl import completion
+    from dynamoctl import shells
     from dynamoctl.app import command
 
     cli = command()
-    return {path: completion.script(cli, shell) for shell, path in SHELL_FILES.items()}
+    return {path: shells.script(cli, shell) for shell, path in SHELL_FILES.items()}
 
 
 # roff
@@ -215,7 +215,7 @@ def rst(docstring: str) -> str:
 def dynamod_regions() -> dict[str, str]:
     import typer.main
 
-    from dynamod.cli import app
+    from dynamod.main import app
 
     cli = typer.main.get_command(app)
     ctx = contexts(cli, "dynamod")
@@ -232,7 +232,7 @@ def dynamod_regions() -> dict[str, str]:
 def worker_regions() -> dict[str, str]:
     import typer.main
 
-    from dynamod.worker.cli import app
+    from dynamod.worker.main import app
 
     cli = typer.main.get_command(app)
     ctx = contexts(cli, "dynamo-worker")

@@ -46,14 +46,14 @@ def generate_stubs(out: Path) -> dict[str, str]:
 
 
 def generated() -> dict[str, str]:
-    from dynamoctl import coercion, completion
+    from dynamoctl import coercion, shells
     from dynamoctl.app import command
     from scripts import docs
 
     with tempfile.TemporaryDirectory() as tmp:
         stubs = generate_stubs(Path(tmp))
     coercion.install()  # as dynamoctl runs: the snapshot must match what it prints
-    return {**stubs, **docs.generated(), **completion.snapshot(command())}
+    return {**stubs, **docs.generated(), **shells.snapshot(command())}
 
 
 def main() -> int:

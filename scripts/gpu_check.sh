@@ -95,7 +95,7 @@ note "dependencies: present"
 say "4. a venv with this checkout's commands"
 VENV="$WORK/venv"
 "$PY" -m venv --system-site-packages "$VENV" || finish "BLOCKED: python -m venv failed" 2
-for pair in "dynamod:dynamod.cli" "dynamo-worker:dynamod.worker.cli" "dynamoctl:dynamoctl.main"; do
+for pair in "dynamod:dynamod.main" "dynamo-worker:dynamod.worker.main" "dynamoctl:dynamoctl.main"; do
     cat >"$VENV/bin/${pair%%:*}" <<SHIM
 #!$VENV/bin/python
 import sys

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from dynamod.discovery.records import new_instance_id
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord
+from dynamod.discovery.registration import new_instance_id
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.taints import with_topology
 
 

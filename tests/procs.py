@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from dynamod.aio import cancel_and_wait
+from dynamod.tasks import cancel_and_wait
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from dynamoctl import completion as shells
+from dynamoctl import shells
 
 SHELL_HELP = """Print a shell completion script.
 

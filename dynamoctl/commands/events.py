@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dynamoctl import exits
-from dynamoctl.targets import Selector
+from dynamoctl.targets import SelectorOption
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
@@ -34,7 +34,7 @@ def tail(
     no_follow: Annotated[
         bool, typer.Option("--no-follow", help="Print what is known now, then exit.")
     ] = False,
-    selector: Selector = None,
+    selector: SelectorOption = None,
 ) -> None:
     """Follow discovery events.
 

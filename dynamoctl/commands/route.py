@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dynamoctl import completion, exits, views
+from dynamoctl import exits, formats, shells
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.reports import ExplainInfo
+    from dynamod.results import ExplainInfo
 
 app = typer.Typer(no_args_is_help=True, help="Explain routing decisions.")
 
@@ -45,7 +45,7 @@ def explain(
         typer.Option(
             help="The model the request asks for.",
             metavar="MODEL",
-            autocompletion=completion.models,
+            autocompletion=shells.models,
         ),
     ],
     require: Annotated[
@@ -53,7 +53,7 @@ def explain(
         typer.Option(
             help="A taint the worker must hold (repeatable).",
             metavar="TAINT",
-            autocompletion=completion.fleet_taints,
+            autocompletion=shells.fleet_taints,
         ),
     ] = None,
     prefer: Annotated[
@@ -92,12 +92,12 @@ def explain(
 
 def _show(printer: Printer, info: ExplainInfo) -> None:
     if printer.output == "json":
-        printer.json(views.explain_object(info))
+        printer.json(formats.explain_object(info))
     elif printer.output == "yaml":
-        printer.yaml(views.explain_object(info))
+        printer.yaml(formats.explain_object(info))
     else:
-        rows = views.explain_rows(info)
+        rows = formats.explain_rows(info)
         if rows:
-            printer.table(views.EXPLAIN_HEADERS, rows)
+            printer.table(formats.EXPLAIN_HEADERS, rows)
         if not printer.no_headers:
             printer.line(("\n" if rows else "") + info.summary)

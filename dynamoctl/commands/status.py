@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from dynamoctl import exits, views
+from dynamoctl import exits, formats
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
@@ -26,11 +26,11 @@ def status(ctx: typer.Context) -> None:
     async def body(client: AsyncClient, printer: Printer) -> int:
         info = await client.status()
         if printer.output in ("json", "yaml"):
-            obj = views.status_object(info, client.endpoint, __version__)
+            obj = formats.status_object(info, client.endpoint, __version__)
             printer.json(obj) if printer.output == "json" else printer.yaml(obj)
         else:
-            pairs = views.status_details(info, client.endpoint, __version__)
-            for line in views.details_lines(pairs):
+            pairs = formats.status_details(info, client.endpoint, __version__)
+            for line in formats.details_lines(pairs):
                 printer.line(line)
         return exits.OK
 

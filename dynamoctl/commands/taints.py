@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dynamoctl import completion
+from dynamoctl import shells
 from dynamoctl.options import UsageError
 from dynamoctl.targets import (
     AllWorkers,
     DryRun,
     IfRevision,
     Scope,
-    Selector,
+    SelectorOption,
     Yes,
     check_all,
     scope,
@@ -38,7 +38,7 @@ WorkerArg = Annotated[
     typer.Argument(
         help="Worker id, or any unique prefix of it. Leave it out with -l or --all.",
         metavar="ID",
-        autocompletion=completion.worker_ids,
+        autocompletion=shells.worker_ids,
         show_default=False,
     ),
 ]
@@ -48,7 +48,7 @@ TaintArgs = Annotated[
         help="A taint: any text up to 1 KiB without control characters or outer spaces, "
         "e.g. capacity/fast or pool=batch.",
         metavar="TAINT",
-        autocompletion=completion.taint_args,
+        autocompletion=shells.taint_args,
         show_default=False,
     ),
 ]
@@ -59,7 +59,7 @@ Keys = Annotated[
         help="Also remove every taint whose key (the part before its first '=') is KEY "
         "(repeatable).",
         metavar="KEY",
-        autocompletion=completion.taint_keys,
+        autocompletion=shells.taint_keys,
     ),
 ]
 
@@ -81,9 +81,9 @@ def _change(
     if if_revision is not None and chosen.bulk:
         raise UsageError("--if-revision needs a single worker ID, not -l or --all")
     check_all(chosen, dry_run, yes)
-    from dynamoctl import changes
+    from dynamoctl import updates
 
-    changes.run(
+    updates.run(
         ctx, action, chosen, taints, keys=keys or (),
         if_revision=if_revision, dry_run=dry_run, yes=yes,
     )  # fmt: skip
@@ -103,7 +103,7 @@ def set_(
     ctx: typer.Context,
     worker: WorkerArg = None,
     taints: TaintArgs = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     if_revision: IfRevision = None,
     dry_run: DryRun = False,
@@ -122,7 +122,7 @@ def add(
     ctx: typer.Context,
     worker: WorkerArg = None,
     taints: TaintArgs = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     if_revision: IfRevision = None,
     dry_run: DryRun = False,
@@ -141,7 +141,7 @@ def rm(
     worker: WorkerArg = None,
     taints: TaintArgs = None,
     keys: Keys = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     if_revision: IfRevision = None,
     dry_run: DryRun = False,
@@ -159,7 +159,7 @@ def rm(
 def clear(
     ctx: typer.Context,
     worker: WorkerArg = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     if_revision: IfRevision = None,
     dry_run: DryRun = False,

@@ -7,22 +7,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dynamoctl import completion, exits, views
-from dynamoctl.targets import AllWorkers, DryRun, Selector, Yes, check_all, scope
+from dynamoctl import exits, formats, shells
+from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, scope
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.reports import TaintChange
+    from dynamod.results import UpdateOutcome
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(no_args_is_help=True, help="List and inspect workers; cordon and uncordon.")
 
 Model = Annotated[
     str | None,
-    typer.Option(
-        help="Only workers of this model.", metavar="MODEL", autocompletion=completion.models
-    ),
+    typer.Option(help="Only workers of this model.", metavar="MODEL", autocompletion=shells.models),
 ]
 Watch = Annotated[
     bool,
@@ -35,7 +33,7 @@ OptionalId = Annotated[
     typer.Argument(
         help="Worker id, or any unique prefix of it.",
         metavar="ID",
-        autocompletion=completion.worker_ids,
+        autocompletion=shells.worker_ids,
         show_default=False,
     ),
 ]
@@ -44,7 +42,7 @@ OptionalId = Annotated[
 @app.command("ls")
 def ls(
     ctx: typer.Context,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     model: Model = None,
     watch: Watch = False,
 ) -> None:
@@ -104,7 +102,7 @@ def get(
         typer.Argument(
             help="Worker id, or any unique prefix of it.",
             metavar="ID",
-            autocompletion=completion.worker_ids,
+            autocompletion=shells.worker_ids,
         ),
     ],
 ) -> None:
@@ -116,11 +114,11 @@ def get(
     async def body(client: AsyncClient, printer: Printer) -> int:
         info = await client.get_worker(worker)
         if printer.output in ("json", "yaml"):
-            _structured(printer, views.worker_object(info))
+            _structured(printer, formats.worker_object(info))
         elif printer.output == "name":
             printer.line(info.id)
         else:
-            for line in views.details_lines(views.worker_details(info)):
+            for line in formats.details_lines(formats.worker_details(info)):
                 printer.line(line)
         return exits.OK
 
@@ -136,7 +134,7 @@ def _cordon(
     dry_run: bool,
     yes: bool,
 ) -> None:
-    from dynamoctl import changes
+    from dynamoctl import updates
     from dynamod.taints import CORDONED
 
     chosen = scope(worker, selector, all_workers)
@@ -145,19 +143,19 @@ def _cordon(
         ("cordoned", "already cordoned") if action == "add" else ("uncordoned", "not cordoned")
     )
 
-    def describe(change: TaintChange) -> str:
+    def describe(change: UpdateOutcome) -> str:
         if not change.changed:
             return already
         return f"would be {done}" if dry_run else done
 
-    changes.run(ctx, action, chosen, (CORDONED,), dry_run=dry_run, yes=yes, describe=describe)
+    updates.run(ctx, action, chosen, (CORDONED,), dry_run=dry_run, yes=yes, describe=describe)
 
 
 @app.command()
 def cordon(
     ctx: typer.Context,
     worker: OptionalId = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     dry_run: DryRun = False,
     yes: Yes = False,
@@ -173,7 +171,7 @@ def cordon(
 def uncordon(
     ctx: typer.Context,
     worker: OptionalId = None,
-    selector: Selector = None,
+    selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     dry_run: DryRun = False,
     yes: Yes = False,

@@ -1,4 +1,4 @@
-"""Between the daemon's reports (``dynamod/reports.py``) and the wire messages. Both
+"""Between the daemon's reports (``dynamod/results.py``) and the wire messages. Both
 directions live here, so the server and the client cannot disagree."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ import json
 from collections.abc import Callable, Iterable
 
 from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.engine_events import EngineLoad
 from dynamod.load import Load
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
-from dynamod.reported import EngineLoad
-from dynamod.reports import (
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
+from dynamod.results import (
     CandidateInfo,
-    ChangeError,
     DaemonState,
     EventInfo,
     EventKind,
     ExplainInfo,
     StatusInfo,
-    TaintChange,
+    UpdateFailure,
+    UpdateOutcome,
     WorkerInfo,
 )
 from dynamod.taints import UpdateAction
@@ -142,7 +142,7 @@ def _record_of(message: pb.Worker, cards: dict[str, ModelCard]) -> WorkerRecord:
     )
 
 
-def change_to_pb(change: TaintChange) -> pb.TaintChange:
+def change_to_pb(change: UpdateOutcome) -> pb.TaintChange:
     message = pb.TaintChange(
         worker=change.worker,
         key=change.key,
@@ -158,13 +158,13 @@ def change_to_pb(change: TaintChange) -> pb.TaintChange:
     return message
 
 
-def change_from_pb(message: pb.TaintChange) -> TaintChange:
+def change_from_pb(message: pb.TaintChange) -> UpdateOutcome:
     error = (
-        ChangeError(message.error.code, message.error.message)
+        UpdateFailure(message.error.code, message.error.message)
         if message.HasField("error")
         else None
     )
-    return TaintChange(
+    return UpdateOutcome(
         worker=message.worker,
         key=message.key,
         before=tuple(message.before),

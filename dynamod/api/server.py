@@ -24,8 +24,8 @@ from grpc_reflection.v1alpha import reflection
 
 from dynamod.api.service import ServiceContext, add_services
 from dynamod.api.status import status_of
-from dynamod.config import Settings, parse_hostport
 from dynamod.errors import ConfigError, DynamoError, ListenError
+from dynamod.settings import DaemonSettings, parse_hostport
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class GrpcServer:
                 path.unlink()
 
 
-async def bind(settings: Settings) -> GrpcServer:
+async def bind(settings: DaemonSettings) -> GrpcServer:
     """The gRPC server with every listener bound, serving nothing yet: a busy socket or
     port fails here (``ListenError``), before the daemon has changed anything, and leaves
     no socket file behind."""
@@ -144,7 +144,7 @@ async def start(grpc: GrpcServer, api: ServiceContext) -> None:
     await server.start()
 
 
-def _bind(result: GrpcServer, address: str, settings: Settings) -> None:
+def _bind(result: GrpcServer, address: str, settings: DaemonSettings) -> None:
     if address.startswith("unix://"):
         path = Path(address[len("unix://") :])
         _prepare_socket(path)
@@ -181,7 +181,7 @@ def _prepare_socket(path: Path) -> None:
     raise ListenError(f"cannot listen on unix://{path}: another process is listening there")
 
 
-def _tls(settings: Settings) -> grpc.ServerCredentials | None:
+def _tls(settings: DaemonSettings) -> grpc.ServerCredentials | None:
     if settings.tls_cert is None or settings.tls_key is None:
         return None
     try:

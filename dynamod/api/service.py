@@ -22,13 +22,21 @@ import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dynamod.api import convert, listing
+from dynamod.api import convert, worker_pages
 from dynamod.api.status import ERROR_KEY, status_of
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal, Tokens
 from dynamod.control import Control, Target
+from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import Subscription
+from dynamod.discovery_events import (
+    DiscoveryEvent,
+    ViewResync,
+    WorkerAdded,
+    WorkerModified,
+    WorkerRemoved,
+)
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
@@ -36,9 +44,7 @@ from dynamod.errors import (
     StoreUnavailableError,
     UnauthenticatedError,
 )
-from dynamod.metrics import DaemonMetrics
-from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerAdded, WorkerRemoved
-from dynamod.reports import EventInfo, TaintChange, WorkerInfo, id_prefix_length
+from dynamod.results import EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints, TaintUpdate
 
@@ -150,19 +156,19 @@ MAX_PAGE_SIZE = 10_000
 class WorkerService(rpc.WorkerServiceServicer):
     """Listings: the selection and the fields are applied here, in the daemon, and the
     answers are written from each worker's encoded form, kept between listings
-    (``listing.WorkerMessages``): ListWorkers and StreamWorkers return bytes, which
+    (``worker_pages.WorkerMessages``): ListWorkers and StreamWorkers return bytes, which
     ``add_services`` lets through to gRPC as they are."""
 
     def __init__(self, api: ServiceContext) -> None:
         self.api = api
-        self.messages = listing.WorkerMessages(api.control.view.get)
+        self.messages = worker_pages.WorkerMessages(api.control.view.get)
 
     async def ListWorkers(  # type: ignore[override]
         self, request: pb.ListWorkersRequest, context: Context
     ) -> bytes:
         async def body(_: Principal) -> bytes:
             with self.api.listing.labels("ListWorkers").time():
-                fields = listing.worker_fields(request.fields)
+                fields = worker_pages.worker_fields(request.fields)
                 workers, revision = self._select(request)
                 prefix = id_prefix_length(w.id for w in workers)
                 return self.messages.response(workers, fields, revision, prefix)
@@ -175,7 +181,7 @@ class WorkerService(rpc.WorkerServiceServicer):
         started = time.perf_counter()
         try:
             self.api.identify(context)
-            fields = listing.worker_fields(request.fields)
+            fields = worker_pages.worker_fields(request.fields)
             size = _page_size(request.page_size)
             workers, revision = self._select(request)
         except DynamoError as exc:
@@ -222,7 +228,7 @@ class TaintService(rpc.TaintServiceServicer):
     ) -> None:
         writing = asyncio.Lock()  # the bulk update reports from several tasks at once
 
-        async def sent(change: TaintChange) -> None:
+        async def sent(change: UpdateOutcome) -> None:
             async with writing:
                 await context.write(convert.change_to_pb(change))
 
@@ -235,8 +241,8 @@ class TaintService(rpc.TaintServiceServicer):
         self,
         request: pb.UpdateTaintsRequest,
         caller: Principal,
-        progress: Callable[[TaintChange], Awaitable[None]] | None = None,
-    ) -> list[TaintChange]:
+        progress: Callable[[UpdateOutcome], Awaitable[None]] | None = None,
+    ) -> list[UpdateOutcome]:
         if self.api.draining:
             raise ShuttingDownError("dynamod is shutting down; retry on another replica")
         control = self.api.control
@@ -336,7 +342,7 @@ def _infos(control: Control, event: DiscoveryEvent, selector: Selector) -> list[
         return [EventInfo("RESYNC", event.revision, now, workers=workers)]
     record = event.record
     matches = selector.matches(record)
-    if isinstance(event, TaintsUpdated) and not matches and selector:
+    if isinstance(event, WorkerModified) and not matches and selector:
         before = tuple(sorted(set(record.taints) - set(event.added) | set(event.removed)))
         old = replace(record, runtime_config=replace(record.runtime_config, taints=before))
         matches = selector.matches(old)
@@ -383,13 +389,13 @@ class StatusService(rpc.StatusServiceServicer):
 
 def _add_worker_service(service: WorkerService, server: aio.Server) -> None:
     """``rpc.add_WorkerServiceServicer_to_server``, but the listings' answers, already
-    encoded by ``listing.WorkerMessages``, go to the wire as they are."""
+    encoded by ``worker_pages.WorkerMessages``, go to the wire as they are."""
     name = pb.DESCRIPTOR.services_by_name["WorkerService"].full_name
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "ListWorkers": grpc.unary_unary_rpc_method_handler(
             service.ListWorkers,
             request_deserializer=pb.ListWorkersRequest.FromString,
-            response_serializer=listing.encoded,
+            response_serializer=worker_pages.encoded,
         ),
         "GetWorker": grpc.unary_unary_rpc_method_handler(
             service.GetWorker,
@@ -399,7 +405,7 @@ def _add_worker_service(service: WorkerService, server: aio.Server) -> None:
         "StreamWorkers": grpc.unary_stream_rpc_method_handler(
             service.StreamWorkers,
             request_deserializer=pb.ListWorkersRequest.FromString,
-            response_serializer=listing.encoded,
+            response_serializer=worker_pages.encoded,
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))

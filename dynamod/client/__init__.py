@@ -7,12 +7,12 @@
             print(worker.id, worker.model, worker.taints)
         client.update_model_taints(worker, ["capacity/slow"])   # replace, as Dynamo's
 
-Both return the daemon's reports (``dynamod.reports``: ``WorkerInfo``, ``TaintChange``,
+Both return the daemon's reports (``dynamod.results``: ``WorkerInfo``, ``UpdateOutcome``,
 ``EventInfo``, ...) and raise the errors of ``dynamod.errors``. Where the daemon is and
 which credentials to show come from the arguments, else the environment and the config
-file dynamoctl reads (``dynamod.client.config``). dynamoctl is built on ``AsyncClient``.
+file dynamoctl reads (``dynamod.client.endpoint``). dynamoctl is built on ``AsyncClient``.
 This package and ``dynamod/api/`` are the only parts of dynamod that import gRPC; the
-names below are loaded on first use, so ``dynamod.client.config`` alone stays cheap.
+names below are loaded on first use, so ``dynamod.client.endpoint`` alone stays cheap.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dynamod.client.aio import AsyncClient, Worker
-    from dynamod.client.config import Credentials, default_endpoint, target_of
-    from dynamod.client.sync import Client
+    from dynamod.client.async_client import AsyncClient, Worker
+    from dynamod.client.blocking import Client
+    from dynamod.client.endpoint import Credentials, default_endpoint, target_of
 
 __all__ = ["AsyncClient", "Client", "Credentials", "Worker", "default_endpoint", "target_of"]
 
 _HOMES = {
-    "AsyncClient": "dynamod.client.aio",
-    "Worker": "dynamod.client.aio",
-    "Client": "dynamod.client.sync",
-    "Credentials": "dynamod.client.config",
-    "default_endpoint": "dynamod.client.config",
-    "target_of": "dynamod.client.config",
+    "AsyncClient": "dynamod.client.async_client",
+    "Worker": "dynamod.client.async_client",
+    "Client": "dynamod.client.blocking",
+    "Credentials": "dynamod.client.endpoint",
+    "default_endpoint": "dynamod.client.endpoint",
+    "target_of": "dynamod.client.endpoint",
 }
 
 

@@ -2,9 +2,9 @@
 
 ``EventTranslator`` is pure: it keeps the last known record of every worker and classifies each
 store event against it. A same-key ``Put`` with equal content is nothing; one that changes
-only taints is ``TaintsUpdated``; one that changes anything else is refused (logged with
+only taints is ``WorkerModified``; one that changes anything else is refused (logged with
 the field, old value kept). A store ``Resync`` is reconciled against the known view into
-``WorkerRemoved`` / ``WorkerAdded`` / ``TaintsUpdated`` events, then one ``ViewResync``.
+``WorkerRemoved`` / ``WorkerAdded`` / ``WorkerModified`` events, then one ``ViewResync``.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from dynamod.errors import ImmutableFieldError, InvalidInputError
-from dynamod.model import (
+from dynamod.discovery_events import (
     DiscoveryEvent,
-    TaintsUpdated,
     ViewResync,
     WorkerAdded,
-    WorkerRecord,
+    WorkerModified,
     WorkerRemoved,
-    immutable_diff,
 )
+from dynamod.errors import ImmutableFieldError, InvalidInputError
+from dynamod.records import WorkerRecord, immutable_diff
 from dynamod.store import Delete, Entry, Resync, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -36,7 +35,7 @@ class EventTranslator:
         self.revision = 0
         self.refused = 0
 
-    def feed(self, event: WatchEvent) -> list[DiscoveryEvent]:
+    def translate(self, event: WatchEvent) -> list[DiscoveryEvent]:
         self.revision = max(self.revision, event.revision)
         if isinstance(event, Resync):
             return list(self._resync(event))
@@ -71,7 +70,7 @@ class EventTranslator:
         self.revisions[entry.key] = entry.revision
         added = tuple(sorted(set(record.taints) - set(old.taints)))
         removed = tuple(sorted(set(old.taints) - set(record.taints)))
-        return TaintsUpdated(record, added, removed, entry.revision)
+        return WorkerModified(record, added, removed, entry.revision)
 
     def _resync(self, event: Resync) -> Iterator[DiscoveryEvent]:
         present = {e.key for e in event.entries}

@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from dynamod.discovery.translate import EventTranslator
+from dynamod.discovery_events import DiscoveryEvent, ViewResync
 from dynamod.errors import AmbiguousWorkerError, WorkerNotFoundError
-from dynamod.model import WORKERS_PREFIX, DiscoveryEvent, ViewResync, WorkerRecord
+from dynamod.records import WORKERS_PREFIX, WorkerRecord
 from dynamod.store import Store
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class WorkerView:
         try:
             async with self.store.watch(self.prefix) as watch:
                 async for store_event in watch:
-                    for event in self._translator.feed(store_event):
+                    for event in self._translator.translate(store_event):
                         self._publish(event)
         finally:
             self._stopped = True

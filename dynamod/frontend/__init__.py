@@ -4,7 +4,7 @@
 ``relay.py`` talks to one worker, ``replies.py`` shapes the front's own answers.
 """
 
-from dynamod.frontend.front import ATTEMPTS, Frontend
-from dynamod.frontend.metrics import FrontendMetrics
+from dynamod.frontend.front import WORKERS_TRIED, Frontend
+from dynamod.frontend.front_metrics import FrontendMetrics
 
-__all__ = ["ATTEMPTS", "Frontend", "FrontendMetrics"]
+__all__ = ["WORKERS_TRIED", "Frontend", "FrontendMetrics"]

@@ -15,7 +15,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from dynamod.model import DiscoveryEvent, ViewResync, WorkerAdded, WorkerRecord, WorkerRemoved
+from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerAdded, WorkerRemoved
+from dynamod.records import WorkerRecord
 
 
 class Departures:

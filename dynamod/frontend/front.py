@@ -66,8 +66,8 @@ from prometheus_client import CollectorRegistry
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import PromptWorkerError, RoutingError
 from dynamod.frontend.departures import Departures
+from dynamod.frontend.front_metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.inbound import Inbound
-from dynamod.frontend.metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.relay import (
     Streams,
     UpstreamFailure,
@@ -79,29 +79,28 @@ from dynamod.frontend.relay import (
 from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
 from dynamod.http.inflight import Drains, InFlight
 from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
-from dynamod.model import ModelCard
-from dynamod.prompts.prepare import Model, Prepared
+from dynamod.prompts.body import CardLimits, Routable
 from dynamod.prompts.reader import PromptReader, Read
+from dynamod.records import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS = 2
+WORKERS_TRIED = 2
 """A request is tried on at most this many workers (a first try and one retry)."""
 DEFAULT_CLIENT_TIMEOUT = 300.0
 DEFAULT_CONNECT_TIMEOUT = 5.0
 _SHAPE_ONLY = SimpleTokenizer()
 """Reads the prompt of a request for a model no worker serves, only to check its shape."""
-_UNSERVED = Model(block_size=1, context_length=0, checked=False)
+_UNSERVED = CardLimits(block_size=1, context_length=0, checked=False)
 """What the front knows of a model no worker serves: nothing to check a body against."""
-RETRY_AFTER = 1
+RETRY_AFTER_SECONDS = 1
 """Seconds a client is told to wait (``Retry-After``) before retrying a retryable 503."""
 GONE_WINDOW = 30.0
 """Seconds after a model's last worker left during which a request for it gets a
 retryable 503 instead of 404 (the daemon's ``model_gone_window``)."""
-"""Seconds a client is told to wait (``Retry-After``) before retrying a retryable 503."""
 
 
 class Frontend(Drains):
@@ -228,35 +227,31 @@ class Frontend(Drains):
         started = time.perf_counter()
         try:
             # Read in time and bounded before any handler: http/server.py.
-            read = await self._reader.head(await request.read())
-        except FieldError as exc:
-            return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
-        except PromptWorkerError as exc:
-            return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER)
+            read = await self._reader.read_head(await request.read())
+        except (FieldError, PromptWorkerError) as exc:
+            return _refused(exc)
         card = self._router.card(read.head.model)
         # A malformed prompt is a 400 even for a model nobody serves: check it first.
-        prepared = await self._prepare(read, api, card)
-        if isinstance(prepared, web.Response):
-            return prepared
+        routable = await self._read_prompt(read, api, card)
+        if isinstance(routable, web.Response):
+            return routable
         if card is None:
             return await self._unserved(request, api, read, started)
-        return await self._forward(request, api, read, prepared, started)
+        return await self._forward(request, api, read, routable, started)
 
-    async def _prepare(
+    async def _read_prompt(
         self, read: Read, api: OpenAIApi, card: ModelCard | None
-    ) -> Prepared | web.Response:
+    ) -> Routable | web.Response:
         """The body read for ``card``'s workers (only its shape for no card), or the
         refusal to answer with."""
         tokenizer: Tokenizer = _SHAPE_ONLY
         model = _UNSERVED
         try:
             if card is not None:
-                tokenizer, model = await self._tokenizers.for_card(card), Model.of(card)
-            return await self._reader.prepare(read, api, tokenizer, model)
-        except FieldError as exc:
-            return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
-        except PromptWorkerError as exc:
-            return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER)
+                tokenizer, model = await self._tokenizers.for_card(card), CardLimits.of(card)
+            return await self._reader.read_prompt(read, api, tokenizer, model)
+        except (FieldError, PromptWorkerError) as exc:
+            return _refused(exc)
 
     async def _unserved(
         self, request: web.Request, api: OpenAIApi, read: Read, started: float
@@ -274,7 +269,9 @@ class Frontend(Drains):
                 f"model {model!r} has no worker now: its last one left {gone:.1f} s ago; "
                 f"retry shortly"
             )
-            return error_response(503, message, "model_unavailable", retry_after=RETRY_AFTER)
+            return error_response(
+                503, message, "model_unavailable", retry_after=RETRY_AFTER_SECONDS
+            )
         return error_response(404, self._router.unserved(model), "model_not_found", param="model")
 
     async def _after_wait(
@@ -291,15 +288,15 @@ class Frontend(Drains):
                 card = assignment.worker.model_card
         except RoutingError as exc:
             return routing_error_response(exc)
-        prepared = await self._prepare(read, api, card)
-        if isinstance(prepared, web.Response):
-            return prepared
-        return await self._forward(request, api, read, prepared, started)
+        routable = await self._read_prompt(read, api, card)
+        if isinstance(routable, web.Response):
+            return routable
+        return await self._forward(request, api, read, routable, started)
 
     async def _forward(
-        self, request: web.Request, api: OpenAIApi, read: Read, prepared: Prepared, started: float
+        self, request: web.Request, api: OpenAIApi, read: Read, routable: Routable, started: float
     ) -> web.StreamResponse:
-        inbound = Inbound.of(api, read.head, prepared)
+        inbound = Inbound.of(api, read.head, routable)
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
         return await self._dispatch(_Call(request, inbound, headers, started), inbound.route)
 
@@ -307,7 +304,7 @@ class Frontend(Drains):
         """Route and forward; a failure before the worker's first byte is retried once on
         another eligible worker (the failed one excluded)."""
         failure: UpstreamFailure | None = None
-        for attempt in range(1, ATTEMPTS + 1):
+        for attempt in range(1, WORKERS_TRIED + 1):
             try:
                 async with self._router.route(route) as assignment:
                     outcome = await self._attempt(call, assignment)
@@ -316,7 +313,7 @@ class Frontend(Drains):
             if not isinstance(outcome, UpstreamFailure):
                 return outcome
             failure = outcome
-            if attempt < ATTEMPTS:
+            if attempt < WORKERS_TRIED:
                 log.warning("%s; trying another worker", failure.message)
                 self._metrics.retries.labels(reason=failure.reason).inc()
                 route = replace(route, exclude={*route.exclude, failure.worker.key})
@@ -375,3 +372,11 @@ class _FirstEvents:
         if not self._prefilled and carries_output(event):
             self._prefilled = True
             self._on_output()
+
+
+def _refused(exc: FieldError | PromptWorkerError) -> web.Response:
+    """The answer to a body that could not be read: a 4xx naming the field, or a retryable
+    503 while the prompt worker processes cannot take it."""
+    if isinstance(exc, FieldError):
+        return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+    return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER_SECONDS)

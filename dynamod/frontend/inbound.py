@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dynamod.http.openai import OpenAIApi
-from dynamod.prompts.prepare import Head, Prepared
+from dynamod.prompts.body import Head, Routable
 from dynamod.router import RouteRequest
 
 
@@ -31,12 +31,12 @@ class Inbound:
     route: RouteRequest
 
     @classmethod
-    def of(cls, api: OpenAIApi, head: Head, prepared: Prepared) -> Inbound:
+    def of(cls, api: OpenAIApi, head: Head, routable: Routable) -> Inbound:
         route = RouteRequest(
             head.model,
             head.constraints,
-            prepared.prompt_tokens,
-            prepared.block_hashes,
+            routable.prompt_tokens,
+            routable.block_hashes,
             head.max_wait,
         )
-        return cls(api, prepared.raw, route)
+        return cls(api, routable.raw, route)

@@ -36,7 +36,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.replies import DONE_EVENT, passed_headers
 from dynamod.http.openai import error_event, error_response
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO
 
 from dynamod.errors import InvalidInputError
 from dynamod.http.openai import API_BY_KIND, json_object
-from dynamod.prompts import prepare, wire
+from dynamod.prompts import wire
+from dynamod.prompts.body import read_head, read_prompt, tokenize_text
 from dynamod.tokenizers import Tokenizer
 from dynamod.tokenizers.bundle import from_bundle
 
@@ -39,20 +40,20 @@ class Worker:
     def _run(self, op: str, *args: Any) -> tuple[str, Any]:
         if op == "head":
             (raw,) = args
-            return ("ok", prepare.head(json_object(raw)))
+            return ("ok", read_head(json_object(raw)))
         if op == "prepare":
             raw, kind, checksum, model = args
             tokenizer = self._tokenizers.get(checksum)
             if tokenizer is None:
                 return ("need", checksum)
             api = API_BY_KIND[kind]
-            return ("ok", prepare.prepare(json_object(raw), raw, api, tokenizer, model))
+            return ("ok", read_prompt(json_object(raw), raw, api, tokenizer, model))
         if op == "tokenize":
             text, checksum, block_size = args
             tokenizer = self._tokenizers.get(checksum)
             if tokenizer is None:
                 return ("need", checksum)
-            return ("ok", prepare.tokenize(text, tokenizer, block_size))
+            return ("ok", tokenize_text(text, tokenizer, block_size))
         if op == "tokenizer":
             checksum, bundle = args
             self._tokenizers[checksum] = from_bundle(bundle)

@@ -16,9 +16,16 @@ from dataclasses import dataclass
 from typing import cast
 
 from dynamod.http.openai import Json, OpenAIApi, json_object
-from dynamod.prompts import prepare
-from dynamod.prompts.prepare import Head, Model, Prepared, Tokenized
-from dynamod.prompts.workers import PromptWorkers
+from dynamod.prompts.body import (
+    CardLimits,
+    Head,
+    Routable,
+    Tokenized,
+    read_head,
+    read_prompt,
+    tokenize_text,
+)
+from dynamod.prompts.processes import PromptProcesses
 from dynamod.tokenizers import Tokenizer
 from dynamod.tokenizers.bundle import Publishable
 
@@ -41,36 +48,38 @@ class PromptReader:
     """Reads requests for the front and prompts for ``explain``; ``workers`` None reads
     everything on the loop (tools and tests that serve small requests)."""
 
-    def __init__(self, workers: PromptWorkers | None, offload_above: int = OFFLOAD_ABOVE):
+    def __init__(self, workers: PromptProcesses | None, offload_above: int = OFFLOAD_ABOVE):
         self._workers = workers
         self._above = offload_above
 
-    def _offloaded(self, size: int) -> PromptWorkers | None:
+    def _offloaded(self, size: int) -> PromptProcesses | None:
         return self._workers if size > self._above else None
 
-    async def head(self, raw: bytes) -> Read:
+    async def read_head(self, raw: bytes) -> Read:
         """The body's model and ``nvext``; raises ``FieldError``."""
         workers = self._offloaded(len(raw))
         if workers is not None:
-            return Read(raw, await workers.head(raw), None)
+            return Read(raw, await workers.read_head(raw), None)
         body = json_object(raw)
-        return Read(raw, prepare.head(body), body)
+        return Read(raw, read_head(body), body)
 
-    async def prepare(
-        self, read: Read, api: OpenAIApi, tokenizer: Tokenizer, model: Model
-    ) -> Prepared:
-        """``prepare.prepare`` of the body, where ``head`` read it; raises ``FieldError``."""
+    async def read_prompt(
+        self, read: Read, api: OpenAIApi, tokenizer: Tokenizer, model: CardLimits
+    ) -> Routable:
+        """``body.prepare`` of the body, where ``head`` read it; raises ``FieldError``."""
         if read.body is None and _publishable(tokenizer) and self._workers is not None:
-            return await self._workers.prepare(read.raw, api, cast(Publishable, tokenizer), model)
+            return await self._workers.read_prompt(
+                read.raw, api, cast(Publishable, tokenizer), model
+            )
         body = read.body if read.body is not None else json_object(read.raw)
-        return prepare.prepare(body, read.raw, api, tokenizer, model)
+        return read_prompt(body, read.raw, api, tokenizer, model)
 
-    async def tokenize(self, text: str, tokenizer: Tokenizer, block_size: int) -> Tokenized:
-        """``prepare.tokenize`` of a bare prompt, off the loop when it is long."""
+    async def tokenize_text(self, text: str, tokenizer: Tokenizer, block_size: int) -> Tokenized:
+        """``body.tokenize`` of a bare prompt, off the loop when it is long."""
         workers = self._offloaded(len(text))
         if workers is not None and _publishable(tokenizer):
-            return await workers.tokenize(text, cast(Publishable, tokenizer), block_size)
-        return prepare.tokenize(text, tokenizer, block_size)
+            return await workers.tokenize_text(text, cast(Publishable, tokenizer), block_size)
+        return tokenize_text(text, tokenizer, block_size)
 
 
 def _publishable(tokenizer: Tokenizer) -> bool:

@@ -4,13 +4,13 @@ Nothing here does I/O: the router learns workers from discovery events (``apply`
 hands out assignments; the caller talks to the worker.
 """
 
-from dynamod.router.config import RouterConfig
 from dynamod.router.groups import Group, LoadOrder
+from dynamod.router.knobs import RouterKnobs
 from dynamod.router.kvindex import KvIndex, Overlaps
-from dynamod.router.metrics import RouterMetrics
 from dynamod.router.prefix import OverlapSource, PrefixIndex, prefix_hashes
 from dynamod.router.queue import PendingQueue, Waiter, WaitState
 from dynamod.router.router import Router
+from dynamod.router.router_metrics import RouterMetrics
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities, select
 from dynamod.router.table import Ineligible, RoutingTable, why_not
 from dynamod.router.types import (
@@ -36,7 +36,7 @@ __all__ = [
     "PrefixIndex",
     "RouteRequest",
     "Router",
-    "RouterConfig",
+    "RouterKnobs",
     "RouterMetrics",
     "RoutingTable",
     "WaitState",

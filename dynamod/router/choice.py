@@ -37,8 +37,8 @@ import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from dynamod.router.config import RouterConfig
 from dynamod.router.groups import Group
+from dynamod.router.knobs import RouterKnobs
 from dynamod.router.scoring import RequestShape, multiplier, select
 from dynamod.router.types import RouteRequest
 
@@ -68,7 +68,7 @@ class Pick:
 class Chooser:
     """Picks workers for one router (module docstring). ``config`` may be replaced."""
 
-    def __init__(self, config: RouterConfig, rng: random.Random, group_of: GroupOf) -> None:
+    def __init__(self, config: RouterKnobs, rng: random.Random, group_of: GroupOf) -> None:
         self.config = config
         self._rng = rng
         self._group_of = group_of

@@ -20,7 +20,7 @@ import heapq
 import itertools
 from collections.abc import Container, Generator
 
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.taints import CORDONED
 
 Entry = tuple[float, int, str]

@@ -1,6 +1,6 @@
 """KV-aware prefix overlap: which blocks each worker's engine really holds, from the KV
 cache events engines publish (``reported.KvEvent``; workers forward them on their engine
-events stream, ``dynamod.feed`` follows it and calls ``attach`` / ``apply`` / ``detach``).
+events stream, ``dynamod.boundary`` follows it and calls ``attach`` / ``apply`` / ``detach``).
 
 * **Keys.** A block is indexed under the router's own chained hash of its tokens
   (``prefix.chain``): the hash the front computes for a prompt's block, so a prompt finds
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dynamod.reported import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from dynamod.router.prefix import APPROXIMATE, ROOT, PrefixIndex, chain
 
 KV = "kv"

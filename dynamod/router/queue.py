@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from dynamod.router.config import RouterConfig
+from dynamod.router.knobs import RouterKnobs
 
 if TYPE_CHECKING:
     from dynamod.router.types import Assignment, RouteRequest
@@ -57,7 +57,7 @@ class Waiter:
     seq: int = 0
     settle_until: float | None = None
     """Set when the waiter's last eligible worker went away while it waited: it may keep
-    waiting until then for another worker to qualify (``RouterConfig.settle_window``)."""
+    waiting until then for another worker to qualify (``RouterKnobs.settle_window``)."""
     timeout: asyncio.Timeout | None = field(default=None, repr=False)
 
     @property
@@ -73,7 +73,7 @@ class Waiter:
         """Still waiting: neither dispatched, failed nor cancelled."""
         return not self.future.done()
 
-    def deadline(self, config: RouterConfig) -> float | None:
+    def deadline(self, config: RouterKnobs) -> float | None:
         """When the wait ends, in loop time; counted from arrival, whatever the state.
 
         A request's ``max_wait`` is its limit in every state. Otherwise a busy wait ends
@@ -91,7 +91,7 @@ class Waiter:
             limit = self.settle_until if busy is None else max(limit, min(busy, self.settle_until))
         return limit
 
-    def settling(self, config: RouterConfig) -> bool:
+    def settling(self, config: RouterKnobs) -> bool:
         """Whether the settle window, not the no-worker limit, sets this waiter's deadline."""
         return (
             self.state is WaitState.NO_WORKER
@@ -100,7 +100,7 @@ class Waiter:
             and self.settle_until > self.enqueued + config.no_worker_wait
         )
 
-    def move_deadline(self, config: RouterConfig) -> None:
+    def move_deadline(self, config: RouterKnobs) -> None:
         """Re-arm the owner's timeout after ``state`` changed."""
         if self.timeout is not None and not self.timeout.expired():
             self.timeout.reschedule(self.deadline(config))

@@ -2,7 +2,7 @@
 
 Use::
 
-    router = Router(RouterConfig(), registry=registry)
+    router = Router(RouterKnobs(), registry=registry)
     router.apply(event)                     # every discovery event, as it arrives
     async with router.route(request) as assignment:
         ...                                 # send it to assignment.worker.address
@@ -54,6 +54,8 @@ from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
 
+from dynamod.discovery_events import DiscoveryEvent, ViewResync
+from dynamod.engine_events import EngineLoad
 from dynamod.errors import (
     NoEligibleWorkerError,
     QueueFullError,
@@ -62,15 +64,14 @@ from dynamod.errors import (
     ShuttingDownError,
 )
 from dynamod.load import IDLE, Busy, Load
-from dynamod.model import DiscoveryEvent, ModelCard, ViewResync, WorkerRecord
-from dynamod.reported import EngineLoad
+from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.choice import Chooser, Pick
-from dynamod.router.config import RouterConfig
 from dynamod.router.groups import Group
-from dynamod.router.metrics import RouterMetrics
+from dynamod.router.knobs import RouterKnobs
 from dynamod.router.prefix import OverlapSource, PrefixIndex
 from dynamod.router.queue import Case, PendingQueue, Waiter, WaitState, by_arrival
-from dynamod.router.reported import ReportedLoads, describe
+from dynamod.router.router_metrics import RouterMetrics
+from dynamod.router.saturation import ReportedLoads, describe
 from dynamod.router.scoring import CostTerms, cost_terms, load_rank, probabilities
 from dynamod.router.table import MESSAGE_WORKERS, RoutingTable, why_not
 from dynamod.router.types import (
@@ -104,13 +105,13 @@ class Router:
 
     def __init__(
         self,
-        config: RouterConfig | None = None,
+        config: RouterKnobs | None = None,
         *,
         rng: random.Random | None = None,
         registry: CollectorRegistry | None = None,
         overlaps: OverlapSource | None = None,
     ) -> None:
-        self.config = config if config is not None else RouterConfig()
+        self.config = config if config is not None else RouterKnobs()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._rng = rng if rng is not None else random.Random()
         self._loads: dict[str, Load] = {}
@@ -219,7 +220,7 @@ class Router:
         self._unload(held.key, Load(0, held.prefill_tokens, 0))
         self._offer_worker(held.key)
 
-    def reconfigure(self, config: RouterConfig) -> None:
+    def reconfigure(self, config: RouterKnobs) -> None:
         """Take new knobs (a SIGHUP reload). Waiting requests keep their deadlines; the
         prefix index keeps the TTL and capacity it was built with until a restart. New
         weights or busy thresholds re-rank every worker, and may free some for waiters."""

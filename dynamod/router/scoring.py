@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dynamod.load import Load
-from dynamod.router.config import RouterConfig
+from dynamod.router.knobs import RouterKnobs
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class CostTerms:
 
 
 def cost_terms(
-    config: RouterConfig,
+    config: RouterKnobs,
     block_size: int,
     load: Load,
     *,
@@ -104,7 +104,7 @@ def cost_terms(
     )  # fmt: skip
 
 
-def load_rank(config: RouterConfig, block_size: int, load: Load) -> float:
+def load_rank(config: RouterKnobs, block_size: int, load: Load) -> float:
     """The part of a worker's cost that depends on its load (module docstring): among
     workers of one group without prefix overlap, the lower rank is the cheaper."""
     return (
@@ -123,7 +123,7 @@ class RequestShape:
     per_block: float
 
     @classmethod
-    def of(cls, config: RouterConfig, block_size: int, prompt_tokens: int) -> RequestShape:
+    def of(cls, config: RouterKnobs, block_size: int, prompt_tokens: int) -> RequestShape:
         blocks = -(-prompt_tokens // block_size)
         scale = config.prefill_load_scale
         constant = scale * blocks + blocks + config.active_request_weight

@@ -10,7 +10,7 @@ the same taints and KV block size (``groups.py``): eligibility is decided per gr
   than that is ignored. So adds and taint updates converge to the newest record whatever
   order they arrive in; only a removal followed by an *older* add of the same worker is
   order-dependent (a removal leaves no tombstone: the key is gone, and so is its revision).
-* ``TaintsUpdated`` for a worker the table does not know adds it: the event carries the
+* ``WorkerModified`` for a worker the table does not know adds it: the event carries the
   whole record, so there is nothing to gain by dropping it.
 * ``eligible_groups(model, required)``: the groups holding every required taint, without
   the cordoned ones (``dynamo.io/cordoned``) unless the request requires that very taint.
@@ -33,15 +33,14 @@ import itertools
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from dynamod.model import (
+from dynamod.discovery_events import (
     DiscoveryEvent,
-    ModelCard,
-    TaintsUpdated,
     ViewResync,
     WorkerAdded,
-    WorkerRecord,
+    WorkerModified,
     WorkerRemoved,
 )
+from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.groups import Group
 from dynamod.taints import CORDONED, RoutingConstraints
 
@@ -160,7 +159,7 @@ class RoutingTable:
             return frozenset()  # older than what the table already holds for this worker
         if isinstance(event, WorkerRemoved):
             return self._remove(key)
-        assert isinstance(event, WorkerAdded | TaintsUpdated)
+        assert isinstance(event, WorkerAdded | WorkerModified)
         return self._upsert(event.record, event.revision)
 
     def rerank(self, key: str | None = None) -> None:

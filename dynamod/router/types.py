@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from dynamod.errors import InvalidInputError
 from dynamod.load import Busy, Load
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.router.prefix import APPROXIMATE, prefix_hashes
 from dynamod.router.scoring import CostTerms
 from dynamod.router.table import Ineligible

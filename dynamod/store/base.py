@@ -226,7 +226,7 @@ class Watch:
 
 class Store(abc.ABC):
     """The contract in this module's docstring. Subclasses implement the abstract methods
-    and ``_feed``; ``watch`` and the bookkeeping around closing are shared."""
+    and ``_stream``; ``watch`` and the bookkeeping around closing are shared."""
 
     def __init__(self, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.url = url
@@ -270,7 +270,7 @@ class Store(abc.ABC):
     async def revoke(self, lease: Lease) -> None: ...
 
     @abc.abstractmethod
-    def _feed(
+    def _stream(
         self, watch: Watch, prefix: str, since: int | None
     ) -> contextlib.AbstractAsyncContextManager[None]:
         """Establish the backend stream for ``watch`` and feed it until the context exits.
@@ -294,7 +294,7 @@ class Store(abc.ABC):
         watch = Watch(self, prefix)
         self._watches.add(watch)
         try:
-            async with self._feed(watch, prefix, since):
+            async with self._stream(watch, prefix, since):
                 yield watch
         finally:
             watch.close()

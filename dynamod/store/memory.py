@@ -105,7 +105,7 @@ class MemoryStore(Store):
         self._end_lease(lease.id)
 
     @contextlib.asynccontextmanager
-    async def _feed(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
+    async def _stream(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
         oldest = self._history[0].revision if self._history else self._revision + 1
         if since is None or since + 1 < oldest:
             watch.lost()

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from dynamod.model import canonical_json
+from dynamod.records import canonical_json
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from dynamod.errors import InvalidInputError
-from dynamod.model import ModelCard, canonical_json
+from dynamod.records import ModelCard, canonical_json
 from dynamod.tokenizers.base import Tokenizer, bundle_checksum
 from dynamod.tokenizers.simple import BUNDLE as SIMPLE_BUNDLE
 from dynamod.tokenizers.simple import SimpleTokenizer

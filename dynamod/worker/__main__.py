@@ -6,6 +6,6 @@ imports nothing else at the top so that they start light.
 """
 
 if __name__ == "__main__":
-    from dynamod.worker.cli import main
+    from dynamod.worker.main import main
 
     main()

@@ -52,7 +52,7 @@ from dynamod.http.openai import (
     sampling,
     sse_event,
 )
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 * ``GET /engine/events``: the engine's state, and its KV cache events when it publishes
   them, as a stream of newline-delimited JSON events (the wire format is
-  ``dynamod.reported``'s docstring): a load snapshot first, then (KV) the engine's whole
+  ``dynamod.engine_events``'s docstring): a load snapshot first, then (KV) the engine's whole
   cache as the worker knows it, then a state each time the engine says it changed
   (``Engine.changes``), at most one per ``min_interval`` (changes in between are folded
   into the next), every KV batch as soon as the engine publishes it (not held back by
@@ -26,11 +26,11 @@ from typing import Any
 
 from aiohttp import web
 
-from dynamod.aio import race
-from dynamod.reported import EVENTS_PATH, HEARTBEAT, EngineLoad, KvBatch
+from dynamod.engine_events import EVENTS_PATH, HEARTBEAT, EngineLoad, KvBatch
+from dynamod.tasks import race
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
 from dynamod.tokenizers.bundle import published
-from dynamod.worker.engines.base import Backend, EngineStats
+from dynamod.worker.engines.base import EngineStats, WorkerEngine
 from dynamod.worker.engines.kvevents import KvSubscription
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class EnginePublisher:
 
     def __init__(
         self,
-        engine: Backend,
+        engine: WorkerEngine,
         *,
         heartbeat: float = HEARTBEAT,
         min_interval: float = MIN_INTERVAL,

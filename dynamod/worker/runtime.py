@@ -37,18 +37,18 @@ from prometheus_client.registry import Collector
 from dynamod import __version__
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
-from dynamod.discovery.records import Registration, new_instance_id
+from dynamod.discovery.registration import Registration, new_instance_id
+from dynamod.engine_events import RECORD_FIELD, offer
 from dynamod.errors import ConfigError, InvalidInputError, InvalidKeyError, ShuttingDownError
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
-from dynamod.model import RuntimeConfig, WorkerRecord, validate_topology
-from dynamod.reported import RECORD_FIELD, offer
+from dynamod.records import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
 from dynamod.taints import TaintLimits, TaintUpdate, validate_caller_taints, with_topology
-from dynamod.worker.engines.base import Backend, Engine
+from dynamod.worker.engines.base import Engine, WorkerEngine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
 from dynamod.worker.inference import InferenceRoutes
@@ -157,7 +157,7 @@ class WorkerSettings:
 class EngineCollector(Collector):
     """Engine load as Prometheus gauges, read at scrape time."""
 
-    def __init__(self, engine: Backend) -> None:
+    def __init__(self, engine: WorkerEngine) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -172,7 +172,7 @@ class EngineCollector(Collector):
             yield GaugeMetricFamily(f"dynamo_worker_{name}", doc, value=value)
 
 
-def make_backend(settings: WorkerSettings) -> Backend:
+def make_engine(settings: WorkerSettings) -> WorkerEngine:
     if settings.engine == "vllm":
         assert settings.model_path is not None  # checked by WorkerSettings
         # Imported here only: vLLM is an optional extra, and slow to import.
@@ -201,12 +201,12 @@ class Routes(Protocol):
     def add_to(self, app: web.Application) -> None: ...
 
 
-def make_routes(backend: Backend, instance_id: str, registry: CollectorRegistry) -> Routes:
+def make_routes(engine: WorkerEngine, instance_id: str, registry: CollectorRegistry) -> Routes:
     """Generated here (an ``Engine``), or forwarded to an upstream server."""
-    if isinstance(backend, UpstreamEngine):
-        return ProxyRoutes(backend, instance_id, registry=registry)
-    # Every other backend (mocker, vllm) is an Engine: it generates in this process.
-    return InferenceRoutes(cast(Engine, backend), instance_id, registry=registry)
+    if isinstance(engine, UpstreamEngine):
+        return ProxyRoutes(engine, instance_id, registry=registry)
+    # Every other engine (mocker, vllm) is an Engine: it generates in this process.
+    return InferenceRoutes(cast(Engine, engine), instance_id, registry=registry)
 
 
 _writer: TaintWriter | None = None
@@ -258,7 +258,7 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
         stack.callback(system_socket.close)
         store = await open_store(settings.store)
         stack.push_async_callback(store.aclose)
-        engine = await stack.enter_async_context(make_backend(settings))
+        engine = await stack.enter_async_context(make_engine(settings))
         registry.register(EngineCollector(engine))
         routes = make_routes(engine, instance_id, registry)
         system = SystemServer(tokens=settings.tokens, registry=registry, writer=writer)

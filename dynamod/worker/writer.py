@@ -28,10 +28,11 @@ from typing import Literal
 
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
-from dynamod.discovery.records import Registration, update_taints
+from dynamod.discovery.registration import Registration
+from dynamod.discovery.updates import update_taints
 from dynamod.errors import DynamoError, ShuttingDownError
-from dynamod.model import WorkerRecord
-from dynamod.reports import TaintChange
+from dynamod.records import WorkerRecord
+from dynamod.results import UpdateOutcome
 from dynamod.taints import OPERATOR_TAINTS, TaintLimits, TaintUpdate
 
 State = Literal["starting", "running", "shutting down"]
@@ -67,7 +68,7 @@ class TaintWriter:
         peer: str,
         caller: Principal | None = None,
         wait: bool = False,
-    ) -> TaintChange:
+    ) -> UpdateOutcome:
         """Apply ``update`` to this worker's record; return what changed.
 
         Raises ``ShuttingDownError`` unless the worker is running (``wait``: wait while it
@@ -130,7 +131,7 @@ class TaintWriter:
         update: TaintUpdate,
         peer: str,
         caller: Principal | None,
-        change: TaintChange,
+        change: UpdateOutcome,
         outcome: str,
     ) -> None:
         self.audit.record(

@@ -17,9 +17,9 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 
-from dynamod.aio import race
 from dynamod.client import AsyncClient
-from dynamod.reports import EventInfo
+from dynamod.results import EventInfo
+from dynamod.tasks import race
 
 
 def line_of(event: EventInfo) -> str:

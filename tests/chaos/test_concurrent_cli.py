@@ -13,7 +13,7 @@ import pytest
 
 from bench.load import daemon_caught_up
 from dynamod.client import AsyncClient
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures

@@ -27,9 +27,9 @@ import pytest
 
 from bench.load import daemon_caught_up
 from dynamod.client import AsyncClient, Credentials
-from dynamod.discovery.records import MAX_ATTEMPTS
+from dynamod.discovery.updates import CAS_ATTEMPTS
 from dynamod.errors import ConflictError
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
@@ -196,8 +196,8 @@ async def test_four_daemons_and_the_route_writing_one_worker_lose_nothing(
     last = max((x for x in lines if x["outcome"] == "ok"), key=lambda x: int(x["revision"]))
     assert list(record.taints) == last["after"]
     for retryable, attempts, message in tally.conflicts:
-        assert (retryable, attempts) == (True, MAX_ATTEMPTS), message
-        assert f"({MAX_ATTEMPTS} attempts)" in message
+        assert (retryable, attempts) == (True, CAS_ATTEMPTS), message
+        assert f"({CAS_ATTEMPTS} attempts)" in message
     figures.record("seconds", SECONDS)
     figures.record("updates acknowledged", tally.ok)
     figures.record("conflicts (retryable, 8 attempts)", len(tally.conflicts))

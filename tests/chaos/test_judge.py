@@ -9,7 +9,8 @@ import dataclasses
 
 from bench.load import Kind, Outcome, verdict
 from bench.taintlog import TaintLog
-from dynamod.model import DiscoveryEvent, TaintsUpdated, ViewResync, WorkerRecord, WorkerRemoved
+from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerModified, WorkerRemoved
+from dynamod.records import WorkerRecord
 from dynamod.taints import RoutingConstraints
 from tests.factories import make_record
 
@@ -49,7 +50,7 @@ async def test_a_request_served_by_a_worker_without_its_taint_is_a_violation() -
 async def test_a_change_inside_the_window_leaves_either_state_possible() -> None:
     a, b = make_record(taints=["pool=a"]), make_record(taints=["pool=b"])
     log = TaintLog()
-    moves_b = TaintsUpdated(moved(b, "pool=a"), (), (), 2)
+    moves_b = WorkerModified(moved(b, "pool=a"), (), (), 2)
     t0, t1 = await feed(log, [ViewResync((a, b), 1)], [moves_b])
     served_by_b = outcome(POOL_A, t1 - 1000, t1 + 1000, 200, b.instance_id)
     assert verdict(served_by_b, log, 0) == "honoured in window"
@@ -65,7 +66,7 @@ async def test_a_refusal_is_justified_only_while_no_worker_could_take_the_reques
         log,
         [ViewResync((a, b), 1)],
         [WorkerRemoved(a, 2)],
-        [TaintsUpdated(moved(b, "pool=a"), (), (), 3)],
+        [WorkerModified(moved(b, "pool=a"), (), (), 3)],
     )
     assert verdict(outcome(POOL_A, t0 + 1, t1 - 1, 503, None), log, 0) == "refused, unjustified"
     assert verdict(outcome(POOL_A, t1 + 1, t2 - 1, 503, None), log, 0) == "refused, justified"

@@ -15,7 +15,7 @@ import pytest
 from bench.load import daemon_caught_up
 from dynamod.client import AsyncClient
 from dynamod.errors import UnreachableError
-from dynamod.reports import WorkerInfo
+from dynamod.results import WorkerInfo
 from tests.chaos.harness import (
     RETRY,
     SETTLE,

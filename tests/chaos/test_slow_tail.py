@@ -20,7 +20,8 @@ import pytest
 from bench.common import owned
 from bench.load import daemon_caught_up
 from dynamod.client import AsyncClient
-from dynamod.discovery.records import register, update_taints
+from dynamod.discovery.registration import register
+from dynamod.discovery.updates import update_taints
 from dynamod.store import Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from tests.chaos.harness import SETTLE, Figures

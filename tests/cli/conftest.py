@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.taints import with_topology
 from tests.procs import BAD_STDERR, daemon_argv, dynamoctl, env, worker_argv
 
@@ -345,7 +345,7 @@ def record(
 def register_records(store_url: str, records: Sequence[WorkerRecord], ttl: float = 3600) -> None:
     """Write ``records`` straight into the store under one long lease (no worker process:
     pinned ids and addresses, and cheap enough for a thousand of them)."""
-    from dynamod.discovery.records import register
+    from dynamod.discovery.registration import register
     from dynamod.store import open_store
 
     async def write() -> None:

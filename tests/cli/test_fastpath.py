@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamoctl import completion, fastpath
+from dynamoctl import fastpath, shells
 from dynamoctl.app import command
 from dynamoctl.generated import names
 from tests.cli.conftest import clean_env
@@ -104,7 +104,7 @@ def both(cli: Any, shell: str, words: str, cword: str) -> tuple[Answer | None, A
     """(the fast path's answer, or None where it declines; the live CLI's answer)."""
     env = {"COMP_WORDS": words, "COMP_CWORD": cword, fastpath.COMPLETE_VAR: f"{shell}_complete"}
     with environment(**env):
-        live = completion.SHELLS[shell](cli, {"default_map": {}}, "dynamoctl", "x").complete()
+        live = shells.SHELLS[shell](cli, {"default_map": {}}, "dynamoctl", "x").complete()
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             code = fastpath.answer([], env)

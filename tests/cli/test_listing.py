@@ -14,9 +14,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamoctl import listing, views
+from dynamoctl import formats, listing
 from dynamoctl.output import Printer
-from dynamod.reports import WorkerInfo, WorkerPage
+from dynamod.results import WorkerInfo, WorkerPage
 from tests.cli.conftest import Cluster, record, register_records, start_cluster
 
 FLEET = 1_203  # three pages of 500 and a short one
@@ -71,7 +71,7 @@ class Captured(Printer):
 
 def whole(output: str, workers: list[WorkerInfo]) -> str:
     """What printing the listing at once gives."""
-    objects = [views.worker_object(w) for w in workers]
+    objects = [formats.worker_object(w) for w in workers]
     if output == "json":
         return json.dumps(objects, indent=2) + "\n"
     if output == "yaml":

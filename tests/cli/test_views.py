@@ -6,7 +6,7 @@ import pytest
 import typer
 
 from dynamoctl.commands.route import parse_preferences
-from dynamoctl.views import age, change_text, iso_time, short_ids
+from dynamoctl.formats import age, change_text, iso_time, short_ids
 
 
 def test_short_ids_are_the_shortest_unique_prefix_of_at_least_8() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from dynamoctl import fastpath
 from dynamoctl.options import FIELDS
-from dynamod.client.config import (
+from dynamod.client.endpoint import (
     CONFIG_KEYS,
     DEFAULT_TIMEOUT,
     ENVIRONMENT,

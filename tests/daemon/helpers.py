@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from dynamod.client import AsyncClient, Credentials
-from dynamod.config import Settings
 from dynamod.daemon import Daemon
-from dynamod.discovery.records import register
-from dynamod.model import WorkerRecord
+from dynamod.discovery.registration import register
+from dynamod.records import WorkerRecord
+from dynamod.settings import DaemonSettings
 from dynamod.store import Store
 from tests.factories import make_record
 
 
-def settings_for(store: Store, tmp_path: Path, **overrides: Any) -> Settings:
-    base = Settings(
+def settings_for(store: Store, tmp_path: Path, **overrides: Any) -> DaemonSettings:
+    base = DaemonSettings(
         store=store.url,
         listen=(f"unix://{tmp_path / 'dynamod.sock'}",),
         http="127.0.0.1:0",
@@ -31,7 +31,7 @@ def settings_for(store: Store, tmp_path: Path, **overrides: Any) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(store: Store, settings: Settings) -> AsyncIterator[Daemon]:
+async def running_daemon(store: Store, settings: DaemonSettings) -> AsyncIterator[Daemon]:
     """Run a Daemon on ``store`` until the block ends, then stop it gracefully."""
     daemon = Daemon(settings, store=store)
     task = asyncio.create_task(daemon.run(), name="daemon under test")
@@ -51,7 +51,7 @@ async def running_daemon(store: Store, settings: Settings) -> AsyncIterator[Daem
 
 
 def client_for(
-    settings: Settings, *, endpoint: str | None = None, token: str | None = None
+    settings: DaemonSettings, *, endpoint: str | None = None, token: str | None = None
 ) -> AsyncClient:
     return AsyncClient(
         endpoint or settings.listen[0], credentials=Credentials(token=token), timeout=10

@@ -24,8 +24,8 @@ from dynamod.errors import (
     TaintError,
     WorkerNotFoundError,
 )
-from dynamod.model import WorkerRecord
-from dynamod.reports import EventInfo
+from dynamod.records import WorkerRecord
+from dynamod.results import EventInfo
 from dynamod.store import Store, open_store
 from dynamod.store.base import LeaseArg
 from dynamod.store.memory import MemoryStore

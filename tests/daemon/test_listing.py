@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamod.api import convert, listing
+from dynamod.api import convert, worker_pages
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.client import AsyncClient
 from dynamod.errors import InvalidInputError
 from dynamod.load import Load
-from dynamod.model import WorkerRecord
-from dynamod.reports import WorkerInfo, WorkerPage
+from dynamod.records import WorkerRecord
+from dynamod.results import WorkerInfo, WorkerPage
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
@@ -148,7 +148,7 @@ async def test_a_changed_or_removed_record_is_listed_as_it_is_now(
     assert [p.workers for p in await pages_of(client, selector=one)] == [[]]
 
 
-fields_sets = st.frozensets(st.sampled_from(sorted(listing.WORKER_FIELDS)))
+fields_sets = st.frozensets(st.sampled_from(sorted(worker_pages.WORKER_FIELDS)))
 loads = st.builds(Load, st.integers(0, 300), st.integers(0, 10**9), st.integers(0, 10**6))
 
 
@@ -166,8 +166,8 @@ def test_the_encoded_listing_is_the_message_protobuf_would_write(
     """Joining each worker's kept bytes gives what building the whole message gives, field
     for field; and a second listing (entries kept, loads changed) does too."""
     records = [make_record(instance_id=f"{n:016x}", taints=taints) for n in range(len(load_of))]
-    chosen = listing.worker_fields(fields)
-    messages = listing.WorkerMessages({r.key: r for r in records}.get)
+    chosen = worker_pages.worker_fields(fields)
+    messages = worker_pages.WorkerMessages({r.key: r for r in records}.get)
     for loads_now in (load_of, list(reversed(load_of))):
         pairs = enumerate(zip(records, loads_now, strict=True))
         infos = [WorkerInfo(r, n + 1, load) for n, (r, load) in pairs]
@@ -182,9 +182,9 @@ def test_the_encoded_listing_is_the_message_protobuf_would_write(
 
 
 def test_varints_encode_as_protobuf_does() -> None:
-    assert listing.varint(0) == b"\x00"  # protobuf leaves a zero out: nothing to compare
+    assert worker_pages.varint(0) == b"\x00"  # protobuf leaves a zero out: nothing to compare
     for value in (1, 127, 128, 300, 2**31, 2**63 - 1):
         written = pb.ListWorkersResponse(revision=value).SerializeToString()
-        assert listing.varint(value) == written[1:]  # after the tag
+        assert worker_pages.varint(value) == written[1:]  # after the tag
     with pytest.raises(ValueError, match="never negative"):
-        listing.varint(-1)
+        worker_pages.varint(-1)

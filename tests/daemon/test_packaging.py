@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamod import config
+from dynamod import settings as daemon_settings
 from tests.procs import BIN, ROOT
 
 UNIT = ROOT / "packaging" / "systemd" / "dynamod.service"
@@ -42,7 +42,9 @@ def test_unit_keeps_stop_timeout_above_the_default_grace() -> None:
     stop = int(
         next(line for line in text.splitlines() if line.startswith("TimeoutStopSec=")).split("=")[1]
     )
-    settings = config.load(path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={})
+    settings = daemon_settings.load(
+        path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={}
+    )
     assert stop > settings.grace + settings.drain
     assert "Type=notify" in text
     assert "ExecReload=" in text
@@ -50,6 +52,8 @@ def test_unit_keeps_stop_timeout_above_the_default_grace() -> None:
 
 
 def test_example_config_loads() -> None:
-    settings = config.load(path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={})
+    settings = daemon_settings.load(
+        path=ROOT / "packaging" / "systemd" / "dynamod.toml", environ={}
+    )
     assert settings.store == "etcd://127.0.0.1:2379/dynamo"
     assert settings.router.max_queue == 1024

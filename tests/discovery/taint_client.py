@@ -12,7 +12,7 @@ import asyncio
 import json
 import sys
 
-from dynamod.discovery.records import update_taints
+from dynamod.discovery.updates import update_taints
 from dynamod.errors import ConflictError
 from dynamod.store import open_store
 from dynamod.taints import TaintUpdate

@@ -15,13 +15,10 @@ from typing import cast
 
 import pytest
 
-from dynamod.discovery.records import (
-    MAX_ATTEMPTS,
-    Registration,
-    register,
-    update_taints,
-)
+from dynamod.discovery.registration import Registration, register
+from dynamod.discovery.updates import CAS_ATTEMPTS, update_taints
 from dynamod.discovery.view import WorkerView
+from dynamod.discovery_events import ViewResync, WorkerAdded, WorkerModified, WorkerRemoved
 from dynamod.errors import (
     AmbiguousWorkerError,
     ConflictError,
@@ -31,15 +28,7 @@ from dynamod.errors import (
     TaintError,
     WorkerNotFoundError,
 )
-from dynamod.model import (
-    ModelCard,
-    TaintsUpdated,
-    ViewResync,
-    WorkerAdded,
-    WorkerRecord,
-    WorkerRemoved,
-    mdcsum,
-)
+from dynamod.records import ModelCard, WorkerRecord, mdcsum
 from dynamod.store import KEEP, Entry, Store
 from dynamod.store.base import LeaseArg
 from dynamod.taints import TaintUpdate
@@ -108,7 +97,7 @@ async def test_eight_lost_races_raise_a_retryable_conflict(store: Store) -> None
     racing = RacingStore(store)
     with pytest.raises(ConflictError) as caught:
         await update_taints(cast(Store, racing), worker.key, TaintUpdate.add(["b"]))
-    assert racing.cas_attempts == MAX_ATTEMPTS == 8
+    assert racing.cas_attempts == CAS_ATTEMPTS == 8
     assert caught.value.retryable
     assert "8 attempts" in str(caught.value)
     record = WorkerRecord.from_bytes(await stored_bytes(store, worker.key))
@@ -252,9 +241,9 @@ async def test_identical_update_emits_nothing_and_two_updates_emit_two(
         await update_taints(store, worker.key, TaintUpdate.add(["b"]))
         await update_taints(store, worker.key, TaintUpdate.replace(["c"]))
         first, second = await next_event(events), await next_event(events)
-    assert isinstance(first, TaintsUpdated)
+    assert isinstance(first, WorkerModified)
     assert (first.taints, first.added, first.removed) == (("a", "b"), ("b",), ())
-    assert isinstance(second, TaintsUpdated)
+    assert isinstance(second, WorkerModified)
     assert (second.taints, second.added, second.removed) == (("c",), ("c",), ("a", "b"))
     assert second.revision > first.revision
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from dynamod.discovery.records import Registration
+from dynamod.discovery.registration import Registration
 from dynamod.store import open_store
 from tests.factories import make_record
 

@@ -16,7 +16,7 @@ import aiohttp
 import openai
 import pytest
 
-from dynamod.discovery.records import update_taints
+from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate

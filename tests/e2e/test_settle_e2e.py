@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from dynamod.router import RouterConfig
+from dynamod.router import RouterKnobs
 from dynamod.store import Store
 from tests.e2e.test_routing_e2e import etcd, holds, queued, served_by, set_taints_by_route
 from tests.integration.test_front import MODEL, PROMPT, SLOW, FrontStack, serve_front, workers
@@ -30,7 +30,7 @@ SPECS = [("--taint", "capacity/gold", "--max-num-seqs", "1", *SLOW), ("--taint",
 async def gold_busy(store: Store, url: str, settle: float) -> AsyncIterator[Stage]:
     """Two workers (gold with one slot, silver), the gold one busy with a long stream."""
     async with (
-        serve_front(store, config=RouterConfig(settle_window=settle)) as s,
+        serve_front(store, config=RouterKnobs(settle_window=settle)) as s,
         workers(url, *SPECS) as [gold, silver],
     ):
         await s.sees(gold, silver)

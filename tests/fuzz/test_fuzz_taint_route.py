@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dynamod.errors import shown
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.taints import TOPOLOGY_PREFIX, caller_taints
 from tests.fuzz.conftest import WORKER_TAINTS, WORKER_TOPOLOGY, Stack
 from tests.fuzz.strategies import accepted_look_alikes, bad_taint_lists, invalid, json_values

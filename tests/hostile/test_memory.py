@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-from dynamod.discovery.records import register, update_taints
+from dynamod.discovery.registration import register
+from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
-from dynamod.model import TaintsUpdated, ViewResync
+from dynamod.discovery_events import ViewResync, WorkerModified
 from dynamod.store.memory import MemoryStore
 from dynamod.taints import TaintUpdate
 from tests.factories import make_record
@@ -34,6 +35,6 @@ async def test_the_event_history_keeps_within_its_byte_budget() -> None:
             await view.wait_for(lambda v: v.revision >= revisions[-1])
             task.cancel()
     recent = view.backlog(revisions[-3])
-    assert [type(e) for e in recent] == [TaintsUpdated, TaintsUpdated]
+    assert [type(e) for e in recent] == [WorkerModified, WorkerModified]
     (too_old,) = view.backlog(revisions[0])
     assert isinstance(too_old, ViewResync), "the oldest updates no longer fit the budget"

@@ -13,7 +13,7 @@ import pytest
 
 from dynamod.client import AsyncClient, Credentials
 from dynamod.errors import TaintLimitError
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import CORDONED
 from tests.procs import daemon, run_ctl, running, worker

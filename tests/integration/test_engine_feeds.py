@@ -18,14 +18,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from dynamod.aio import cancel_and_wait
+from dynamod.boundary import EngineStreams, TokenizerRegistry
 from dynamod.discovery.view import WorkerView
-from dynamod.feed import Feeds, TokenizerRegistry
+from dynamod.engine_events import EngineLoad
 from dynamod.load import Busy
-from dynamod.model import ModelCard
-from dynamod.reported import EngineLoad
-from dynamod.router import Router, RouterConfig, RouteRequest
+from dynamod.records import ModelCard
+from dynamod.router import Router, RouteRequest, RouterKnobs
 from dynamod.store import open_store
+from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import TokenizerRef, published
 from tests.procs import BIN, Proc, running, worker
@@ -58,13 +58,13 @@ class Reports:
 
 
 @contextlib.asynccontextmanager
-async def daemon_parts(store_url: str) -> AsyncIterator[tuple[WorkerView, Reports, Feeds]]:
+async def daemon_parts(store_url: str) -> AsyncIterator[tuple[WorkerView, Reports, EngineStreams]]:
     store = await open_store(store_url)
-    router = Router(RouterConfig())
+    router = Router(RouterKnobs())
     view = WorkerView(store)
     view.listen(router.apply)
     reports = Reports(router)
-    feeds = Feeds(view, reports.report)
+    feeds = EngineStreams(view, reports.report)
     try:
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run())

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-import dynamod.store._filechanges as changes_module
+import dynamod.store.file.watcher as changes_module
 from dynamod.errors import ConfigError, StoreUnavailableError
 from dynamod.store import Delete, Put, Resync
-from dynamod.store._filejournal import DELETE, PUT, Journal, Record, encode
 from dynamod.store.file import FileStore
+from dynamod.store.file.journal import DELETE, PUT, Journal, Record, encode
 from tests.streams import fold, next_event
 
 pytestmark = pytest.mark.timeout(90)

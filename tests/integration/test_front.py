@@ -24,15 +24,15 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from dynamod.discovery.records import Registration, new_instance_id
+from dynamod.discovery.registration import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
 from dynamod.frontend.relay import carries_output
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import WORKER_ID_HEADER, openai_refusal
 from dynamod.http.server import listen, serve_app, url
-from dynamod.model import WorkerRecord
-from dynamod.router import Router, RouterConfig
+from dynamod.records import WorkerRecord
+from dynamod.router import Router, RouterKnobs
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Fixed
@@ -102,11 +102,11 @@ class FrontStack:
 
 @asynccontextmanager
 async def serve_front(
-    store: Store, *, client_timeout: float = 60.0, config: RouterConfig | None = None
+    store: Store, *, client_timeout: float = 60.0, config: RouterKnobs | None = None
 ) -> AsyncIterator[FrontStack]:
     """The front wired as the daemon wires it: view → router, front on loopback."""
     registry = CollectorRegistry()
-    router = Router(config or RouterConfig(), rng=random.Random(0), registry=registry)
+    router = Router(config or RouterKnobs(), rng=random.Random(0), registry=registry)
     view = WorkerView(store)
     view.listen(router.apply)
     async with asyncio.TaskGroup() as group:

@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from dynamod.discovery.records import register, update_taints
+from dynamod.discovery.registration import register
+from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import NoEligibleWorkerError, RoutingError
-from dynamod.router import Assignment, Router, RouterConfig, RouteRequest
+from dynamod.router import Assignment, Router, RouteRequest, RouterKnobs
 from dynamod.store import Store
 from dynamod.taints import RoutingConstraints, TaintUpdate
 from tests.factories import make_record
@@ -58,7 +59,7 @@ GOLD = RoutingConstraints(required_taints=frozenset({"capacity/gold"}))
 
 @asynccontextmanager
 async def routed_view(
-    store: Store, config: RouterConfig
+    store: Store, config: RouterKnobs
 ) -> AsyncIterator[tuple[Router, WorkerView]]:
     """A router fed by a view of ``store``, as the daemon wires them."""
     router = Router(config)
@@ -88,7 +89,7 @@ async def test_a_waiting_request_survives_its_taint_moving_to_another_worker(sto
     silver = make_record(instance_id="s0", taints=["capacity/silver"], max_num_seqs=1)
     for record in (gold, silver):
         await register(store, record, await store.grant(30))
-    async with routed_view(store, RouterConfig(settle_window=30)) as (router, view):
+    async with routed_view(store, RouterKnobs(settle_window=30)) as (router, view):
         await view.wait_for(lambda v: len(v) == 2)
         first = await router.acquire(RouteRequest("llama", GOLD))
         async with asyncio.TaskGroup() as group:
@@ -111,7 +112,7 @@ async def test_without_a_settle_window_the_removal_fails_the_waiting_request(
 ) -> None:
     gold = make_record(instance_id="g0", taints=["capacity/gold"], max_num_seqs=1)
     await register(store, gold, await store.grant(30))
-    async with routed_view(store, RouterConfig(settle_window=0)) as (router, view):
+    async with routed_view(store, RouterKnobs(settle_window=0)) as (router, view):
         await view.wait_for(lambda v: len(v) == 1)
         first = await router.acquire(RouteRequest("llama", GOLD))
         async with asyncio.TaskGroup() as group:

@@ -16,8 +16,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from dynamod.aio import cancel_and_wait
-from dynamod.reported import AllBlocksCleared, KvBatch, KvEvent
+from dynamod.engine_events import AllBlocksCleared, KvBatch, KvEvent
+from dynamod.tasks import cancel_and_wait
 from dynamod.worker.engines.kvevents import KvPublisher, KvSubscription
 from dynamod.worker.engines.vllm_events import END_SEQ, VllmSubscriber, decode
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import peer, peer_venv
-from bench.peer_measure import Load, TaintSample
-from bench.peer_procs import Detached, detached
-from bench.peer_rows import Raw, rows_of
-from bench.peer_stacks import system_port
+from bench.peer import run as peer
+from bench.peer import venv as peer_venv
+from bench.peer.measure import Load, TaintSample
+from bench.peer.procs import Detached, detached
+from bench.peer.rows import Raw, rows_of
+from bench.peer.stacks import system_port
 from bench.report import kept_section, splice
 
 MS = 1_000_000

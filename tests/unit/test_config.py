@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamod import config
+from dynamod import settings as daemon_settings
 from dynamod.errors import ConfigError
 
 
@@ -20,19 +20,21 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     path = write(
         tmp_path, 'store = "memory://"\nlog_level = "debug"\ngrace = 5\n[router]\nmax_queue = 7\n'
     )
-    settings = config.load(path=path, environ={})
+    settings = daemon_settings.load(path=path, environ={})
     assert (settings.store, settings.log_level, settings.grace) == ("memory://", "debug", 5.0)
     assert settings.router.max_queue == 7
     environ = {"DYNAMO_LOG_LEVEL": "WARNING", "DYNAMO_ROUTER_MAX_QUEUE": "9", "DYNAMO_GRACE": "6"}
-    settings = config.load(path=path, environ=environ)
+    settings = daemon_settings.load(path=path, environ=environ)
     assert (settings.log_level, settings.router.max_queue, settings.grace) == ("warning", 9, 6.0)
-    settings = config.load(path=path, environ=environ, flags={"grace": 1.5, "log_level": None})
+    settings = daemon_settings.load(
+        path=path, environ=environ, flags={"grace": 1.5, "log_level": None}
+    )
     assert (settings.grace, settings.log_level) == (1.5, "warning")
 
 
 def test_config_file_comes_from_the_environment(tmp_path: Path) -> None:
     path = write(tmp_path, 'replica_id = "from-file"\n')
-    assert config.load(environ={"DYNAMO_CONFIG": str(path)}).replica_id == "from-file"
+    assert daemon_settings.load(environ={"DYNAMO_CONFIG": str(path)}).replica_id == "from-file"
 
 
 def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> None:
@@ -41,7 +43,7 @@ def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> N
         "DYNAMO_LISTEN": f"unix://{tmp_path}/a.sock, 127.0.0.1:7070",
         "DYNAMO_TOKENS_FILE": str(tokens),
     }
-    settings = config.load(environ=environ, path=write(tmp_path, ""))
+    settings = daemon_settings.load(environ=environ, path=write(tmp_path, ""))
     assert settings.listen == (f"unix://{tmp_path}/a.sock", "127.0.0.1:7070")
 
 
@@ -67,10 +69,10 @@ def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> N
 )
 def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        config.load(path=write(tmp_path, text), environ={})
+        daemon_settings.load(path=write(tmp_path, text), environ={})
     assert message in str(caught.value)
 
 
 def test_missing_config_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be read"):
-        config.load(path=tmp_path / "absent.toml", environ={})
+        daemon_settings.load(path=tmp_path / "absent.toml", environ={})

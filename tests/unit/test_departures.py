@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from dynamod.discovery_events import ViewResync, WorkerAdded, WorkerRemoved
 from dynamod.frontend.departures import Departures
-from dynamod.model import ViewResync, WorkerAdded, WorkerRemoved
 from tests.factories import make_record
 
 

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from dynamod.errors import InvalidInputError
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
 from dynamod.tokenizers import ChatMessage, SimpleTokenizer
 from dynamod.tokenizers.bundle import (
     TokenizerRef,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamod.errors import ImmutableFieldError, InvalidInputError
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, immutable_diff, mdcsum
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, immutable_diff, mdcsum
 from dynamod.taints import topology_taints
 
 MANY = settings(max_examples=1000, deadline=None)

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 
+from dynamod.discovery_events import WorkerAdded
+from dynamod.engine_events import RECORD_FIELD, EngineLoad, offer, offered_path
 from dynamod.errors import InvalidInputError, QueueTimeoutError
 from dynamod.load import Busy
-from dynamod.model import WorkerAdded
-from dynamod.reported import RECORD_FIELD, EngineLoad, offer, offered_path
 from dynamod.router import RouteRequest
-from dynamod.router.reported import busy
+from dynamod.router.saturation import busy
 from tests.factories import make_record
 from tests.unit.test_router_queue import attempt, park, router_with
 

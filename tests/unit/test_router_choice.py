@@ -18,14 +18,15 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dynamod.discovery_events import ViewResync
 from dynamod.errors import NoEligibleWorkerError, QueueTimeoutError, RoutingError
-from dynamod.model import ViewResync, WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.router import (
     Assignment,
     LoadOrder,
     Router,
-    RouterConfig,
     RouteRequest,
+    RouterKnobs,
     cost_terms,
     why_not,
 )
@@ -97,7 +98,7 @@ requests = st.builds(
     st.frozensets(st.integers(0, 23), max_size=3),
 )
 configs = st.builds(
-    RouterConfig,
+    RouterKnobs,
     overlap_score_credit=st.sampled_from([0.0, 0.5, 1.0]),
     prefill_load_scale=st.sampled_from([0.0, 1.0, 2.5]),
     active_request_weight=st.sampled_from([0.0, 1.0, 3.0]),
@@ -154,7 +155,7 @@ async def load_up(router: Router, fleet: Fleet) -> list[Assignment]:
 @given(fleet=fleets, config=configs, shape=requests, seed=st.integers(0, 3))
 def test_the_chosen_cost_is_the_brute_force_minimum_at_temperature_zero(
     fleet: Fleet,
-    config: RouterConfig,
+    config: RouterKnobs,
     shape: tuple[frozenset[str], dict[str, float], int, frozenset[int]],
     seed: int,
 ) -> None:
@@ -265,7 +266,7 @@ def test_waiters_are_served_in_arrival_order_and_none_waits_beside_a_free_worker
 
 async def _queue_scenario(plan: list[Step], seed: int) -> None:
     fleet = {f"w{i}": worker(f"w{i}", TAINTS[i % 4], max_num_seqs=1) for i in range(4)}
-    router = Router(RouterConfig(max_queue_wait=None), rng=random.Random(seed))
+    router = Router(RouterKnobs(max_queue_wait=None), rng=random.Random(seed))
     router.apply(ViewResync(tuple(fleet.values()), 1))
     arrivals: list[Arrival] = []
     held: list[Assignment] = []

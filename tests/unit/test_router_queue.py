@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from dynamod.discovery_events import WorkerAdded, WorkerRemoved
 from dynamod.errors import (
     InvalidInputError,
     NoEligibleWorkerError,
@@ -23,13 +24,13 @@ from dynamod.errors import (
     ShuttingDownError,
 )
 from dynamod.load import IDLE
-from dynamod.model import WorkerAdded, WorkerRecord, WorkerRemoved
+from dynamod.records import WorkerRecord
 from dynamod.router import (
     Assignment,
     Outcome,
     Router,
-    RouterConfig,
     RouteRequest,
+    RouterKnobs,
     Waiter,
     WaitState,
 )
@@ -42,7 +43,7 @@ FAST = RoutingConstraints(required_taints=frozenset({"capacity/fast"}))
 
 
 def router_with(*workers: WorkerRecord, **config: float | None) -> Router:
-    router = Router(RouterConfig(**config), rng=random.Random(2))  # type: ignore[arg-type]
+    router = Router(RouterKnobs(**config), rng=random.Random(2))  # type: ignore[arg-type]
     for revision, record in enumerate(workers, start=1):
         router.apply(WorkerAdded(record, revision))
     return router
@@ -438,7 +439,7 @@ def test_the_settle_window_sets_the_deadline_only_when_later_and_within_the_busy
         def deadline(
             settle_until: float | None, max_wait: float | None = None, **knobs: float | None
         ) -> float | None:
-            config = RouterConfig(**knobs)  # type: ignore[arg-type]
+            config = RouterKnobs(**knobs)  # type: ignore[arg-type]
             request = RouteRequest("m", GOLD, max_wait=max_wait)
             waiter = Waiter(request, WaitState.NO_WORKER, 100.0, loop.create_future())
             waiter.settle_until = settle_until

@@ -9,16 +9,17 @@ from collections import Counter
 
 import pytest
 
+from dynamod.discovery_events import WorkerAdded
 from dynamod.errors import ConfigError, InvalidInputError
 from dynamod.load import IDLE, Busy, Load
-from dynamod.model import ModelCard, WorkerAdded, WorkerRecord
+from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router import (
     Assignment,
     Outcome,
     PrefixIndex,
     Router,
-    RouterConfig,
     RouteRequest,
+    RouterKnobs,
     cost_terms,
     prefix_hashes,
     probabilities,
@@ -29,7 +30,7 @@ from tests.unit.test_router_table import worker
 
 
 def router_with(*workers: WorkerRecord, seed: int = 1, **config: float) -> Router:
-    router = Router(RouterConfig(**config), rng=random.Random(seed))  # type: ignore[arg-type]
+    router = Router(RouterKnobs(**config), rng=random.Random(seed))  # type: ignore[arg-type]
     for revision, record in enumerate(workers, start=1):
         router.apply(WorkerAdded(record, revision))
     return router
@@ -43,7 +44,7 @@ def prefer(**weights: float) -> RoutingConstraints:
 
 
 def test_the_default_config_is_valid_and_matches_the_documented_defaults() -> None:
-    config = RouterConfig()
+    config = RouterKnobs()
     assert (config.overlap_score_credit, config.prefill_load_scale) == (1.0, 1.0)
     assert (config.temperature, config.queue_threshold) == (0.0, 16.0)
     assert (config.max_queue, config.max_queue_wait, config.no_worker_wait) == (1024, 60.0, 0.0)
@@ -63,11 +64,11 @@ def test_the_default_config_is_valid_and_matches_the_documented_defaults() -> No
 )
 def test_a_bad_knob_is_refused_with_its_name_and_rule(knob: str, value: object, words: str) -> None:
     with pytest.raises(ConfigError, match=rf"router setting {knob} = .* {words}"):
-        RouterConfig(**{knob: value})  # type: ignore[arg-type]
+        RouterKnobs(**{knob: value})  # type: ignore[arg-type]
 
 
 def test_waits_may_be_unbounded() -> None:
-    assert RouterConfig(max_queue_wait=None, queue_threshold=math.inf).max_queue_wait is None
+    assert RouterKnobs(max_queue_wait=None, queue_threshold=math.inf).max_queue_wait is None
 
 
 # -- the cost formula
@@ -76,7 +77,7 @@ def test_waits_may_be_unbounded() -> None:
 def test_cost_terms_follow_the_documented_formula() -> None:
     load = Load(active_requests=2, prefill_tokens=32, kv_blocks=10)
     terms = cost_terms(
-        RouterConfig(overlap_score_credit=0.5, prefill_load_scale=2.0),
+        RouterKnobs(overlap_score_credit=0.5, prefill_load_scale=2.0),
         16,
         load,
         prompt_tokens=70,  # 5 blocks, the last one partial
@@ -96,7 +97,7 @@ def test_cost_terms_follow_the_documented_formula() -> None:
 def test_preferred_weights_scale_the_cost_reciprocally_within_e() -> None:
     def cost(weight: float) -> float:
         return cost_terms(
-            RouterConfig(), 16, IDLE, prompt_tokens=64, overlap_blocks=0, preference=weight
+            RouterKnobs(), 16, IDLE, prompt_tokens=64, overlap_blocks=0, preference=weight
         ).cost
 
     plain = cost(0.0)

@@ -9,15 +9,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamod.model import (
-    ModelCard,
-    RuntimeConfig,
-    TaintsUpdated,
-    ViewResync,
-    WorkerAdded,
-    WorkerRecord,
-    WorkerRemoved,
-)
+from dynamod.discovery_events import ViewResync, WorkerAdded, WorkerModified, WorkerRemoved
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.router import RoutingTable, why_not
 from dynamod.taints import CORDONED, RoutingConstraints, normalize
 
@@ -59,12 +52,12 @@ def worker(
     )
 
 
-def retaint(record: WorkerRecord, *taints: str, revision: int) -> TaintsUpdated:
+def retaint(record: WorkerRecord, *taints: str, revision: int) -> WorkerModified:
     """The event for ``record`` now holding exactly ``taints``."""
     new = replace(record, runtime_config=RuntimeConfig(taints=normalize(taints)))
     added = tuple(sorted(set(new.taints) - set(record.taints)))
     removed = tuple(sorted(set(record.taints) - set(new.taints)))
-    return TaintsUpdated(new, added, removed, revision)
+    return WorkerModified(new, added, removed, revision)
 
 
 def required(*taints: str) -> RoutingConstraints:
@@ -185,7 +178,7 @@ def test_adds_and_taint_updates_of_distinct_workers_converge_in_any_order(
     data: st.DataObject,
 ) -> None:
     """Each worker gets an add and some taint updates; any interleaving gives one table."""
-    events: list[WorkerAdded | TaintsUpdated] = []
+    events: list[WorkerAdded | WorkerModified] = []
     revision = 0
     for index in range(data.draw(st.integers(1, 5))):
         record = worker(f"w{index}", *data.draw(st.frozensets(st.sampled_from(TAINTS))))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamod.errors import ConstraintError, TaintError, TopologyError, quoted
-from dynamod.model import ModelCard, RuntimeConfig, WorkerRecord, validate_topology
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.taints import (
     MAX_TAINT_BYTES,
     RoutingConstraints,

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from dynamod.client import AsyncClient, Credentials
-from dynamod.model import WorkerRecord
+from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from tests.procs import Proc, daemon, dynamoctl, env, running, worker
 from tests.worker.test_worker_process import post_taints, stored

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from dynamod.discovery.view import WorkerView
-from dynamod.model import TaintsUpdated, WorkerRecord, WorkerRemoved
+from dynamod.discovery_events import WorkerModified, WorkerRemoved
+from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from tests.procs import Proc, running, worker
 
@@ -70,7 +71,7 @@ async def test_taint_route_updates_the_record_that_other_processes_see(
             assert (status, body) == (200, {"status": "ok", "taints": ["capacity/slow", "pool=b"]})
             async with asyncio.timeout(10):
                 event = await anext(events)
-        assert isinstance(event, TaintsUpdated)
+        assert isinstance(event, WorkerModified)
         assert event.taints == ("capacity/slow", "dynamo.topology/zone=a", "pool=b")
         assert event.added == ("capacity/slow", "pool=b")
         assert event.removed == ("capacity/fast",)

@@ -14,7 +14,6 @@ from typing import Any, Self
 
 from aetcd import rpc
 
-from dynamod.aio import cancel_and_wait
 from dynamod.errors import (
     InvalidInputError,
     InvalidKeyError,
@@ -36,7 +35,8 @@ from dynamod.store.base import (
 )
 from dynamod.store.etcd.members import Member, Members
 from dynamod.store.etcd.url import EtcdUrl, parse_url
-from dynamod.store.etcd.watches import Feed
+from dynamod.store.etcd.watches import WatchStream
+from dynamod.tasks import cancel_and_wait
 
 Message = Any  # aetcd ships no type hints: its protobuf messages are ``Any`` here
 REFRESH_SHARE = 0.25
@@ -51,7 +51,7 @@ class EtcdStore(Store):
         self._root = target.root.encode()
         self._members = Members(target, timeout, self._probe())
         super().__init__(target.url, timeout=timeout)
-        self._feeds: set[asyncio.Task[None]] = set()
+        self._streams: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def open(cls, url: str) -> Self:
@@ -161,25 +161,25 @@ class EtcdStore(Store):
             pass  # already gone: what revoking asks for
 
     @contextlib.asynccontextmanager
-    async def _feed(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
-        feed = Feed(self._members, watch, self._span(prefix), self._entry)
+    async def _stream(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
+        feed = WatchStream(self._members, watch, self._span(prefix), self._entry)
         stream, position = await feed.start(since)
         task = asyncio.create_task(feed.run(stream, position), name=f"etcd watch {prefix!r}")
-        self._feeds.add(task)
+        self._streams.add(task)
         try:
             yield
         finally:
             try:
                 await cancel_and_wait(task)  # raises what the feed ended with, if not cancelled
             finally:
-                self._feeds.discard(task)  # it has ended: cancel_and_wait waited for that
+                self._streams.discard(task)  # it has ended: cancel_and_wait waited for that
 
     async def _close(self) -> None:
-        feeds = set(self._feeds)
-        for task in feeds:
+        streams = set(self._streams)
+        for task in streams:
             task.cancel()
-        if feeds:
-            await asyncio.wait(feeds)
+        if streams:
+            await asyncio.wait(streams)
         await self._members.close()
 
     # -- keys ----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The etcd watch streams behind each ``watch()`` (see "Watches" in the package docstring).
 
-A ``Feed`` establishes a stream on the member in use, pushes its events into the ``Watch``,
+A ``WatchStream`` establishes a stream on the member in use, pushes its events into the ``Watch``,
 and when the stream ends (member lost, etcd restart, compaction) opens another, on whichever
 member now serves, from the revision after the last one it delivered. Only when that
 history is not there any more (compacted, or a cluster that is not the same one) does the
@@ -70,7 +70,7 @@ class Backoff:
         self._delay = min(max(self._delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
 
 
-class Feed:
+class WatchStream:
     """Feeds one ``Watch`` from etcd; ``start`` establishes it, ``run`` pumps until cancelled."""
 
     def __init__(
@@ -100,7 +100,7 @@ class Feed:
         return stream, Position(stream.revision, stream.cluster)
 
     async def run(self, stream: Stream, position: Position) -> None:
-        """Feed the watch from ``stream``, and from a new stream each time one ends."""
+        """WatchStream the watch from ``stream``, and from a new stream each time one ends."""
         backoff = Backoff()
         try:
             while True:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 MARKER_TTL: Final = 900
 """Seconds a server expiry marker stays in a bucket this store creates."""
-ATTEMPTS: Final = 16
+CAS_ROUNDS: Final = 16
 """Compare-and-swap rounds of one call before it gives up with ``ConflictError``."""
 
 _WRONG_LAST: Final = frozenset({10071, 10164})
@@ -196,5 +196,5 @@ class Bucket:
 def conflict(what: str, key: str) -> ConflictError:
     """The error of a call that lost every compare-and-swap round to other writers."""
     return ConflictError(
-        f"{what} of {key!r} lost {ATTEMPTS} compare-and-swap rounds to other writers; retry"
+        f"{what} of {key!r} lost {CAS_ROUNDS} compare-and-swap rounds to other writers; retry"
     )

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from dynamod.errors import LeaseExpiredError
 from dynamod.store.base import Lease, LeaseArg
-from dynamod.store.nats.bucket import ATTEMPTS, Bucket, conflict
+from dynamod.store.nats.bucket import CAS_ROUNDS, Bucket, conflict
 from dynamod.store.nats.messages import DELETE, LEASE, TTL
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class Leases:
         """Re-publish one key of the lease with its current value and the full TTL."""
         subject, held = self._bucket.subject(key), state.keys[key]
         headers = {TTL: str(lease_ttl(state.lease.ttl)), LEASE: state.tag}
-        for _ in range(ATTEMPTS):
+        for _ in range(CAS_ROUNDS):
             seq = await self._bucket.publish(subject, held.value, headers, last=held.seq)
             if seq is not None:
                 state.keys[key] = Held(seq, held.value)
@@ -131,7 +131,7 @@ class Leases:
         """Delete each key still bound to the lease (skipping any rebound meanwhile)."""
         for key, held in list(state.keys.items()):
             subject, seq = self._bucket.subject(key), held.seq
-            for _ in range(ATTEMPTS):
+            for _ in range(CAS_ROUNDS):
                 if await self._bucket.publish(subject, b"", DELETE, last=seq) is not None:
                     break
                 current = await self._bucket.read(subject)

@@ -15,7 +15,6 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
-from dynamod.aio import cancel_and_wait, race
 from dynamod.errors import StoreClosedError, StoreError, StoreUnavailableError
 from dynamod.store.base import (
     DEFAULT_TIMEOUT,
@@ -28,11 +27,12 @@ from dynamod.store.base import (
     Watch,
     validate_key,
 )
-from dynamod.store.nats.bucket import ATTEMPTS, Bucket, conflict
+from dynamod.store.nats.bucket import CAS_ROUNDS, Bucket, conflict
 from dynamod.store.nats.consumers import HEARTBEAT, Consumer, Consumers
 from dynamod.store.nats.leases import Held, Leases
 from dynamod.store.nats.messages import DELETE, LEASE, check_expect, kept_headers
 from dynamod.store.nats.url import NatsUrl, parse_url
+from dynamod.tasks import cancel_and_wait, race
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class NatsStore(Store):
         subject = self._bucket.subject(key)
         async with self._call("delete"):
             current = await self._bucket.read(subject)
-            for _ in range(ATTEMPTS):
+            for _ in range(CAS_ROUNDS):
                 check_expect(key, expect, current)
                 if current is None or not current.live:
                     break
@@ -136,7 +136,7 @@ class NatsStore(Store):
             await self._leases.revoke(lease)
 
     @contextlib.asynccontextmanager
-    async def _feed(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
+    async def _stream(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
         async with self._call("watch"):
             replay = since is not None and await self._bucket.replay_is_complete(since)
             start = since + 1 if replay and since is not None else None
@@ -174,7 +174,7 @@ class NatsStore(Store):
         """A put that compares: ``expect`` set or ``lease=KEEP``. Returns (seq, headers)."""
         # A create tries the common case (the key never existed) without reading first.
         current = None if expect == 0 else await self._bucket.read(subject)
-        for _ in range(ATTEMPTS):
+        for _ in range(CAS_ROUNDS):
             check_expect(key, expect, current)
             headers = kept_headers(current) if lease == KEEP else self._leases.headers(lease)
             last = 0 if current is None else current.seq

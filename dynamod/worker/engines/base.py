@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Protocol, Self
 
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
 from dynamod.tokenizers.bundle import Publishable
 from dynamod.worker.engines.kvevents import KvPublisher
 
@@ -143,10 +143,11 @@ class EngineStats:
     source: str = "engine"
 
 
-class Backend(Protocol):
-    """What the worker runtime needs of whatever serves its model: the card, the load, the
-    tokenizer, a lifetime. An ``Engine`` generates itself; ``--engine openai``'s upstream
-    (``upstream.py``) is a backend whose requests are forwarded, not generated here."""
+class WorkerEngine(Protocol):
+    """The engine a worker serves its model with, as the worker runtime needs it: the card,
+    the load, the tokenizer, a lifetime. An ``Engine`` generates in this process;
+    ``--engine openai``'s ``UpstreamEngine`` (``upstream.py``) forwards to a server beside
+    the worker."""
 
     @property
     def tokenizer(self) -> Publishable: ...
@@ -173,7 +174,7 @@ class Backend(Protocol):
     ) -> None: ...
 
 
-class Engine(Backend, Protocol):
+class Engine(WorkerEngine, Protocol):
     """An inference engine; see the module docstring for the whole contract."""
 
     def generate(self, request: GenerateRequest) -> AsyncGenerator[Chunk, None]: ...

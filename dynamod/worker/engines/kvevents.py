@@ -32,7 +32,7 @@ from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from dynamod.reported import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 
 MAX_TOKENS = 4096
 """Tokens one forwarded batch carries at most (a line of ~30 KB at worst)."""

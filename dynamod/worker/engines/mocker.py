@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import Self
 
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import with_tokenizer
 from dynamod.worker.engines.base import (

@@ -51,10 +51,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from dynamod.aio import cancel_and_wait
 from dynamod.errors import ConfigError, InvalidInputError
 from dynamod.http.inflight import InFlight
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
+from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Publishable, with_tokenizer
 from dynamod.worker.engines.base import Changes, EngineStats

@@ -64,9 +64,9 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from dynamod.aio import cancel_and_wait
 from dynamod.errors import ConfigError, InvalidInputError, ShuttingDownError
-from dynamod.model import ModelCard
+from dynamod.records import ModelCard
+from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers.bundle import with_tokenizer
 from dynamod.tokenizers.hf import HfTokenizer
 from dynamod.worker.engines.base import (

@@ -38,8 +38,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from dynamod.errors import InvalidInputError
-from dynamod.reported import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from dynamod.worker.engines.kvevents import KvPublisher
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,181 @@
+"""Updating taints on one worker or many, and saying what changed.
+
+One worker: one call, with ``--if-revision`` as its compare-and-swap guard; its error is
+the command's error. Many workers (``-l`` / ``--all``): a dry run first (it names the
+workers and what would change, and feeds the ``--all`` question), then the daemon's own
+bulk update, streamed: each worker's outcome arrives as soon as the daemon has it and
+advances the progress bar on a terminal. Each worker's update is the daemon's
+compare-and-swap on the freshly read taints, so nothing another writer did meanwhile is
+lost. A worker that fails is reported on its own; an unreachable daemon or a refused token
+ends the whole operation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from dynamoctl import exits, formats
+from dynamoctl.output import Printer
+from dynamoctl.targets import Scope
+from dynamod.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    import typer
+
+    from dynamod.client import AsyncClient
+    from dynamod.results import UpdateOutcome
+    from dynamod.taints import TaintUpdate, UpdateAction
+
+
+async def apply(
+    client: AsyncClient,
+    printer: Printer,
+    update: TaintUpdate,
+    scope: Scope,
+    *,
+    expect_revision: int | None = None,
+    dry_run: bool = False,
+    confirm: bool = False,
+) -> list[UpdateOutcome]:
+    """Run ``update`` on ``scope``; ``confirm``: ask before changing (``--all``)."""
+    if not scope.bulk:
+        return await client.update_taints(
+            update, worker=scope.worker, expect_revision=expect_revision, dry_run=dry_run
+        )
+    plan = await client.update_taints(
+        update, selector=scope.selector, all_workers=scope.all, dry_run=True
+    )
+    if dry_run or not any(c.changed for c in plan):
+        return plan
+    if confirm and not await printer.confirm(_question(plan)):
+        raise InvalidInputError("nothing was changed: the answer was not yes")
+    return await _bulk(client, printer, update, scope, plan)
+
+
+def _question(plan: Sequence[UpdateOutcome]) -> str:
+    changing = [c for c in plan if c.changed]
+    sample = formats.change_text(changing[0].added, changing[0].removed)
+    return f"Change taints of {len(changing)} of all {len(plan)} workers (e.g. {sample})?"
+
+
+async def _bulk(
+    client: AsyncClient,
+    printer: Printer,
+    update: TaintUpdate,
+    scope: Scope,
+    plan: Sequence[UpdateOutcome],
+) -> list[UpdateOutcome]:
+    """The daemon's bulk update, streamed; the outcomes in the plan's order (a worker that
+    matched only after the dry run comes last)."""
+    done: dict[str, UpdateOutcome] = {}
+    with printer.progress(len(plan), "updating taints") as advance:
+        changes = client.stream_update_taints(
+            update, selector=scope.selector, all_workers=scope.all
+        )
+        async for change in changes:
+            done[change.key] = change
+            advance()
+    ordered = [done.pop(c.key) for c in plan if c.key in done]
+    return ordered + sorted(done.values(), key=lambda c: c.key)
+
+
+Describe = Callable[["UpdateOutcome"], str]
+
+
+def describe_change(change: UpdateOutcome) -> str:
+    return formats.change_text(change.added, change.removed)
+
+
+def run(
+    ctx: typer.Context,
+    action: UpdateAction,
+    scope: Scope,
+    taints: Iterable[str] = (),
+    *,
+    keys: Iterable[str] = (),
+    if_revision: int | None = None,
+    dry_run: bool = False,
+    yes: bool = False,
+    describe: Describe = describe_change,
+) -> None:
+    """The whole command: check, apply, show (``taints *``, ``workers cordon``)."""
+    from dynamoctl.session import execute
+    from dynamoctl.targets import check_selector
+    from dynamod.taints import TaintUpdate
+
+    async def body(client: AsyncClient, printer: Printer) -> int:
+        update = TaintUpdate(action, tuple(taints), tuple(keys))  # the taint rules, once
+        check_selector(scope.selector)
+        done = await apply(
+            client, printer, update, scope,
+            expect_revision=if_revision, dry_run=dry_run, confirm=scope.all and not yes,
+        )  # fmt: skip
+        return show(printer, done, scope, dry_run=dry_run, describe=describe)
+
+    execute(ctx, body)
+
+
+def show(
+    printer: Printer,
+    changes: Sequence[UpdateOutcome],
+    scope: Scope,
+    *,
+    dry_run: bool = False,
+    describe: Describe = describe_change,
+) -> int:
+    """Print the outcome in the chosen format; each failure gets its own line on stderr.
+    Returns 1 when any worker failed."""
+    shorts = formats.short_ids(c.worker for c in changes)
+    for change in changes:
+        if change.error is not None:
+            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+    _render(printer, changes, shorts, dry_run, describe)
+    if not changes:
+        printer.note(f"no worker matched: {scope.describe()}")
+    elif dry_run:
+        printer.note("dry run: nothing was written")
+    return exits.FAILED if any(c.error for c in changes) else exits.OK
+
+
+def _render(
+    printer: Printer,
+    changes: Sequence[UpdateOutcome],
+    shorts: dict[str, str],
+    dry_run: bool,
+    describe: Describe,
+) -> None:
+    if printer.output in ("json", "yaml"):
+        objects = [formats.change_object(c, dry_run) for c in changes]
+        printer.json(objects) if printer.output == "json" else printer.yaml(objects)
+        return
+    done = [c for c in changes if c.error is None]
+    if printer.output == "name":
+        for change in done:
+            printer.line(change.worker)
+        return
+    if done:
+        _table(printer, done, shorts, dry_run or printer.wide, describe)
+
+
+def _table(
+    printer: Printer,
+    done: Sequence[UpdateOutcome],
+    shorts: dict[str, str],
+    full: bool,
+    describe: Describe,
+) -> None:
+    headers = ["WORKER", "CHANGE", "REVISION"] + (["BEFORE", "AFTER"] if full else [])
+    rows = []
+    for change in done:
+        row = [shorts[change.worker], describe(change), str(change.revision)]
+        if full:
+            row += [formats.joined(change.before), formats.joined(change.after)]
+        rows.append(row)
+    printer.table(headers, rows, style=_change_style)
+
+
+def _change_style(column: int, cell: str) -> str | None:
+    if column != 1 or cell == "unchanged":
+        return None
+    return "green" if cell.startswith("+") else ("red" if cell.startswith("-") else None)

@@ -1,0 +1,141 @@
+"""Listings on the wire: which worker fields a listing may ask for, and each worker's
+encoded form, kept between listings.
+
+Encoding a worker (``record_json``, ``model_card_json``, ``mdcsum``: JSON and a hash, then
+protobuf) is nearly all a large listing costs, and a record changes far less often than it
+is listed. So ``WorkerMessages`` keeps each worker's encoded ``Worker`` message per field
+set while its record is the one the view holds (the same object at the same revision), and
+writes a whole ``ListWorkersResponse`` by joining them: 10,000 workers are one
+``bytes.join``, not 10,000 messages built, copied and serialized. The service hands those
+bytes to gRPC as they are (``service.add_services`` registers the listing methods with a
+serializer that passes bytes through); a client decodes them as any other response.
+
+The protobuf wire format makes this exact: a message is its fields' encodings in any order,
+and a repeated message field is each element as a tag, a length and the element's bytes.
+Only the load and the engine's report change between listings; a worker carrying one
+gets that field appended to its cached bytes. Memory: about 0.8 KB per worker for every
+field, less for a table's few (kept per field set, at most ``FIELD_SETS`` of them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from dynamod.api import convert
+from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.errors import InvalidInputError
+from dynamod.records import WorkerRecord
+from dynamod.results import WorkerInfo
+
+WORKER_FIELDS = frozenset(pb.Worker.DESCRIPTOR.fields_by_name)
+"""The names a listing's ``fields`` may use."""
+
+# Field sets whose workers ``WorkerMessages`` keeps; clients use a handful (a table, JSON,
+# completion), so past this many the memory starts over rather than grow.
+FIELD_SETS = 8
+
+# Field numbers, from the proto: ListWorkersResponse.workers, .revision, .id_prefix, and
+# Worker.load. A tag is (number << 3) | wire type (0 varint, 2 length-delimited).
+_WORKERS = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["workers"].number
+_REVISION = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["revision"].number
+_ID_PREFIX = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["id_prefix"].number
+_LOAD = pb.Worker.DESCRIPTOR.fields_by_name["load"].number
+_ENGINE = pb.Worker.DESCRIPTOR.fields_by_name["engine"].number
+
+
+DEFAULT_FIELDS = WORKER_FIELDS - {"model_card_json"}
+"""A listing that names no fields: every field but ``model_card_json``, which
+``record_json`` already holds (a client that asks for fewer fields asks for it by name)."""
+
+
+def worker_fields(names: Iterable[str]) -> frozenset[str]:
+    """The Worker fields a listing asks for (``DEFAULT_FIELDS`` when none is named). An
+    unknown name is refused with the names that exist."""
+    chosen = frozenset(names)
+    unknown = sorted(chosen - WORKER_FIELDS)
+    if unknown:
+        raise InvalidInputError(
+            f"fields names {unknown[0]!r}, which is not a worker field; the fields are "
+            f"{', '.join(sorted(WORKER_FIELDS))}"
+        )
+    return chosen or DEFAULT_FIELDS
+
+
+def varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
+    if value < 0:
+        raise ValueError(f"a varint here is never negative, got {value}")
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` (a message, here)."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+_Entry = tuple[WorkerRecord, int, bytes, bytes]
+"""(record, revision, the worker's message without load, that message as a list element)."""
+
+
+class WorkerMessages:
+    """Encoded listings, each worker encoded once per record and field set (module
+    docstring). ``current`` (the view's ``get``) lets entries of workers that left go
+    once they outnumber the workers listed."""
+
+    def __init__(self, current: Callable[[str], WorkerRecord | None]) -> None:
+        self._current = current
+        self._kept: dict[frozenset[str], dict[str, _Entry]] = {}
+
+    def response(
+        self, infos: Sequence[WorkerInfo], fields: frozenset[str], revision: int, id_prefix: int
+    ) -> bytes:
+        """The encoded ``ListWorkersResponse`` of ``infos`` with ``fields``."""
+        kept = self._entries(fields)
+        loads, engines = "load" in fields, "engine" in fields
+        parts = []
+        for info in infos:
+            record = info.record
+            entry = kept.get(record.key)
+            if entry is None or entry[0] is not record or entry[1] != info.revision:
+                entry = kept[record.key] = _encode(record, info.revision, fields)
+            extra = b""
+            if loads and not info.load.idle:
+                load = convert.load_to_pb(info.load).SerializeToString()
+                extra += length_delimited(_LOAD, load)
+            if engines and info.engine is not None:
+                engine = convert.engine_to_pb(info.engine).SerializeToString()
+                extra += length_delimited(_ENGINE, engine)
+            parts.append(length_delimited(_WORKERS, entry[2] + extra) if extra else entry[3])
+        if len(kept) > 2 * len(infos) + 64:
+            self._prune(kept)
+        parts.append(varint(_REVISION << 3) + varint(revision))
+        parts.append(varint(_ID_PREFIX << 3) + varint(id_prefix))
+        return b"".join(parts)
+
+    def _entries(self, fields: frozenset[str]) -> dict[str, _Entry]:
+        kept = self._kept.get(fields)
+        if kept is None:
+            if len(self._kept) >= FIELD_SETS:
+                self._kept.clear()
+            kept = self._kept[fields] = {}
+        return kept
+
+    def _prune(self, kept: dict[str, _Entry]) -> None:
+        gone = [key for key, entry in kept.items() if self._current(key) is not entry[0]]
+        for key in gone:
+            del kept[key]
+
+
+def _encode(record: WorkerRecord, revision: int, fields: frozenset[str]) -> _Entry:
+    body = convert.worker_message(record, revision, fields).SerializeToString()
+    return record, revision, body, length_delimited(_WORKERS, body)
+
+
+def encoded(message: pb.ListWorkersResponse | bytes) -> bytes:
+    """A listing's response as gRPC sends it: already encoded, or encoded now."""
+    return message if isinstance(message, bytes) else message.SerializeToString()

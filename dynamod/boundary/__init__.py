@@ -1,0 +1,14 @@
+"""What workers report about their engines, as the daemon receives it.
+
+``EngineStreams`` follows each worker's engine events stream (its load and health, pushed by the
+worker: ``dynamod.engine_events``) and hands every state to the router; ``TokenizerRegistry``
+fetches and caches the tokenizer each model's workers publish, for the front and
+``explain``; ``KvIndexer`` folds the KV cache events workers forward into the router's KV
+index. The daemon owns them.
+"""
+
+from dynamod.boundary.engine_streams import EngineStreams
+from dynamod.boundary.kv_indexer import KvIndexer
+from dynamod.boundary.tokenizer_registry import TokenizerRegistry
+
+__all__ = ["EngineStreams", "KvIndexer", "TokenizerRegistry"]

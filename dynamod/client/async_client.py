@@ -1,0 +1,381 @@
+"""``AsyncClient``: the daemon's gRPC API for asyncio code; dynamoctl is built on it.
+
+Endpoints: ``unix:///run/dynamod/dynamod.sock`` (or a bare path) for the local socket,
+``host:port`` for TCP (with ``tls=True`` for TLS, ``ca`` / ``cert`` / ``key`` for mTLS).
+What is not given comes from the environment and the config file dynamoctl reads
+(``dynamod.client.endpoint``). Every call has a deadline. gRPC errors come back as our own
+classes (``api/status.py``); an endpoint that does not answer raises ``UnreachableError``
+naming it.
+
+Two levels: the Dynamo-style helpers (``workers``, ``update_model_taints``,
+``add_taints``, ``remove_taints``, ``clear_taints``, ``events``) for a worker at a time,
+and the operator API dynamoctl uses (``list_workers``, ``update_taints`` with selectors and
+dry runs, ``stream_update_taints``, ``tail_events``, ``explain``, ``status``).
+
+A client that is never closed is closed at interpreter exit (``dynamod.client.drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncGenerator, Iterable, Mapping
+from typing import Any
+
+import grpc
+from grpc import aio
+
+from dynamod.api import convert
+from dynamod.api.status import ERROR_KEY, from_status
+from dynamod.api.v1 import dynamo_pb2 as pb
+from dynamod.api.v1 import dynamo_pb2_grpc as rpc
+from dynamod.client import drain
+from dynamod.client.endpoint import Credentials, resolve, target_of
+from dynamod.errors import ConflictError, DynamoError, UnreachableError
+from dynamod.records import ModelCard
+from dynamod.results import (
+    EventInfo,
+    ExplainInfo,
+    StatusInfo,
+    UpdateOutcome,
+    WorkerInfo,
+    WorkerPage,
+)
+from dynamod.taints import TaintUpdate
+
+ATTEMPTS = re.compile(r"\((\d+) attempts\)")
+# As large as the server allows: 10,000 workers listed are about 7 MB.
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+Worker = str | WorkerInfo
+"""A worker as the helpers take it: its id, a unique id prefix, its store key, or a
+``WorkerInfo`` from ``workers()``."""
+
+
+class AsyncClient:
+    """Async client; use ``async with AsyncClient() as client``.
+
+    ``endpoint``, ``credentials`` and ``timeout`` default to what dynamoctl would use
+    (``DYNAMO_ENDPOINT``, ``DYNAMO_TOKEN_FILE``, ..., the config file, the daemon's unix
+    socket); pass ``Credentials()`` for none at all. Unreadable credential files raise
+    ``ConfigError``."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        credentials: Credentials | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if endpoint is None or credentials is None or timeout is None:
+            found = resolve(endpoint, timeout=timeout)
+            endpoint, timeout = found.endpoint, found.timeout
+            credentials = found.credentials if credentials is None else credentials
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._credentials = credentials
+        self._calls: set[Any] = set()
+        self._closed = False
+        self._loop = _running_loop()
+        self._channel = self._open(target_of(endpoint))
+        drain.track(self)
+        self._workers = rpc.WorkerServiceStub(self._channel)
+        self._taints = rpc.TaintServiceStub(self._channel)
+        self._events = rpc.EventServiceStub(self._channel)
+        self._router = rpc.RouterServiceStub(self._channel)
+        self._status = rpc.StatusServiceStub(self._channel)
+
+    def _open(self, target: str) -> aio.Channel:
+        creds = self._credentials
+        if creds.tls or creds.ca or creds.cert:
+            tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
+            return aio.secure_channel(target, tls, options=CHANNEL_OPTIONS)
+        return aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Cancel the calls still open and close the channel. Idempotent."""
+        self._closed = True
+        drain.forget(self)
+        for call in list(self._calls):
+            call.cancel()
+        await self._channel.close(grace=None)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def drain_at_exit(self, deadline: float) -> list[str]:
+        """Close this forgotten client at interpreter exit, if its event loop can still run
+        (it was not closed, and is not running); return what is still open then."""
+        loop = self._loop
+        if self._closed or loop is None or loop.is_running() or loop.is_closed():
+            return self._still_open()
+        left = max(0.0, deadline - time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            loop.run_until_complete(asyncio.wait_for(self.close(), timeout=left))
+        return self._still_open()
+
+    def _still_open(self) -> list[str]:
+        open_calls = [c for c in self._calls if not c.done()]
+        if not open_calls:
+            return []
+        return [f"AsyncClient({self.endpoint}): {len(open_calls)} open call(s)"]
+
+    def _metadata(self) -> list[tuple[str, str]]:
+        token = self._credentials.token
+        return [("authorization", f"Bearer {token}")] if token else []
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        self._loop = self._loop or asyncio.get_running_loop()
+        try:
+            return await method(request, timeout=self.timeout, metadata=self._metadata())
+        except aio.AioRpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: aio.AioRpcError) -> DynamoError:
+        trailing = dict(exc.trailing_metadata() or ())
+        name = trailing.get(ERROR_KEY)
+        error = from_status(
+            exc.code(), exc.details() or "", name if isinstance(name, str) else None
+        )
+        if isinstance(error, UnreachableError):
+            return UnreachableError(
+                f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
+                "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
+            )
+        if isinstance(error, ConflictError):
+            # The daemon's message names the attempts (records.update_taints); the wire
+            # carries no field for them.
+            said = ATTEMPTS.search(str(error))
+            error.attempts = int(said.group(1)) if said else None
+        return error
+
+    async def list_workers(
+        self,
+        *,
+        model: str = "",
+        selector: str = "",
+        namespace: str = "",
+        component: str = "",
+        endpoint: str = "",
+        fields: Iterable[str] = (),
+    ) -> tuple[list[WorkerInfo], int]:
+        """The workers that match (sorted by key) and the view's revision. ``fields``
+        names the ``Worker`` message fields to carry (all when empty); with fewer, each
+        record holds only those, the rest at their defaults (``convert.worker_from_pb``)."""
+        request = _list_request(model, selector, namespace, component, endpoint, fields)
+        reply = await self._call(self._workers.ListWorkers, request)
+        return convert.workers_from_pb(reply.workers), reply.revision
+
+    async def stream_workers(
+        self,
+        *,
+        model: str = "",
+        selector: str = "",
+        namespace: str = "",
+        component: str = "",
+        endpoint: str = "",
+        fields: Iterable[str] = (),
+        page_size: int = 0,
+    ) -> AsyncGenerator[WorkerPage, None]:
+        """``list_workers`` in pages, by model then id, as the daemon sends them: the first
+        arrives before the daemon has encoded the rest. Every page comes from one snapshot
+        (the same revision and ``id_prefix``). The call's deadline covers the whole stream."""
+        request = _list_request(model, selector, namespace, component, endpoint, fields)
+        request.page_size = page_size
+        call = self._workers.StreamWorkers(request, timeout=self.timeout, metadata=self._metadata())
+        cards: dict[str, ModelCard] = {}
+        async for reply in self._stream(call):
+            workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
+            yield WorkerPage(workers, reply.revision, reply.id_prefix)
+
+    async def get_worker(self, ref: str) -> WorkerInfo:
+        reply = await self._call(self._workers.GetWorker, pb.GetWorkerRequest(id=ref))
+        return convert.worker_from_pb(reply.worker)
+
+    async def update_taints(
+        self,
+        update: TaintUpdate,
+        *,
+        worker: str | None = None,
+        selector: str | None = None,
+        all_workers: bool = False,
+        expect_revision: int | None = None,
+        dry_run: bool = False,
+    ) -> list[UpdateOutcome]:
+        """Apply ``update`` to a worker, the workers a selector matches, or all of them.
+        Per-worker failures of a bulk update are in each change's ``error``."""
+        request = _update_request(update, worker, selector, all_workers, expect_revision, dry_run)
+        reply = await self._call(self._taints.UpdateTaints, request)
+        return [convert.change_from_pb(c) for c in reply.results]
+
+    async def stream_update_taints(
+        self,
+        update: TaintUpdate,
+        *,
+        worker: str | None = None,
+        selector: str | None = None,
+        all_workers: bool = False,
+        dry_run: bool = False,
+    ) -> AsyncGenerator[UpdateOutcome, None]:
+        """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
+        order): for progress on a bulk update."""
+        request = _update_request(update, worker, selector, all_workers, None, dry_run)
+        call = self._taints.StreamUpdateTaints(
+            request, timeout=self.timeout, metadata=self._metadata()
+        )
+        async for message in self._stream(call):
+            yield convert.change_from_pb(message)
+
+    async def tail_events(
+        self, *, since: int | None = None, selector: str = "", follow: bool = True
+    ) -> AsyncGenerator[EventInfo, None]:
+        """Discovery events; ends when the daemon ends the stream (or at once with
+        ``follow=False`` after what is known)."""
+        request = pb.TailEventsRequest(selector=selector, no_follow=not follow)
+        if since is not None:
+            request.since = since
+        call = self._events.TailEvents(request, metadata=self._metadata())
+        async for message in self._stream(call):
+            yield convert.event_from_pb(message)
+
+    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
+        """The messages of a server stream, its errors as ours; cancelled when left."""
+        self._loop = self._loop or asyncio.get_running_loop()
+        self._calls.add(call)
+        try:
+            async for message in call:
+                yield message
+        except aio.AioRpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            call.cancel()
+            self._calls.discard(call)
+
+    async def explain(
+        self,
+        model: str,
+        *,
+        required: Iterable[str] = (),
+        preferred: Mapping[str, float] | None = None,
+        prompt: str = "",
+    ) -> ExplainInfo:
+        request = pb.ExplainRequest(
+            model=model,
+            required_taints=list(required),
+            preferred_taints=dict(preferred or {}),
+            prompt=prompt,
+        )
+        return convert.explain_from_pb(await self._call(self._router.Explain, request))
+
+    async def status(self) -> StatusInfo:
+        return convert.status_from_pb(await self._call(self._status.GetStatus, pb.StatusRequest()))
+
+    # Dynamo-style helpers: one worker at a time, its complete taint set back.
+
+    async def workers(
+        self, selector: str | None = None, *, model: str | None = None
+    ) -> list[WorkerInfo]:
+        """The workers the daemon knows, those ``selector`` matches (the ``-l`` language),
+        of ``model`` when given. Each has ``.id``, ``.model`` and ``.taints`` (the complete
+        set the router matches on), ``.caller_taints``, ``.generated_taints``, ``.record``."""
+        found, _ = await self.list_workers(model=model or "", selector=selector or "")
+        return found
+
+    async def worker(self, worker: Worker) -> WorkerInfo:
+        """One worker, by id, unique id prefix or store key."""
+        return await self.get_worker(_ref(worker))
+
+    async def update_model_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
+        """Dynamo's ``update_model_taints``: the worker's caller-managed taints become
+        exactly ``taints`` (an empty collection clears them; the generated
+        ``dynamo.topology/`` taints stay). Returns the worker's complete taint set after."""
+        return await self._one(worker, TaintUpdate.replace(taints))
+
+    async def add_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
+        """Add ``taints``; those already held stay. Returns the complete set after."""
+        return await self._one(worker, TaintUpdate.add(taints))
+
+    async def remove_taints(
+        self, worker: Worker, taints: Iterable[str], *, keys: Iterable[str] = ()
+    ) -> tuple[str, ...]:
+        """Remove exactly ``taints``, and every taint whose key (before ``=``) is in
+        ``keys``. Returns the complete set after."""
+        return await self._one(worker, TaintUpdate.remove(taints, keys))
+
+    async def clear_taints(self, worker: Worker) -> tuple[str, ...]:
+        """Remove every caller-managed taint. Returns the complete set after (the
+        generated ones)."""
+        return await self._one(worker, TaintUpdate.clear())
+
+    async def events(
+        self, since: int | None = None, *, selector: str | None = None
+    ) -> AsyncGenerator[EventInfo, None]:
+        """Discovery events as they happen, until the daemon ends the stream. Without
+        ``since`` a ``RESYNC`` snapshot of the workers comes first; with ``since`` (a
+        revision) the events after it are replayed first, or a ``RESYNC`` when the daemon no
+        longer remembers that far back. Leave the ``async for`` to stop."""
+        async for event in self.tail_events(since=since, selector=selector or ""):
+            yield event
+
+    async def _one(self, worker: Worker, update: TaintUpdate) -> tuple[str, ...]:
+        (change,) = await self.update_taints(update, worker=_ref(worker))
+        return change.after
+
+
+def _ref(worker: Worker) -> str:
+    return worker.id if isinstance(worker, WorkerInfo) else worker
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # made outside a coroutine: the first call will say which loop
+        return None
+
+
+def _list_request(
+    model: str, selector: str, namespace: str, component: str, endpoint: str, fields: Iterable[str]
+) -> pb.ListWorkersRequest:
+    return pb.ListWorkersRequest(
+        model=model,
+        selector=selector,
+        namespace=namespace,
+        component=component,
+        endpoint=endpoint,
+        fields=list(fields),
+    )
+
+
+def _update_request(
+    update: TaintUpdate,
+    worker: str | None,
+    selector: str | None,
+    all_workers: bool,
+    expect_revision: int | None,
+    dry_run: bool,
+) -> pb.UpdateTaintsRequest:
+    request = pb.UpdateTaintsRequest(
+        action=convert.ACTIONS[update.action],
+        taints=list(update.taints),
+        keys=list(update.keys),
+        dry_run=dry_run,
+    )
+    if worker is not None:
+        request.worker = worker
+    elif selector is not None:
+        request.selector = selector
+    elif all_workers:
+        request.all = True
+    if expect_revision is not None:
+        request.expect_revision = expect_revision
+    return request

@@ -1,0 +1,219 @@
+"""``Client``: the blocking face of ``AsyncClient``, for scripts and notebooks.
+
+It owns one event loop in one thread of its own, where an ``AsyncClient`` does the work;
+each method hands its call to that loop and waits for the answer (an error raised there is
+raised here). So it works from any thread, and inside a program that already runs an
+event loop (a notebook), where ``asyncio.run`` would refuse. ``close()`` (or leaving the
+``with`` block) closes the connection and ends the thread; a client nobody closed is closed
+at interpreter exit (``dynamod.client.drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+import time
+import weakref
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from dynamod.client import drain
+from dynamod.client.async_client import AsyncClient, Worker
+from dynamod.client.endpoint import Credentials, resolve
+from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome, WorkerInfo
+from dynamod.taints import TaintUpdate
+
+T = TypeVar("T")
+RELEASE_SECONDS = 5.0
+"""How long closing a stream the caller left may take (its call is cancelled by then)."""
+
+
+class Client:
+    """Blocking client; use ``with Client() as client``. Arguments as ``AsyncClient``'s:
+    what is not given comes from the environment and dynamoctl's config file."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        credentials: Credentials | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        if endpoint is None or credentials is None or timeout is None:
+            found = resolve(endpoint, timeout=timeout)
+            endpoint, timeout = found.endpoint, found.timeout
+            credentials = found.credentials if credentials is None else credentials
+        self.endpoint = endpoint
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=_serve, args=(self._loop,), name=f"dynamod-client {endpoint}", daemon=True
+        )
+        self._thread.start()
+        # A client dropped without close() still ends its thread when collected.
+        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop).atexit = False
+        self._async = self._run(_open(endpoint, credentials, timeout))
+        drain.forget(self._async)  # drained as part of this client, never on its own
+        drain.track(self)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Close the connection and end the client's thread. Idempotent."""
+        if not self._closed:
+            self._shut(deadline=None)
+
+    def drain_at_exit(self, deadline: float) -> list[str]:
+        if not self._closed:
+            self._shut(deadline)
+        return [f"thread {self._thread.name!r}"] if self._thread.is_alive() else []
+
+    def _shut(self, deadline: float | None) -> None:
+        self._closed = True
+        drain.forget(self)
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        closing = asyncio.run_coroutine_threadsafe(self._async.close(), self._loop)
+        try:
+            closing.result(timeout=left)
+        except TimeoutError:
+            closing.cancel()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._thread.join(timeout=left)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError(f"the client of {self.endpoint} is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a Client cannot be called from its own event-loop thread")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result()
+        except BaseException:  # an interrupt while waiting: stop the call as well
+            future.cancel()
+            raise
+
+    # The helpers, as AsyncClient's.
+
+    def workers(self, selector: str | None = None, *, model: str | None = None) -> list[WorkerInfo]:
+        return self._run(self._async.workers(selector, model=model))
+
+    def worker(self, worker: Worker) -> WorkerInfo:
+        return self._run(self._async.worker(worker))
+
+    def update_model_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
+        return self._run(self._async.update_model_taints(worker, taints))
+
+    def add_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
+        return self._run(self._async.add_taints(worker, taints))
+
+    def remove_taints(
+        self, worker: Worker, taints: Iterable[str], *, keys: Iterable[str] = ()
+    ) -> tuple[str, ...]:
+        return self._run(self._async.remove_taints(worker, taints, keys=keys))
+
+    def clear_taints(self, worker: Worker) -> tuple[str, ...]:
+        return self._run(self._async.clear_taints(worker))
+
+    def update_taints(
+        self,
+        update: TaintUpdate,
+        *,
+        worker: str | None = None,
+        selector: str | None = None,
+        all_workers: bool = False,
+        expect_revision: int | None = None,
+        dry_run: bool = False,
+    ) -> list[UpdateOutcome]:
+        return self._run(
+            self._async.update_taints(
+                update,
+                worker=worker,
+                selector=selector,
+                all_workers=all_workers,
+                expect_revision=expect_revision,
+                dry_run=dry_run,
+            )
+        )
+
+    def explain(
+        self,
+        model: str,
+        *,
+        required: Iterable[str] = (),
+        preferred: Mapping[str, float] | None = None,
+        prompt: str = "",
+    ) -> ExplainInfo:
+        return self._run(
+            self._async.explain(model, required=required, preferred=preferred, prompt=prompt)
+        )
+
+    def status(self) -> StatusInfo:
+        return self._run(self._async.status())
+
+    def events(
+        self, since: int | None = None, *, selector: str | None = None
+    ) -> Iterator[EventInfo]:
+        """Discovery events as they happen (see ``AsyncClient.events``); leave the ``for``
+        loop (or close the iterator) to stop."""
+        stream = self._async.events(since, selector=selector)
+        try:
+            while True:
+                try:
+                    event = self._run(_next(stream))
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            self._release(stream)
+
+    def _release(self, stream: AsyncGenerator[EventInfo, None]) -> None:
+        """Close an events stream the caller left (or dropped). Not at interpreter
+        shutdown: this client's thread may be frozen by then, and waiting for it would
+        hang the exit (the drain has closed the client before, if it may)."""
+        if self._closed or sys.is_finalizing() or not self._thread.is_alive():
+            return
+        closing = asyncio.run_coroutine_threadsafe(_close(stream), self._loop)
+        with contextlib.suppress(TimeoutError):
+            closing.result(timeout=RELEASE_SECONDS)
+
+
+async def _open(endpoint: str, credentials: Credentials, seconds: float) -> AsyncClient:
+    """The ``AsyncClient``, made on the client's own loop (its channel belongs there)."""
+    return AsyncClient(endpoint, credentials=credentials, timeout=seconds)
+
+
+async def _next(stream: AsyncIterator[EventInfo]) -> EventInfo:
+    return await anext(stream)
+
+
+async def _close(stream: AsyncGenerator[EventInfo, None]) -> None:
+    await stream.aclose()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The client's thread: run ``loop`` until stopped, then end what is left on it."""
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_forever()
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

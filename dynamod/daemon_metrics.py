@@ -1,0 +1,87 @@
+"""dynamod's own metrics (the router and the front register theirs on the same registry).
+
+``dynamod_taint_updates_total{outcome}`` counts taint changes through the API;
+``dynamod_taint_propagation_seconds`` is the time from such a change being written to the
+store to this daemon's view applying it: the watch lag, measured on every write this
+daemon makes (a store event carries no commit time, so other writers' lag cannot be
+known without polling); ``dynamod_view_events_total{kind}`` counts events by kind,
+resyncs included; ``dynamod_view_revision`` is the store revision the view has reached;
+``dynamod_store_errors_total{operation}`` counts calls that failed on an unavailable
+store; ``dynamod_audit_failures_total`` counts audit lines that could not be written.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dynamod.discovery_events import (
+    DiscoveryEvent,
+    ViewResync,
+    WorkerAdded,
+    WorkerModified,
+    WorkerRemoved,
+)
+
+_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
+_KINDS = {
+    WorkerAdded: "added",
+    WorkerRemoved: "removed",
+    WorkerModified: "taints",
+    ViewResync: "resync",
+}
+
+
+class DaemonMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.taint_updates = Counter(
+            "dynamod_taint_updates", "Taint changes through the API, by outcome.", ["outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.propagation = Histogram(
+            "dynamod_taint_propagation_seconds",
+            "From a taint change written by this daemon to its view applying it.",
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        self.events = Counter(
+            "dynamod_view_events", "Discovery events applied to the view, by kind.", ["kind"],
+            registry=registry,
+        )  # fmt: skip
+        self.revision = Gauge(
+            "dynamod_view_revision",
+            "Store revision the worker view has reached.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "dynamod_store_errors",
+            "API calls that failed because the store was unavailable, by method.",
+            ["operation"],
+            registry=registry,
+        )
+        self.audit_failures = Counter(
+            "dynamod_audit_failures",
+            "Audit lines that could not be written (the changes they describe were made).",
+            registry=registry,
+        )
+        self._written: dict[str, tuple[int, float]] = {}
+
+    def wrote(self, key: str, revision: int) -> None:
+        """A taint change of ``key`` was stored at ``revision``; time its arrival."""
+        self._written[key] = (revision, time.perf_counter())
+
+    def on_event(self, event: DiscoveryEvent) -> None:
+        self.events.labels(_KINDS[type(event)]).inc()
+        self.revision.set(event.revision)
+        if isinstance(event, WorkerModified):
+            self._arrived(event.record.key, event.revision)
+        elif isinstance(event, ViewResync):
+            for record in event.records:
+                self._arrived(record.key, event.revision)
+
+    def _arrived(self, key: str, revision: int) -> None:
+        written = self._written.get(key)
+        if written is not None and revision >= written[0]:
+            del self._written[key]
+            self.propagation.observe(time.perf_counter() - written[1])

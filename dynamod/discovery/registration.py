@@ -1,0 +1,179 @@
+"""Registering a worker: its record created on its lease, kept alive and followed.
+
+``register`` creates a record bound to a lease (or replays the same incarnation's
+registration); ``Registration`` owns a worker's registration for its whole life: the
+lease's keep-alive, following its own record (a change outside the taints made out of
+band is written back: ``updates.within_boundary``), registering again when the lease is
+lost, and deregistering at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from dynamod.discovery.updates import parse_stored, within_boundary
+from dynamod.errors import (
+    KeyNotFoundError,
+    LeaseExpiredError,
+    RevisionMismatchError,
+    StoreClosedError,
+    StoreUnavailableError,
+)
+from dynamod.records import WorkerRecord, immutable_diff
+from dynamod.store import KEEP, Delete, Lease, Put, Resync, Store, keep_alive
+from dynamod.taints import caller_taints
+from dynamod.tasks import cancel_and_wait, race
+
+log = logging.getLogger(__name__)
+
+
+def new_instance_id() -> str:
+    """A fresh id for one process incarnation: 16 hex digits."""
+    return secrets.token_hex(8)
+
+
+async def register(store: Store, record: WorkerRecord, lease: Lease) -> tuple[WorkerRecord, int]:
+    """Create ``record`` bound to ``lease``; return the stored record and its revision.
+
+    If the key already exists, this is the same incarnation replaying its registration: the
+    immutable boundary is checked (a different record under this id raises
+    ``ImmutableFieldError`` naming the field) and the stored record wins, taints included.
+    It is rebound to ``lease`` with the same bytes, so watchers see no change.
+    """
+    try:
+        return record, await store.put(record.key, record.to_bytes(), expect=0, lease=lease)
+    except RevisionMismatchError:
+        pass
+    entry = await store.get(record.key)
+    if entry is None:  # it expired between the two calls: create it after all
+        return await register(store, record, lease)
+    stored = WorkerRecord.from_bytes(entry.value)
+    immutable_diff(stored, record.with_caller_taints(caller_taints(stored.taints)))
+    revision = await store.put(record.key, entry.value, expect=entry.revision, lease=lease)
+    log.info("worker %s re-registered; keeping its stored taints", record.instance_id)
+    return stored, revision
+
+
+class Registration:
+    """A worker's registration for its whole life: lease, keep-alive, current record.
+
+    ``async with Registration(store, record, ttl=10) as reg`` registers, then keeps the lease
+    alive and follows the stored record (another process may change its taints) in a task
+    this object owns. If the lease is lost anyway (a store outage longer than the TTL, or
+    the key deleted by hand), a new lease is granted and the latest record registered again.
+    ``deregister()`` (also run on exit) revokes the lease: the record vanishes at once.
+    """
+
+    def __init__(self, store: Store, record: WorkerRecord, *, ttl: float = 10.0) -> None:
+        self.store = store
+        self.record = record
+        self.ttl = ttl
+        self.revision = 0
+        self._lease: Lease | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._followed = asyncio.Event()
+
+    async def __aenter__(self) -> Registration:
+        """Register, and return once the record is followed: from then on every change
+        another process makes to it (a taint update) is seen before any later one."""
+        await self._register()
+        task = self._task = asyncio.create_task(
+            self._maintain(), name=f"registration {self.record.key}"
+        )
+        followed = asyncio.ensure_future(self._followed.wait())
+        try:
+            await asyncio.wait([followed, task], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            followed.cancel()
+        if task.done():
+            self._task = None
+            await self.deregister()
+            task.result()  # raises why following failed
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.deregister()
+
+    @property
+    def registered(self) -> bool:
+        return self._lease is not None
+
+    async def deregister(self) -> None:
+        """Stop keeping the record alive and delete it now. Idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            await cancel_and_wait(task)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                await self.store.revoke(lease)
+            except (StoreUnavailableError, StoreClosedError) as exc:
+                log.warning(
+                    "could not revoke lease of %s (it expires by itself): %s", self.record.key, exc
+                )
+
+    async def _register(self) -> None:
+        self._lease = await self.store.grant(self.ttl)
+        self.record, self.revision = await register(self.store, self.record, self._lease)
+
+    async def _maintain(self) -> None:
+        while True:
+            lease = self._lease
+            assert lease is not None
+            try:
+                await race(keep_alive(self.store, lease), self._follow())
+            except LeaseExpiredError as exc:
+                log.warning(
+                    "worker %s lost its lease (%s); registering again", self.record.key, exc
+                )
+            await self._register_again()
+
+    async def _follow(self) -> None:
+        """Follow the stored record. A change outside the taints (or an unreadable value)
+        was made out of band and routers ignore it: the latest valid record is written
+        back over it, so the store, the routers and this worker agree again."""
+        async with self.store.watch(self.record.key) as events:
+            async for event in events:
+                if isinstance(event, Resync) and not event.entries:
+                    raise LeaseExpiredError(f"record {self.record.key} is gone")
+                if isinstance(event, Delete):
+                    raise LeaseExpiredError(f"record {self.record.key} was deleted")
+                entry = event.entry if isinstance(event, Put) else event.entries[0]
+                stored = parse_stored(entry.value, entry.key, self.record)
+                if within_boundary(self.record, stored) is not stored:
+                    await self._restore(entry.revision)
+                    continue
+                assert stored is not None
+                self.record, self.revision = stored, entry.revision
+                self._followed.set()
+
+    async def _restore(self, revision: int) -> None:
+        """Write the latest valid record over the out-of-band one at ``revision``. A write
+        that got there first (a taint update, or the record's removal) is followed next."""
+        try:
+            restored = await self.store.put(
+                self.record.key, self.record.to_bytes(), expect=revision, lease=KEEP
+            )
+        except (RevisionMismatchError, KeyNotFoundError):
+            return
+        log.warning(
+            "worker %s restored its record at revision %d over the out-of-band change at "
+            "revision %d, keeping its latest valid taints %s",
+            self.record.instance_id,
+            restored,
+            revision,
+            list(self.record.taints),
+        )
+
+    async def _register_again(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self._register()
+                return
+            except StoreUnavailableError as exc:
+                log.warning("cannot register %s yet: %s", self.record.key, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)

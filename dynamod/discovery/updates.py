@@ -1,0 +1,138 @@
+"""Taint updates of worker records: compare-and-swap at the revision that was read.
+
+After registration (``registration.py``) only a record's caller-managed taints change,
+and every such change goes through ``update_taints``, so concurrent updates from many
+processes never lose one. ``within_boundary`` and ``parse_stored`` say which record
+routers hold when the stored one was changed out of band; ``Registration`` uses them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+from dynamod.errors import (
+    ConflictError,
+    ImmutableFieldError,
+    InvalidInputError,
+    KeyNotFoundError,
+    RevisionMismatchError,
+    WorkerNotFoundError,
+)
+from dynamod.records import WorkerRecord, immutable_diff
+from dynamod.results import UpdateOutcome
+from dynamod.store import KEEP, Store
+from dynamod.taints import TaintLimits, TaintUpdate
+
+log = logging.getLogger(__name__)
+
+CAS_ATTEMPTS = 8
+BACKOFF_BASE = 0.002
+BACKOFF_CAP = 0.05
+
+
+async def update_taints(
+    store: Store,
+    key: str,
+    update: TaintUpdate,
+    *,
+    expect_revision: int | None = None,
+    check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
+    base: WorkerRecord | None = None,
+    limits: TaintLimits | None = None,
+) -> UpdateOutcome:
+    """Apply ``update`` to the worker record at ``key`` atomically; return what changed.
+
+    Read → compute on the freshly read taints → unchanged: return without writing →
+    compare-and-swap at the read revision, keeping the worker's lease. A lost race waits a
+    jittered, growing moment (``backoff``) so that writers in several processes stop
+    colliding, re-reads and retries, at most ``CAS_ATTEMPTS`` times, then raises the
+    retryable ``ConflictError`` with the attempts made. With ``expect_revision`` a record
+    at another revision fails at once with ``RevisionMismatchError`` (the caller's
+    optimistic lock). A missing worker raises ``WorkerNotFoundError``.
+    ``check(before, after)`` runs before each write and may raise to refuse it (access
+    control on the taints actually changed). ``limits`` bound the taints an update may leave
+    (``TaintLimitError``, permanent, nothing written).
+
+    ``base`` is the record as registered (a worker's own, or a router's view of it). A
+    stored record that differs from it outside the taints was changed out of band, and
+    routers ignore it: the update is then computed on ``base`` and written over it, so
+    that what the call reports is what routers see.
+    """
+    for attempt in range(1, CAS_ATTEMPTS + 1):
+        entry = await store.get(key)
+        if entry is None:
+            raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
+        revision = entry.revision
+        if expect_revision is not None and revision != expect_revision:
+            raise RevisionMismatchError(key, expect_revision, revision)
+        stored = parse_stored(entry.value, key, base)
+        before = within_boundary(base, stored)
+        after = before.updated(update, limits)
+        if after == stored:
+            return _change(before, after, revision)
+        if check is not None:
+            check(before, after)
+        try:
+            new_revision = await store.put(key, after.to_bytes(), expect=revision, lease=KEEP)
+        except KeyNotFoundError:
+            raise WorkerNotFoundError(key, f"worker {key!r} went away during the update") from None
+        except RevisionMismatchError:
+            if expect_revision is not None:
+                raise
+            if attempt < CAS_ATTEMPTS:
+                await asyncio.sleep(backoff(attempt))
+            continue
+        return _change(before, after, new_revision)
+    raise ConflictError(
+        f"taint update of {key!r} lost the compare-and-swap race {CAS_ATTEMPTS} times in a "
+        f"row ({CAS_ATTEMPTS} attempts) to concurrent writers; retry the call",
+        attempts=CAS_ATTEMPTS,
+    )
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait after losing race number ``attempt``: uniform in [0, 2 ms * 2^(n-1)],
+    capped at 50 ms ("full jitter"), so writers that collided spread out instead of
+    colliding again in lockstep."""
+    return random.uniform(0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
+
+
+def within_boundary(base: WorkerRecord | None, stored: WorkerRecord | None) -> WorkerRecord:
+    """``stored``, or ``base`` when ``stored`` is unreadable (None) or differs from it
+    outside the taints: what routers hold for this worker."""
+    if base is None:
+        assert stored is not None  # _parse raised
+        return stored
+    problem = "it is not a readable worker record"
+    if stored is not None:
+        try:
+            immutable_diff(base, stored)
+        except ImmutableFieldError as exc:
+            problem = str(exc)
+        else:
+            return stored
+    log.warning(
+        "worker record %s was changed out of band (%s); routers ignore that change, so the "
+        "registered record is written back with its latest valid taints",
+        base.key,
+        problem,
+    )
+    return base
+
+
+def parse_stored(value: bytes, key: str, base: WorkerRecord | None) -> WorkerRecord | None:
+    """The stored record; None if it is unreadable and ``base`` can stand in for it."""
+    try:
+        record = WorkerRecord.from_bytes(value)
+    except InvalidInputError:
+        if base is None:
+            raise
+        return None
+    return record if base is None or record.key == key else None
+
+
+def _change(before: WorkerRecord, after: WorkerRecord, revision: int) -> UpdateOutcome:
+    return UpdateOutcome(before.instance_id, before.key, before.taints, after.taints, revision)

@@ -1,0 +1,234 @@
+"""What a worker reports about its engine, and the stream it reports it on.
+
+A worker whose record offers engine events (``engine_events`` in the record, written by
+the worker runtime; records keep fields they do not know, so older daemons ignore it)
+serves ``GET /engine/events`` on its system port: newline-delimited JSON, one event per
+line, each ``{"seq": n, "type": ..., ...}``, for as long as the client stays:
+
+* ``{"type": "snapshot", "state": STATE}``: first, on every (re)connect;
+* ``{"type": "state", "state": STATE}``: the engine's state changed (a whole state each
+  time, so a reader may drop any but the last);
+* ``{"type": "heartbeat"}``: nothing changed for ``HEARTBEAT`` seconds; a reader that
+  hears nothing for a few of these treats the stream as dead;
+* ``{"type": "kv", "seq": n, "ts": t, "events": [EVENT, ...]}``: the engine's KV cache
+  changed (only from a worker whose record offers ``"kv"``). ``EVENT`` is
+  ``{"kind": "stored", "hashes": [...], "parent": h | null, "tokens": [...],
+  "block_size": b}``, ``{"kind": "removed", "hashes": [...]}`` or ``{"kind": "cleared"}``
+  (``KvEvent``); ``ts`` is the worker's wall clock when the engine published them.
+
+For ``snapshot`` / ``state`` / ``heartbeat``, ``seq`` counts the worker's state changes
+since it started: it only grows within one worker incarnation (a reader may see it skip:
+changes are coalesced). ``STATE`` is ``EngineLoad.to_json()``. For ``kv``, ``seq``
+numbers the KV lines of this connection from 0 with no gap: the first ones are the
+worker's whole cache as it knows it (a ``cleared`` event, then what is stored), so every
+(re)connect rebuilds a reader's view from nothing, and a reader that fell too far behind
+is sent a fresh snapshot (again ``cleared`` first) rather than a gap. A reader skips
+types it does not know.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dynamod.errors import InvalidInputError
+from dynamod.records import WorkerRecord
+
+EVENTS_PATH = "/engine/events"
+RECORD_FIELD = "engine_events"
+KINDS = ("load", "kv")
+"""What a worker's stream may carry: its engine's load (always), its KV cache events (when
+the engine publishes them)."""
+HEARTBEAT = 2.0
+"""Seconds of silence after which a worker sends a heartbeat."""
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """An engine's own account of its load, as its worker reports it.
+
+    ``running`` / ``waiting``: requests the engine is running / has queued;
+    ``kv_usage``: the fraction of its KV cache in use (0..1), with ``kv_blocks_used`` of
+    ``kv_blocks_total`` when known; ``prefix_cache_hits`` / ``prefix_cache_queries``:
+    tokens (vLLM) or blocks (mocker) found in / looked up in the prefix cache since start;
+    ``healthy`` false with ``reason`` when the engine cannot serve (an upstream server
+    that stopped answering); ``source`` says where the figures come from: ``engine`` (in
+    process), ``metrics`` (an upstream's Prometheus metrics) or ``proxy`` (the worker's
+    own count of the requests it forwards, for an upstream without metrics).
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+    healthy: bool = True
+    reason: str = ""
+    source: str = "engine"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: object) -> EngineLoad:
+        """Read a state; a field of the wrong type is refused, an unknown one ignored."""
+        if not isinstance(obj, Mapping):
+            raise InvalidInputError(f"an engine state must be a JSON object, got {obj!r}")
+        defaults = cls()
+        values: dict[str, Any] = {}
+        for name, default in asdict(defaults).items():
+            value = obj.get(name, default)
+            values[name] = _typed(name, value, type(default))
+        return cls(**values)
+
+
+def _typed(name: str, value: object, kind: type) -> object:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if type(value) is not kind or (kind is float and not math.isfinite(float(str(value)))):
+        raise InvalidInputError(
+            f"engine state field {name!r} must be {kind.__name__}, got {value!r}"
+        )
+    return value
+
+
+def offer(*, kv: bool = False) -> dict[str, Any]:
+    """The record field a worker writes to offer its events stream (with KV cache events
+    when ``kv``: the worker's engine publishes them)."""
+    return {"path": EVENTS_PATH, "kinds": list(KINDS if kv else KINDS[:1])}
+
+
+def offers_kv(record: WorkerRecord) -> bool:
+    """Whether the worker's stream carries its engine's KV cache events."""
+    kinds = record.extra.get(RECORD_FIELD, {}).get("kinds") if offered_path(record) else None
+    return "kv" in kinds if isinstance(kinds, list) else False
+
+
+def offered_path(record: WorkerRecord) -> str | None:
+    """The path of the worker's events stream on its system address, or None when its
+    record offers none (or offers nothing this daemon reads)."""
+    obj = record.extra.get(RECORD_FIELD)
+    if not isinstance(obj, dict) or not record.system_address:
+        return None
+    path, kinds = obj.get("path"), obj.get("kinds")
+    if not isinstance(path, str) or not path.startswith("/") or not isinstance(kinds, list):
+        return None
+    return path if "load" in kinds else None
+
+
+# -- KV cache events
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    """The engine cached full blocks: ``hashes`` are its names for them in chain order,
+    ``parent`` its name for the block before the first (None: they start the prompt), and
+    ``token_ids`` their tokens, ``block_size`` per block."""
+
+    hashes: tuple[int, ...]
+    parent: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if not self.hashes or self.block_size < 1:
+            raise InvalidInputError(
+                f"a stored event needs blocks and a block size >= 1, got {len(self.hashes)} "
+                f"blocks of size {self.block_size}"
+            )
+        if len(self.token_ids) != self.block_size * len(self.hashes):
+            raise InvalidInputError(
+                f"a stored event of {len(self.hashes)} blocks of {self.block_size} tokens "
+                f"carries {len(self.token_ids)} tokens"
+            )
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    """The engine evicted the blocks it names ``hashes``."""
+
+    hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    """The engine dropped its whole prefix cache."""
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True)
+class KvBatch:
+    """KV events in the order the engine published them; ``ts``: the wall clock
+    (``time.time()``) when it did, for measuring how late a router learns them."""
+
+    events: tuple[KvEvent, ...]
+    ts: float
+
+    def to_json(self, seq: int) -> dict[str, Any]:
+        return {
+            "seq": seq,
+            "type": "kv",
+            "ts": self.ts,
+            "events": [_event_json(e) for e in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> KvBatch:
+        """A ``kv`` line's events; anything malformed is refused with the field named."""
+        ts, events = obj.get("ts"), obj.get("events")
+        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+            raise InvalidInputError(f"a kv event line's ts must be a number, got {ts!r}")
+        if not isinstance(events, list):
+            raise InvalidInputError(f"a kv event line's events must be a list, got {events!r}")
+        return cls(tuple(_event_of(e) for e in events), float(ts))
+
+
+def _event_json(event: KvEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored):
+        return {
+            "kind": "stored",
+            "hashes": list(event.hashes),
+            "parent": event.parent,
+            "tokens": list(event.token_ids),
+            "block_size": event.block_size,
+        }
+    if isinstance(event, BlockRemoved):
+        return {"kind": "removed", "hashes": list(event.hashes)}
+    return {"kind": "cleared"}
+
+
+def _event_of(obj: object) -> KvEvent:
+    if not isinstance(obj, Mapping):
+        raise InvalidInputError(f"a kv event must be a JSON object, got {obj!r}")
+    kind = obj.get("kind")
+    if kind == "stored":
+        parent = None if obj.get("parent") is None else _int(obj, "parent")
+        tokens, size = _ints(obj, "tokens"), _int(obj, "block_size")
+        return BlockStored(_ints(obj, "hashes"), parent, tokens, size)
+    if kind == "removed":
+        return BlockRemoved(_ints(obj, "hashes"))
+    if kind == "cleared":
+        return AllBlocksCleared()
+    raise InvalidInputError(f"unknown kv event kind {kind!r}; known: stored, removed, cleared")
+
+
+def _int(obj: Mapping[str, Any], name: str) -> int:
+    value = obj.get(name)
+    if type(value) is not int or value < 0:
+        raise InvalidInputError(f"kv event field {name!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _ints(obj: Mapping[str, Any], name: str) -> tuple[int, ...]:
+    items = obj.get(name)
+    if not isinstance(items, list) or not all(type(i) is int and i >= 0 for i in items):
+        raise InvalidInputError(
+            f"kv event field {name!r} must be a list of integers >= 0, got {items!r}"
+        )
+    return tuple(items)

@@ -1,0 +1,327 @@
+"""dynamod's settings: defaults < TOML file < ``DYNAMO_*`` environment < flags.
+
+The file (``--config FILE``, else ``$DYNAMO_CONFIG``, else ``/etc/dynamod/dynamod.toml`` when
+it exists) holds top-level keys named like the fields below and a ``[router]`` table of
+router knobs (``dynamod.router.RouterConfig``). The environment uses ``DYNAMO_<FIELD>``
+(``DYNAMO_STORE``, ``DYNAMO_LISTEN`` as a comma-separated list, ``DYNAMO_ROUTER_<KNOB>``).
+Unknown keys and malformed values are refused with a message naming them, so a typo never
+silently falls back to a default.
+
+=================  ==========================================  ==========================
+setting            default                                     meaning
+=================  ==========================================  ==========================
+store              file://<state dir>/store                    discovery store URL
+listen             unix://<runtime dir>/dynamod.sock           gRPC listeners: unix://PATH
+                                                               or HOST:PORT (TCP needs
+                                                               tokens_file or mTLS)
+http               127.0.0.1:8080                              OpenAI front + /metrics;
+                                                               "" turns it off
+tokens_file        (none)                                      bearer tokens, see auth.py
+tls_cert/tls_key   (none)                                      TLS for TCP listeners
+tls_client_ca      (none)                                      require client certs (mTLS)
+audit_log          <state dir>/audit.log                       JSON lines, one per mutation
+log_level          info                                        debug, info, warning, error
+log_format         auto                                        auto (plain under journald,
+                                                               timestamped otherwise), json
+grace              30                                          seconds for in-flight work
+                                                               at shutdown
+drain              0.25                                        the bounded drain at exit
+event_history      10000                                       events kept for tail --since
+event_history_mb   64                                          ... and at most this many MB
+max_taints         4096                                        taints an update may leave
+                                                               one worker
+max_taint_bytes    262144                                      ... and bytes of them
+http_head_timeout  10                                          seconds for a request's head
+http_body_timeout  30                                          seconds for a request's body
+http_idle_timeout  75                                          seconds a kept-alive
+                                                               connection may idle
+model_gone_window  30                                          seconds after a model's last
+                                                               worker left during which
+                                                               its requests get a
+                                                               retryable 503, not 404
+replica_id         <host>-<pid>                                this replica's name
+=================  ==========================================  ==========================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+import ssl
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynamod.auth import Tokens
+from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.http.limits import HttpLimits
+from dynamod.lifecycle import DRAIN_SECONDS
+from dynamod.paths import default_socket, default_store, state_dir
+from dynamod.router import RouterKnobs
+from dynamod.store import check_url
+from dynamod.taints import TaintLimits
+
+SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "plain", "json")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    store: str = field(default_factory=default_store)
+    listen: tuple[str, ...] = field(default_factory=lambda: (f"unix://{default_socket()}",))
+    http: str = "127.0.0.1:8080"
+    tokens_file: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    audit_log: Path | None = field(default_factory=lambda: state_dir() / "audit.log")
+    log_level: str = "info"
+    log_format: str = "auto"
+    grace: float = 30.0
+    drain: float = DRAIN_SECONDS
+    event_history: int = 10_000
+    event_history_mb: float = 64.0
+    max_taints: int = TaintLimits.count
+    max_taint_bytes: int = TaintLimits.bytes
+    http_head_timeout: float = HttpLimits.head_timeout
+    http_body_timeout: float = HttpLimits.body_timeout
+    http_idle_timeout: float = HttpLimits.idle_timeout
+    model_gone_window: float = 30.0
+    replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    router: RouterKnobs = field(default_factory=RouterKnobs)
+
+    def __post_init__(self) -> None:
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(
+                f"log_format {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}"
+            )
+        for name in ("grace", "drain", "model_gone_window"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if self.event_history < 1:
+            raise ConfigError(f"event_history must be at least 1, got {self.event_history}")
+        if not 0 < self.event_history_mb < 1e6:
+            raise ConfigError(
+                f"event_history_mb must be above 0 (megabytes), got {self.event_history_mb!r}"
+            )
+        try:
+            self.http_limits  # noqa: B018 - built to check the three timeouts
+        except InvalidInputError as exc:
+            raise ConfigError(f"http_{exc}") from None
+        try:
+            self.taint_limits  # noqa: B018 - built to check max_taints and max_taint_bytes
+        except InvalidInputError as exc:
+            raise ConfigError(f"max_taints / max_taint_bytes: {exc}") from None
+        if not self.listen:
+            raise ConfigError("listen needs at least one address")
+        for address in self.listen:
+            self._check_listener(address)
+        if self.http:
+            parse_hostport(self.http, "http")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key must be set together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(self.http_head_timeout, self.http_body_timeout, self.http_idle_timeout)
+
+    @property
+    def taint_limits(self) -> TaintLimits:
+        return TaintLimits(self.max_taints, self.max_taint_bytes)
+
+    def _check_listener(self, address: str) -> None:
+        if address.startswith("unix://"):
+            if not address[len("unix://") :].startswith("/"):
+                raise ConfigError(
+                    f"listen address {address!r} needs an absolute path: unix:///PATH"
+                )
+            return
+        parse_hostport(address, "listen")
+        if self.tokens_file is None and self.tls_client_ca is None:
+            raise ConfigError(
+                f"listen address {address!r} is TCP: set tokens_file or tls_client_ca (mTLS), "
+                "so nobody on the network can change taints unauthenticated"
+            )
+
+
+def parse_hostport(text: str, name: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{name} {text!r} must look like HOST:PORT (port 0-65535)")
+    return host.strip("[]"), int(port)
+
+
+def _path(value: object) -> Path | None:
+    return Path(str(value)) if value not in (None, "") else None
+
+
+def _listen(value: object) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(f"listen must be a string or a list of strings, got {value!r}")
+
+
+def _number(kind: type) -> Callable[[object], Any]:
+    def convert(value: object) -> Any:
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"expected a {kind.__name__}, got {value!r}") from None
+
+    return convert
+
+
+PARSERS: dict[str, Callable[[object], Any]] = {
+    "store": str,
+    "listen": _listen,
+    "http": str,
+    "tokens_file": _path,
+    "tls_cert": _path,
+    "tls_key": _path,
+    "tls_client_ca": _path,
+    "audit_log": _path,
+    "log_level": lambda v: str(v).lower(),
+    "log_format": lambda v: str(v).lower(),
+    "grace": _number(float),
+    "drain": _number(float),
+    "event_history": _number(int),
+    "event_history_mb": _number(float),
+    "max_taints": _number(int),
+    "max_taint_bytes": _number(int),
+    "http_head_timeout": _number(float),
+    "http_body_timeout": _number(float),
+    "http_idle_timeout": _number(float),
+    "model_gone_window": _number(float),
+    "replica_id": str,
+}
+ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
+
+
+def _router_value(name: str, value: object) -> Any:
+    if name == "max_queue_wait" and value in ("none", "None", None):
+        return None
+    kind = int if ROUTER_FIELDS[name].type in ("int", int) else float
+    return _number(kind)(value)
+
+
+def _apply(
+    values: dict[str, Any], router: dict[str, Any], raw: Mapping[str, object], where: str
+) -> None:
+    for key, value in raw.items():
+        if key == "router" and isinstance(value, dict):
+            for knob, knob_value in value.items():
+                if knob not in ROUTER_FIELDS:
+                    raise ConfigError(f"{where}: unknown router setting {knob!r}")
+                router[knob] = _wrap(where, f"router.{knob}", _router_value, knob, knob_value)
+        elif key in PARSERS:
+            values[key] = _wrap(where, key, PARSERS[key], value)
+        else:
+            raise ConfigError(
+                f"{where}: unknown setting {key!r}; known: {', '.join(PARSERS)}, [router]"
+            )
+
+
+def _wrap(where: str, key: str, convert: Callable[..., Any], *args: object) -> Any:
+    try:
+        return convert(*args)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {key}: {exc}") from None
+
+
+def _env(environ: Mapping[str, str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key in PARSERS:
+        name = f"DYNAMO_{key.upper()}"
+        if name in environ:
+            out[key] = environ[name]
+    router = {
+        knob: environ[f"DYNAMO_ROUTER_{knob.upper()}"]
+        for knob in ROUTER_FIELDS
+        if f"DYNAMO_ROUTER_{knob.upper()}" in environ
+    }
+    if router:
+        out["router"] = router
+    return out
+
+
+def config_file(explicit: Path | None, environ: Mapping[str, str]) -> Path | None:
+    if explicit is not None:
+        return explicit
+    if environ.get("DYNAMO_CONFIG"):
+        return Path(environ["DYNAMO_CONFIG"])
+    return SYSTEM_CONFIG if SYSTEM_CONFIG.exists() else None
+
+
+def read_file(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def load(
+    *,
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> DaemonSettings:
+    """Merge the layers (see the module docstring) into validated ``DaemonSettings``."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    router: dict[str, Any] = {}
+    file = config_file(path, env)
+    if file is not None:
+        _apply(values, router, read_file(file), f"config file {str(file)!r}")
+    _apply(values, router, _env(env), "environment")
+    _apply(values, router, {k: v for k, v in (flags or {}).items() if v is not None}, "flags")
+    return DaemonSettings(**values, router=RouterKnobs(**router))
+
+
+def verify(settings: DaemonSettings) -> None:
+    """Check what ``DaemonSettings`` alone cannot: the files and names a start would use — the
+    tokens file parses, the store URL and the files it names check out (without connecting:
+    ``store.check_url``), the TLS files load, the audit log can be written.
+    ``dynamod check-config`` and every start run this same check, so a configuration
+    check-config passes does not fail at start for these reasons."""
+    Tokens.load(settings.tokens_file)
+    check_url(settings.store)
+    _verify_tls(settings)
+    if settings.audit_log is not None:
+        _verify_writable(settings.audit_log, "audit_log")
+
+
+def _verify_tls(settings: DaemonSettings) -> None:
+    if settings.tls_cert is None or settings.tls_key is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        if settings.tls_client_ca is not None:
+            context.load_verify_locations(settings.tls_client_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"TLS files cannot be used: {exc}") from None
+
+
+def _verify_writable(path: Path, name: str) -> None:
+    """``path`` can be appended to, or created (with its missing parent directories)."""
+    existing = path if path.exists() else next(p for p in path.parents if p.exists())
+    if existing.is_dir() and existing == path:
+        raise ConfigError(f"{name} {str(path)!r} is a directory")
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(
+            f"{name} {str(path)!r} cannot be written (no write access to {str(existing)!r})"
+        )
