@@ -24,12 +24,17 @@ from pathlib import Path
 
 import dynamod
 from dynamod import logs
+from dynamod.backoff import Backoff
 from dynamod.daemon import Daemon
 from dynamod.errors import ConfigError
 from dynamod.lifecycle import guarded, run
 from dynamod.settings import DaemonSettings
 
 log = logging.getLogger(__name__)
+
+RESTART_FIRST = 0.5
+RESTART_MAX = 10.0
+"""Bounds of the back-off before a demo worker that exited is started again."""
 
 MODEL = "demo-llama"
 TAINTS = [
@@ -101,17 +106,17 @@ class Child:
         self.line = ""
 
     async def supervise(self) -> None:
-        delay = 0.5
+        backoff = Backoff(RESTART_FIRST, RESTART_MAX)
         while True:
             await self._start()
             code = await self._wait_ready_then_exit()
             if self.stopping:
                 return
+            delay = backoff.delay()
             log.warning(
                 "demo worker %d exited with %s; restarting in %.1fs", self.index, code, delay
             )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
 
     async def _start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import secrets
 
+from dynamod.backoff import Backoff
 from dynamod.discovery.updates import parse_stored, within_boundary
 from dynamod.errors import (
     KeyNotFoundError,
@@ -27,6 +28,10 @@ from dynamod.taints import caller_taints
 from dynamod.tasks import cancel_and_wait, race
 
 log = logging.getLogger(__name__)
+
+REREGISTER_FIRST = 0.1
+REREGISTER_MAX = 2.0
+"""Bounds of the back-off between attempts to register again after the lease was lost."""
 
 
 def new_instance_id() -> str:
@@ -168,12 +173,11 @@ class Registration:
         )
 
     async def _register_again(self) -> None:
-        delay = 0.1
+        backoff = Backoff(REREGISTER_FIRST, REREGISTER_MAX)
         while True:
             try:
                 await self._register()
                 return
             except StoreUnavailableError as exc:
                 log.warning("cannot register %s yet: %s", self.record.key, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.wait()

@@ -8,11 +8,10 @@ routers hold when the stored one was changed out of band; ``Registration`` uses 
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from collections.abc import Callable
 
+from dynamod.backoff import Backoff
 from dynamod.errors import (
     ConflictError,
     ImmutableFieldError,
@@ -29,7 +28,7 @@ from dynamod.taints import TaintLimits, TaintUpdate
 log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 8
-BACKOFF_BASE = 0.002
+BACKOFF_FIRST = 0.002
 BACKOFF_CAP = 0.05
 
 
@@ -47,9 +46,10 @@ async def update_taints(
 
     Read → compute on the freshly read taints → unchanged: return without writing →
     compare-and-swap at the read revision, keeping the worker's lease. A lost race waits a
-    jittered, growing moment (``backoff``) so that writers in several processes stop
-    colliding, re-reads and retries, at most ``CAS_ATTEMPTS`` times, then raises the
-    retryable ``ConflictError`` with the attempts made. With ``expect_revision`` a record
+    jittered, growing moment (``dynamod.backoff``: up to 2 ms, doubling to 50 ms) so that
+    writers in several processes stop colliding, re-reads and retries, at most
+    ``CAS_ATTEMPTS`` times, then raises the retryable ``ConflictError`` with the attempts
+    made. With ``expect_revision`` a record
     at another revision fails at once with ``RevisionMismatchError`` (the caller's
     optimistic lock). A missing worker raises ``WorkerNotFoundError``.
     ``check(before, after)`` runs before each write and may raise to refuse it (access
@@ -61,6 +61,7 @@ async def update_taints(
     routers ignore it: the update is then computed on ``base`` and written over it, so
     that what the call reports is what routers see.
     """
+    backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
     for attempt in range(1, CAS_ATTEMPTS + 1):
         entry = await store.get(key)
         if entry is None:
@@ -83,7 +84,7 @@ async def update_taints(
             if expect_revision is not None:
                 raise
             if attempt < CAS_ATTEMPTS:
-                await asyncio.sleep(backoff(attempt))
+                await backoff.wait()
             continue
         return _change(before, after, new_revision)
     raise ConflictError(
@@ -91,13 +92,6 @@ async def update_taints(
         f"row ({CAS_ATTEMPTS} attempts) to concurrent writers; retry the call",
         attempts=CAS_ATTEMPTS,
     )
-
-
-def backoff(attempt: int) -> float:
-    """Seconds to wait after losing race number ``attempt``: uniform in [0, 2 ms * 2^(n-1)],
-    capped at 50 ms ("full jitter"), so writers that collided spread out instead of
-    colliding again in lockstep."""
-    return random.uniform(0.0, min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (attempt - 1)))
 
 
 def within_boundary(base: WorkerRecord | None, stored: WorkerRecord | None) -> WorkerRecord:

@@ -70,6 +70,7 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
+from dynamod.backoff import Backoff
 from dynamod.errors import (
     InvalidKeyError,
     StoreClosedError,
@@ -77,6 +78,10 @@ from dynamod.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+RESYNC_FIRST: Final = 0.05
+RESYNC_MAX: Final = 2.0
+"""Bounds of the back-off between attempts to list a prefix again for a ``Resync``."""
 
 MAX_KEY = 1024
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
@@ -206,7 +211,7 @@ class Watch:
         raise StopAsyncIteration
 
     async def _resync(self) -> WatchEvent:
-        delay = 0.05
+        backoff = Backoff(RESYNC_FIRST, RESYNC_MAX)
         while True:
             self._needs_resync = False
             try:
@@ -214,8 +219,7 @@ class Watch:
             except StoreUnavailableError as exc:
                 log.warning("watch on %r cannot resync yet: %s", self._prefix, exc)
                 self._needs_resync = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await backoff.wait()
                 continue
             except StoreClosedError:
                 raise StopAsyncIteration from None

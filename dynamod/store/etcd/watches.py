@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from aetcd import rpc
 
+from dynamod.backoff import Backoff
 from dynamod.errors import StoreClosedError, StoreError, StoreUnavailableError
 from dynamod.store.base import Delete, Entry, Put, Watch
 from dynamod.store.etcd.members import Member, MemberFailed, Members, NoMember
@@ -56,20 +57,6 @@ class Stream:
         return self.cluster == position.cluster and self.revision >= position.revision
 
 
-class Backoff:
-    """Capped exponential delays between attempts; the first after a reset goes at once."""
-
-    def __init__(self) -> None:
-        self._delay = 0.0
-
-    def reset(self) -> None:
-        self._delay = 0.0
-
-    async def wait(self) -> None:
-        await asyncio.sleep(self._delay)
-        self._delay = min(max(self._delay * 2, BACKOFF_FIRST), BACKOFF_MAX)
-
-
 class WatchStream:
     """Feeds one ``Watch`` from etcd; ``start`` establishes it, ``run`` pumps until cancelled."""
 
@@ -100,8 +87,8 @@ class WatchStream:
         return stream, Position(stream.revision, stream.cluster)
 
     async def run(self, stream: Stream, position: Position) -> None:
-        """WatchStream the watch from ``stream``, and from a new stream each time one ends."""
-        backoff = Backoff()
+        """Feed the watch from ``stream``, and from a new stream each time one ends."""
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         try:
             while True:
                 received, resumable = await self._forward(stream, position)

@@ -13,15 +13,14 @@ critical section as one synchronous call).
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import os
-import random
 from pathlib import Path
 
+from dynamod.backoff import Backoff
 from dynamod.errors import StoreClosedError
 
-FIRST_BACKOFF = 0.0005
+FIRST_BACKOFF = 0.001
 MAX_BACKOFF = 0.01
 
 
@@ -39,10 +38,9 @@ class FileLock:
     async def acquire(self) -> None:
         """Take the lock, however long that takes: the caller bounds it with a deadline.
         ``StoreClosedError`` once ``close()`` ran."""
-        delay = FIRST_BACKOFF
+        backoff = Backoff(FIRST_BACKOFF, MAX_BACKOFF)
         while not self._try():
-            await asyncio.sleep(delay * random.uniform(0.5, 1.5))
-            delay = min(delay * 2, MAX_BACKOFF)
+            await backoff.wait()
 
     def release(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)

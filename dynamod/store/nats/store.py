@@ -15,6 +15,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext, api
 
+from dynamod.backoff import Backoff
 from dynamod.errors import StoreClosedError, StoreError, StoreUnavailableError
 from dynamod.store.base import (
     DEFAULT_TIMEOUT,
@@ -233,7 +234,7 @@ class NatsStore(Store):
             watch.push(self._bucket.event(msg))
 
     async def _reestablish(self, prefix: str) -> Consumer:
-        delay = BACKOFF_FIRST
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         while True:
             await self._connected.wait()
             try:
@@ -246,8 +247,7 @@ class NatsStore(Store):
                 raise
             except StoreError as exc:  # down again, or JetStream still recovering the stream
                 log.debug("watch on %r not re-established yet: %s", prefix, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, BACKOFF_MAX)
+            await backoff.wait()
 
     # -- connection and calls -----------------------------------------------------------------
 
