@@ -36,6 +36,9 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   │                                       credentials
     │   └── PermissionDeniedError               credentials lack     PERMISSION_DENIED
     │                                           the right
+    ├── UpstreamError                           a worker or an upstream UNAVAILABLE
+    │   │                                       sent what the boundary refuses
+    │   └── OversizeError                       more bytes than its budget
     ├── PromptWorkerError                       a large prompt could not UNAVAILABLE
     │                                           be prepared now (its workers are busy or
     │                                           one failed); retryable
@@ -256,6 +259,23 @@ class PermissionDeniedError(AccessError):
     """Valid credentials without the needed right."""
 
     code = "PERMISSION_DENIED"
+
+
+class UpstreamError(DynamoError):
+    """A worker or an upstream server sent what the daemon's boundary refuses: more bytes
+    than the read's budget, bytes that break the protocol, events faster than allowed.
+    What it costs is that peer's connection, never the process reading it."""
+
+    code = "UNAVAILABLE"
+
+
+class OversizeError(UpstreamError):
+    """``what`` was longer than ``limit`` bytes; reading stopped there."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"{what} is over its limit of {limit} bytes; the rest was not read")
+        self.what = what
+        self.limit = limit
 
 
 class PromptWorkerError(DynamoError):
