@@ -48,6 +48,7 @@ from dynamod.discovery.registration import register
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.procs import daemon_argv, dynamoctl, env
 from tests.servers import EtcdServer, etcd_binary
 
@@ -243,7 +244,7 @@ def rpc_rows(endpoints: dict[int, str], runs: int) -> list[Row]:
 
     def update(client: AsyncClient) -> Any:
         return client.update_taints(
-            TaintUpdate.replace([f"bench/rpc={next(rounds) % 2}"]), worker=target
+            TaintUpdate.replace([f"bench/rpc={next(rounds) % 2}"]), Target(worker=target)
         )
 
     return [

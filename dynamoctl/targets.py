@@ -8,13 +8,13 @@ CLI side's one check of each (the daemon checks its own side).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 
 from dynamoctl import shells
 from dynamoctl.options import UsageError
+from dynamod.targets import Target
 
 SELECTOR_HELP = (
     "Only workers matching SELECTOR: comma-separated terms, each TAINT, !TAINT, "
@@ -58,33 +58,23 @@ WorkerId = Annotated[
 ]
 
 
-@dataclass(frozen=True)
-class Scope:
-    """The workers named on the command line."""
-
-    worker: str | None = None
-    selector: str | None = None
-    all: bool = False
-
-    @property
-    def bulk(self) -> bool:
-        return self.worker is None
-
-    def describe(self) -> str:
-        if self.worker is not None:
-            return f"worker {self.worker!r}"
-        return f"workers matching {self.selector!r}" if self.selector is not None else "all workers"
-
-
-def scope(worker: str | None, selector: str | None, all_workers: bool) -> Scope:
-    """The one scope named, or a usage error saying what to name."""
+def target(
+    worker: str | None,
+    selector: str | None,
+    all_workers: bool,
+    if_revision: int | None = None,
+) -> Target:
+    """The one ``Target`` named on the command line, or a usage error saying what to
+    name. The selector itself is checked where the command runs (``check_selector``)."""
     named = [worker is not None, selector is not None, all_workers]
     if named.count(True) != 1:
         what = "both" if named.count(True) > 1 else "none"
         raise UsageError(
             f"name the workers with exactly one of ID, -l SELECTOR or --all (got {what})"
         )
-    return Scope(worker, selector, all_workers)
+    if if_revision is not None and worker is None:
+        raise UsageError("--if-revision needs a single worker ID, not -l or --all")
+    return Target(worker, selector, all_workers, if_revision)
 
 
 def check_selector(text: str | None) -> None:
@@ -96,7 +86,7 @@ def check_selector(text: str | None) -> None:
         parse(text)
 
 
-def check_all(chosen: Scope, dry_run: bool, yes: bool) -> None:
+def check_all(chosen: Target, dry_run: bool, yes: bool) -> None:
     """--all changes every worker: it needs --yes, or a terminal to ask on."""
     if chosen.all and not (yes or dry_run or sys.stdin.isatty()):
         raise UsageError(

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from dynamoctl import exits, formats
 from dynamoctl.output import Printer
-from dynamoctl.targets import Scope
 from dynamod.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -26,31 +25,27 @@ if TYPE_CHECKING:
     from dynamod.client import AsyncClient
     from dynamod.results import UpdateOutcome
     from dynamod.taints import TaintUpdate, UpdateAction
+    from dynamod.targets import Target
 
 
 async def apply(
     client: AsyncClient,
     printer: Printer,
     update: TaintUpdate,
-    scope: Scope,
+    target: Target,
     *,
-    expect_revision: int | None = None,
     dry_run: bool = False,
     confirm: bool = False,
 ) -> list[UpdateOutcome]:
-    """Run ``update`` on ``scope``; ``confirm``: ask before changing (``--all``)."""
-    if not scope.bulk:
-        return await client.update_taints(
-            update, worker=scope.worker, expect_revision=expect_revision, dry_run=dry_run
-        )
-    plan = await client.update_taints(
-        update, selector=scope.selector, all_workers=scope.all, dry_run=True
-    )
+    """Run ``update`` on ``target``; ``confirm``: ask before changing (``--all``)."""
+    if not target.bulk:
+        return await client.update_taints(update, target, dry_run=dry_run)
+    plan = await client.update_taints(update, target, dry_run=True)
     if dry_run or not any(c.changed for c in plan):
         return plan
     if confirm and not await printer.confirm(_question(plan)):
         raise InvalidInputError("nothing was changed: the answer was not yes")
-    return await _bulk(client, printer, update, scope, plan)
+    return await _bulk(client, printer, update, target, plan)
 
 
 def _question(plan: Sequence[UpdateOutcome]) -> str:
@@ -63,17 +58,14 @@ async def _bulk(
     client: AsyncClient,
     printer: Printer,
     update: TaintUpdate,
-    scope: Scope,
+    target: Target,
     plan: Sequence[UpdateOutcome],
 ) -> list[UpdateOutcome]:
     """The daemon's bulk update, streamed; the outcomes in the plan's order (a worker that
     matched only after the dry run comes last)."""
     done: dict[str, UpdateOutcome] = {}
     with printer.progress(len(plan), "updating taints") as advance:
-        changes = client.stream_update_taints(
-            update, selector=scope.selector, all_workers=scope.all
-        )
-        async for change in changes:
+        async for change in client.stream_update_taints(update, target):
             done[change.key] = change
             advance()
     ordered = [done.pop(c.key) for c in plan if c.key in done]
@@ -83,21 +75,20 @@ async def _bulk(
 Describe = Callable[["UpdateOutcome"], str]
 
 
-def describe_change(change: UpdateOutcome) -> str:
+def describe_outcome(change: UpdateOutcome) -> str:
     return formats.change_text(change.added, change.removed)
 
 
 def run(
     ctx: typer.Context,
     action: UpdateAction,
-    scope: Scope,
+    target: Target,
     taints: Iterable[str] = (),
     *,
     keys: Iterable[str] = (),
-    if_revision: int | None = None,
     dry_run: bool = False,
     yes: bool = False,
-    describe: Describe = describe_change,
+    describe: Describe = describe_outcome,
 ) -> None:
     """The whole command: check, apply, show (``taints *``, ``workers cordon``)."""
     from dynamoctl.session import execute
@@ -106,12 +97,11 @@ def run(
 
     async def body(client: AsyncClient, printer: Printer) -> int:
         update = TaintUpdate(action, tuple(taints), tuple(keys))  # the taint rules, once
-        check_selector(scope.selector)
+        check_selector(target.selector)
         done = await apply(
-            client, printer, update, scope,
-            expect_revision=if_revision, dry_run=dry_run, confirm=scope.all and not yes,
-        )  # fmt: skip
-        return show(printer, done, scope, dry_run=dry_run, describe=describe)
+            client, printer, update, target, dry_run=dry_run, confirm=target.all and not yes
+        )
+        return show(printer, done, target, dry_run=dry_run, describe=describe)
 
     execute(ctx, body)
 
@@ -119,10 +109,10 @@ def run(
 def show(
     printer: Printer,
     changes: Sequence[UpdateOutcome],
-    scope: Scope,
+    target: Target,
     *,
     dry_run: bool = False,
-    describe: Describe = describe_change,
+    describe: Describe = describe_outcome,
 ) -> int:
     """Print the outcome in the chosen format; each failure gets its own line on stderr.
     Returns 1 when any worker failed."""
@@ -132,7 +122,7 @@ def show(
             printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
     _render(printer, changes, shorts, dry_run, describe)
     if not changes:
-        printer.note(f"no worker matched: {scope.describe()}")
+        printer.note(f"no worker matched: {target.describe()}")
     elif dry_run:
         printer.note("dry run: nothing was written")
     return exits.FAILED if any(c.error for c in changes) else exits.OK

@@ -30,7 +30,6 @@ from dynamod.errors import (
     InvalidInputError,
     PermissionDeniedError,
     StoreUnavailableError,
-    code_name,
 )
 from dynamod.http.limits import MAX_BODY
 from dynamod.prompts.body import Tokenized
@@ -46,9 +45,10 @@ from dynamod.results import (
     WorkerInfo,
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
-from dynamod.selectors import Selector, parse
+from dynamod.selectors import parse
 from dynamod.store import Store
 from dynamod.taints import RoutingConstraints, TaintLimits, TaintUpdate
+from dynamod.targets import Target
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
@@ -61,27 +61,6 @@ MAX_EXPLAIN_PROMPT = MAX_BODY
 carry a longer one."""
 
 Progress = Callable[[UpdateOutcome], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class Target:
-    """Which workers an update is for: one (id, key or unique prefix), those a selector
-    matches, or all of them. ``expect_revision`` (one worker only) is the caller's
-    optimistic lock: the update fails unless the record is still at that revision.
-    Checked once, here, on construction."""
-
-    worker: str | None = None
-    selector: str | None = None
-    all: bool = False
-    expect_revision: int | None = None
-    matcher: Selector = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if [self.worker is not None, self.selector is not None, self.all].count(True) != 1:
-            raise InvalidInputError("name exactly one target: a worker id, a selector, or all")
-        if self.expect_revision is not None and self.worker is None:
-            raise InvalidInputError("an expected revision needs a single worker, not a selector")
-        object.__setattr__(self, "matcher", parse(self.selector or ""))
 
 
 class KeyedLock:
@@ -368,7 +347,7 @@ def _asked(update: TaintUpdate, target: Target) -> dict[str, object]:
 
 def _failed(record: WorkerRecord, error: DynamoError) -> UpdateOutcome:
     """One worker's failed part of a bulk update: its taints as they were, and why."""
-    failure = UpdateFailure(code_name(error), str(error))
+    failure = UpdateFailure.of(error)
     return UpdateOutcome(record.instance_id, record.key, record.taints, record.taints, 0, failure)
 
 

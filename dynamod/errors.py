@@ -42,6 +42,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     ├── PromptWorkerError                       a large prompt could not UNAVAILABLE
     │                                           be prepared now (its workers are busy or
     │                                           one failed); retryable
+    ├── RemoteError                             another process's error of a class
+    │                                           this one does not know
     ├── UnreachableError (ConnectionError)      the daemon cannot be reached at all
     └── ListenError (OSError)                   a listener cannot be bound (address in use)
 
@@ -57,13 +59,84 @@ retry. Messages are whole sentences that show the offending value and, when know
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
 
 class DynamoError(Exception):
-    """Base of every error raised on purpose by this project."""
+    """Base of every error raised on purpose by this project.
+
+    ``fields()`` are the constructor's arguments: ``type(error)(**error.fields())`` builds
+    the same error again, with the same message. That is how an error crosses the wire
+    (``api/status.py``) and reaches a Python caller of ``dynamod.client`` whole: a class
+    whose constructor takes more than a message says so by overriding ``fields``."""
 
     retryable: bool = False
     code: str = "INTERNAL"
     """The gRPC status code name this error travels as (see the tree above)."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+
+    def fields(self) -> dict[str, object]:
+        """The arguments that rebuild this error through its constructor."""
+        return {"message": str(self)}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled (to and from the prompt worker processes) through the constructor too.
+        return (_rebuilt, (type(self), self.fields()))
+
+
+def _rebuilt(cls: type[DynamoError], fields: dict[str, Any]) -> DynamoError:
+    return cls(**fields)
+
+
+def lineage(error: DynamoError) -> str:
+    """``error``'s class and its ancestors up to ``DynamoError``, by name: what a process
+    that may not know the class itself needs to rebuild the nearest one it knows."""
+    return " ".join(c.__name__ for c in type(error).__mro__ if issubclass(c, DynamoError))
+
+
+def rebuild(names: str, fields: Mapping[str, Any], message: str) -> DynamoError:
+    """The error another process raised, from its ``lineage`` and ``fields()``: the first
+    class of the lineage this process knows, built through its constructor (with the
+    fields it takes, and the message);
+    ``RemoteError`` when it knows none of them."""
+    known = _classes()
+    for name in names.split():
+        cls = known.get(name)
+        if cls is None:
+            continue
+        try:
+            return cls(**_arguments(cls, fields, message))
+        except TypeError:  # an ancestor that needs a field the sender did not have
+            continue
+    return RemoteError(message)
+
+
+def _arguments(cls: type[DynamoError], fields: Mapping[str, Any], message: str) -> dict[str, Any]:
+    """The fields ``cls``'s constructor takes (an ancestor takes fewer than the class that
+    was raised), and the message where it takes one that the fields do not give."""
+    parameters = inspect.signature(cls).parameters
+    arguments = {name: value for name, value in fields.items() if name in parameters}
+    if "message" in parameters and "message" not in arguments:
+        arguments["message"] = message
+    return arguments
+
+
+def _classes() -> dict[str, type[DynamoError]]:
+    found: dict[str, type[DynamoError]] = {}
+    pending: list[type[DynamoError]] = [DynamoError]
+    while pending:
+        cls = pending.pop()
+        found.setdefault(cls.__name__, cls)
+        pending.extend(cls.__subclasses__())
+    return found
+
+
+class RemoteError(DynamoError):
+    """Another process reported an error of a class this one does not know."""
 
 
 def code_name(error: BaseException) -> str:
@@ -99,6 +172,9 @@ class TaintError(InvalidInputError):
         self.taint = taint
         self.rule = rule
 
+    def fields(self) -> dict[str, object]:
+        return {"taint": self.taint, "rule": self.rule}
+
 
 class TaintLimitError(InvalidInputError):
     """An update would leave a worker more taints, or more bytes of them, than the limit
@@ -120,6 +196,10 @@ class ImmutableFieldError(InvalidInputError):
         message = f"worker record field {field!r} is immutable after registration"
         super().__init__(f"{message}; {detail}" if detail else message)
         self.field = field
+        self.detail = detail
+
+    def fields(self) -> dict[str, object]:
+        return {"field": self.field, "detail": self.detail}
 
 
 class SelectorError(InvalidInputError):
@@ -147,6 +227,9 @@ class KeyNotFoundError(NotFoundError):
         super().__init__(f"key {key!r} does not exist")
         self.key = key
 
+    def fields(self) -> dict[str, object]:
+        return {"key": self.key}
+
 
 class WorkerNotFoundError(NotFoundError):
     """No worker matches the id or id prefix."""
@@ -154,6 +237,9 @@ class WorkerNotFoundError(NotFoundError):
     def __init__(self, worker: str, message: str | None = None) -> None:
         super().__init__(message or f"no worker with id {shown(worker)}")
         self.worker = worker
+
+    def fields(self) -> dict[str, object]:
+        return {"worker": self.worker, "message": str(self)}
 
 
 class AmbiguousWorkerError(WorkerNotFoundError):
@@ -166,7 +252,11 @@ class AmbiguousWorkerError(WorkerNotFoundError):
             f"worker id prefix {shown(prefix)} is ambiguous: it matches {len(matches)} workers "
             f"({listed}); give more characters",
         )
+        self.prefix = prefix
         self.matches = matches
+
+    def fields(self) -> dict[str, object]:
+        return {"prefix": self.prefix, "matches": self.matches}
 
 
 class RevisionMismatchError(DynamoError):
@@ -180,20 +270,24 @@ class RevisionMismatchError(DynamoError):
         self.expected = expected
         self.actual = actual
 
+    def fields(self) -> dict[str, object]:
+        return {"key": self.key, "expected": self.expected, "actual": self.actual}
+
 
 class ConflictError(DynamoError):
     """Every compare-and-swap attempt lost a race with another writer. Retry the call.
 
-    ``attempts`` is how many were made (None when rebuilt from a remote answer: the
-    message says it)."""
+    ``attempts`` is how many were made, when the writer counted them."""
 
     code = "ABORTED"
     retryable = True
-    attempts: int | None = None
 
     def __init__(self, message: str, attempts: int | None = None) -> None:
         super().__init__(message)
         self.attempts = attempts
+
+    def fields(self) -> dict[str, object]:
+        return {"message": str(self), "attempts": self.attempts}
 
 
 class StoreError(DynamoError):
@@ -276,6 +370,9 @@ class OversizeError(UpstreamError):
         super().__init__(f"{what} is over its limit of {limit} bytes; the rest was not read")
         self.what = what
         self.limit = limit
+
+    def fields(self) -> dict[str, object]:
+        return {"what": self.what, "limit": self.limit}
 
 
 class PromptWorkerError(DynamoError):

@@ -10,11 +10,13 @@ dynamoctl and to Python programs.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
+from dynamod import errors
 from dynamod.engine_events import EngineLoad
+from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
 from dynamod.records import WorkerRecord, mdcsum
 from dynamod.taints import is_topology
@@ -86,11 +88,22 @@ def id_prefix_length(ids: Iterable[str], minimum: int = ID_PREFIX) -> int:
 
 @dataclass(frozen=True)
 class UpdateFailure:
-    """Why one worker's taint update failed: a status code name (``errors.code_name``) and
-    the error's message."""
+    """Why one worker's taint update failed: a status code name (``errors.code_name``), the
+    error's message, and what rebuilds the error itself (``error()``): its class's
+    ``lineage`` and its ``fields``."""
 
     code: str
     message: str
+    lineage: str = ""
+    fields: Mapping[str, object] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def of(cls, error: DynamoError) -> UpdateFailure:
+        return cls(code_name(error), str(error), errors.lineage(error), error.fields())
+
+    def error(self) -> DynamoError:
+        """The error as the daemon raised it, with its fields."""
+        return errors.rebuild(self.lineage, self.fields, self.message)
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from dynamoctl.targets import (
     AllWorkers,
     DryRun,
     IfRevision,
-    Scope,
     SelectorOption,
     Yes,
     check_all,
-    scope,
+    target,
 )
 
 if TYPE_CHECKING:
     from dynamod.taints import UpdateAction
+    from dynamod.targets import Target
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -67,35 +67,33 @@ Keys = Annotated[
 def _change(
     ctx: typer.Context,
     action: UpdateAction,
-    chosen: Scope,
+    chosen: Target,
     taints: list[str],
     *,
     keys: list[str] | None = None,
-    if_revision: int | None = None,
     dry_run: bool = False,
     yes: bool = False,
 ) -> None:
     if action in ("add", "remove") and not (taints or keys):
         what = "TAINT or --key KEY" if action == "remove" else "TAINT"
         raise UsageError(f"give at least one {what}")
-    if if_revision is not None and chosen.bulk:
-        raise UsageError("--if-revision needs a single worker ID, not -l or --all")
     check_all(chosen, dry_run, yes)
     from dynamoctl import updates
 
-    updates.run(
-        ctx, action, chosen, taints, keys=keys or (),
-        if_revision=if_revision, dry_run=dry_run, yes=yes,
-    )  # fmt: skip
+    updates.run(ctx, action, chosen, taints, keys=keys or (), dry_run=dry_run, yes=yes)
 
 
 def _split(
-    worker: str | None, taints: list[str] | None, selector: str | None, all_workers: bool
-) -> tuple[Scope, list[str]]:
+    worker: str | None,
+    taints: list[str] | None,
+    selector: str | None,
+    all_workers: bool,
+    if_revision: int | None,
+) -> tuple[Target, list[str]]:
     """With -l or --all there is no ID: the first argument is a taint too."""
     if (selector is not None or all_workers) and worker is not None:
-        return scope(None, selector, all_workers), [worker, *(taints or [])]
-    return scope(worker, selector, all_workers), list(taints or [])
+        return target(None, selector, all_workers, if_revision), [worker, *(taints or [])]
+    return target(worker, selector, all_workers, if_revision), list(taints or [])
 
 
 @app.command("set")
@@ -113,8 +111,8 @@ def set_(
 
     The caller-managed taints become exactly TAINT... (none given: cleared); the
     dynamo.topology/ taints stay."""
-    chosen, named = _split(worker, taints, selector, all_workers)
-    _change(ctx, "replace", chosen, named, if_revision=if_revision, dry_run=dry_run, yes=yes)
+    chosen, named = _split(worker, taints, selector, all_workers, if_revision)
+    _change(ctx, "replace", chosen, named, dry_run=dry_run, yes=yes)
 
 
 @app.command()
@@ -131,8 +129,8 @@ def add(
     """Add taints to workers.
 
     Taints already held stay as they are."""
-    chosen, named = _split(worker, taints, selector, all_workers)
-    _change(ctx, "add", chosen, named, if_revision=if_revision, dry_run=dry_run, yes=yes)
+    chosen, named = _split(worker, taints, selector, all_workers, if_revision)
+    _change(ctx, "add", chosen, named, dry_run=dry_run, yes=yes)
 
 
 @app.command()
@@ -150,9 +148,8 @@ def rm(
     """Remove taints from workers.
 
     Exactly TAINT..., and with --key every taint of that key (the part before '=')."""
-    chosen, named = _split(worker, taints, selector, all_workers)
-    _change(ctx, "remove", chosen, named, keys=keys,
-            if_revision=if_revision, dry_run=dry_run, yes=yes)  # fmt: skip
+    chosen, named = _split(worker, taints, selector, all_workers, if_revision)
+    _change(ctx, "remove", chosen, named, keys=keys, dry_run=dry_run, yes=yes)
 
 
 @app.command()
@@ -168,5 +165,5 @@ def clear(
     """Remove every taint of workers.
 
     Every caller-managed taint; the dynamo.topology/ taints stay."""
-    chosen = scope(worker, selector, all_workers)
-    _change(ctx, "clear", chosen, [], if_revision=if_revision, dry_run=dry_run, yes=yes)
+    chosen = target(worker, selector, all_workers, if_revision)
+    _change(ctx, "clear", chosen, [], dry_run=dry_run, yes=yes)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dynamoctl import exits, formats, shells
-from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, scope
+from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, target
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
@@ -137,7 +137,7 @@ def _cordon(
     from dynamoctl import updates
     from dynamod.taints import CORDONED
 
-    chosen = scope(worker, selector, all_workers)
+    chosen = target(worker, selector, all_workers)
     check_all(chosen, dry_run, yes)
     done, already = (
         ("cordoned", "already cordoned") if action == "add" else ("uncordoned", "not cordoned")

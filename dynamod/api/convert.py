@@ -23,6 +23,7 @@ from dynamod.results import (
     WorkerInfo,
 )
 from dynamod.taints import UpdateAction
+from dynamod.targets import Target
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
     "replace": pb.TAINT_ACTION_REPLACE,
@@ -154,16 +155,27 @@ def change_to_pb(change: UpdateOutcome) -> pb.TaintChange:
         changed=change.changed,
     )
     if change.error is not None:
-        message.error.CopyFrom(pb.Status(code=change.error.code, message=change.error.message))
+        message.error.CopyFrom(failure_to_pb(change.error))
     return message
 
 
-def change_from_pb(message: pb.TaintChange) -> UpdateOutcome:
-    error = (
-        UpdateFailure(message.error.code, message.error.message)
-        if message.HasField("error")
-        else None
+def failure_to_pb(failure: UpdateFailure) -> pb.Status:
+    fields = json.dumps(dict(failure.fields))
+    return pb.Status(
+        code=failure.code, message=failure.message, error=failure.lineage, fields=fields
     )
+
+
+def failure_from_pb(message: pb.Status) -> UpdateFailure:
+    try:
+        fields = json.loads(message.fields) if message.fields else {}
+    except ValueError:
+        fields = {}
+    return UpdateFailure(message.code, message.message, message.error, fields)
+
+
+def change_from_pb(message: pb.TaintChange) -> UpdateOutcome:
+    error = failure_from_pb(message.error) if message.HasField("error") else None
     return UpdateOutcome(
         worker=message.worker,
         key=message.key,
@@ -242,3 +254,26 @@ def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
 def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:
     cards: dict[str, ModelCard] = {}
     return [worker_from_pb(m, cards) for m in messages]
+
+
+def target_to_pb(target: Target, request: pb.UpdateTaintsRequest) -> None:
+    """Put ``target`` in ``request``'s ``target`` (and ``expect_revision``)."""
+    if target.worker is not None:
+        request.worker = target.worker
+    elif target.selector is not None:
+        request.selector = target.selector
+    else:
+        request.all = True
+    if target.expect_revision is not None:
+        request.expect_revision = target.expect_revision
+
+
+def target_from_pb(request: pb.UpdateTaintsRequest) -> Target:
+    """The ``Target`` of ``request``; ``InvalidInputError`` when it names none."""
+    which = request.WhichOneof("target")
+    return Target(
+        worker=request.worker if which == "worker" else None,
+        selector=request.selector if which == "selector" else None,
+        all=which == "all" and request.all,
+        expect_revision=request.expect_revision if request.HasField("expect_revision") else None,
+    )

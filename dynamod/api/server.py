@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dynamod.api.service import ServiceContext, add_services
-from dynamod.api.status import status_of
+from dynamod.api.status import fit, status_of, trailers
 from dynamod.errors import ConfigError, DynamoError, ListenError
 from dynamod.settings import DaemonSettings, parse_hostport
 
@@ -69,7 +69,8 @@ class _ReflectionNeedsCredentials(aio.ServerInterceptor):
             try:
                 self.api.identify(context)
             except DynamoError as exc:
-                await context.abort(status_of(exc), str(exc))
+                context.set_trailing_metadata(trailers(exc))
+                await context.abort(status_of(exc), fit(str(exc)))
             async for reply in answer(requests, context):
                 yield reply
 

@@ -23,11 +23,11 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dynamod.api import convert, worker_pages
-from dynamod.api.status import ERROR_KEY, status_of
+from dynamod.api.status import fit, status_of, trailers
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal, Tokens
-from dynamod.control import Control, Target
+from dynamod.control import Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import Subscription
 from dynamod.discovery_events import (
@@ -129,23 +129,14 @@ class ServiceContext:
         self.calls.labels(method, code.name).inc()
         if self.metrics is not None and isinstance(exc, StoreUnavailableError):
             self.metrics.store_errors.labels(method).inc()
-        context.set_trailing_metadata(((ERROR_KEY, type(exc).__name__),))
-        await context.abort(code, _fit(str(exc)))
+        context.set_trailing_metadata(trailers(exc))
+        await context.abort(code, fit(str(exc)))
 
     def end_tails(self) -> None:
         """Draining: end every open event stream so the server can stop."""
         self.draining = True
         for subscription in list(self.tails):
             subscription.close()
-
-
-MAX_DETAILS = 1000  # status details travel in a header; keep far below its 8 KiB limit
-
-
-def _fit(message: str) -> str:
-    if len(message) <= MAX_DETAILS:
-        return message
-    return message[:MAX_DETAILS] + f"... ({len(message)} characters in all)"
 
 
 PAGE_SIZE = 500
@@ -252,7 +243,7 @@ class TaintService(rpc.TaintServiceServicer):
                 tuple(request.taints),
                 tuple(request.keys),
             )
-            target = _target(request)
+            target = convert.target_from_pb(request)
         except InvalidInputError as exc:
             control.audit_refused(caller.name, _asked(request), exc)
             raise
@@ -282,16 +273,6 @@ def _page_size(asked: int) -> int:
             f"page_size {asked} is out of range; use 1 to {MAX_PAGE_SIZE}, or 0 for {PAGE_SIZE}"
         )
     return asked
-
-
-def _target(request: pb.UpdateTaintsRequest) -> Target:
-    which = request.WhichOneof("target")
-    return Target(
-        worker=request.worker if which == "worker" else None,
-        selector=request.selector if which == "selector" else None,
-        all=which == "all" and request.all,
-        expect_revision=request.expect_revision if request.HasField("expect_revision") else None,
-    )
 
 
 class EventService(rpc.EventServiceServicer):

@@ -2,46 +2,79 @@
 error tree in ``dynamod/errors.py`` (each class's ``code``, by name, so the daemon's core
 needs no gRPC import).
 
-The details are the domain message. The server also sends the error's class name as
-trailing metadata (``dynamo-error``), so the client re-raises the very same class; an
-``UNAVAILABLE`` without it came from the transport: the daemon is unreachable.
+An error travels whole. The status carries the code and the message (cut to
+``MAX_DETAILS``); the trailing metadata carries the class (``dynamo-error``: its name, then
+its ancestors' up to ``DynamoError``) and its fields (``dynamo-error-fields-bin``: the
+JSON of ``error.fields()``, the arguments of its constructor). The client rebuilds the
+error through that very constructor, so ``WorkerNotFoundError.worker``,
+``RevisionMismatchError.expected`` / ``.actual`` or ``ConflictError.attempts`` are there
+for a Python caller as they were in the daemon. A class the client does not know becomes
+its nearest known ancestor; an ``UNAVAILABLE`` with no class came from the transport: the
+daemon is unreachable.
+
+Metadata is bounded (gRPC refuses headers over 8 KiB by default), so a field's string is
+cut to ``MAX_FIELD`` characters and a list to ``MAX_ITEMS`` items, as messages quote values
+cut short: an error about a 20 kB taint names the taint's start, not all of it.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
 
 import grpc
 
 from dynamod import errors as e
 
 ERROR_KEY = "dynamo-error"
-
-
-# Classes the client may rebuild from a name; each takes a single message argument there.
-_BY_NAME: dict[str, type[e.DynamoError]] = {
-    cls.__name__: cls
-    for cls in vars(e).values()
-    if isinstance(cls, type) and issubclass(cls, e.DynamoError)
-}
+FIELDS_KEY = "dynamo-error-fields-bin"
+MAX_DETAILS = 1000
+MAX_FIELD = 1000
+MAX_ITEMS = 64
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode[e.code_name(error)]
 
 
-class Remote(e.DynamoError):
-    """Raised by the client when the daemon reports an error of a class we do not know."""
+def fit(message: str) -> str:
+    """``message`` cut to what a status's details may carry."""
+    if len(message) <= MAX_DETAILS:
+        return message
+    return message[:MAX_DETAILS] + f"... ({len(message)} characters in all)"
 
 
-def from_status(code: grpc.StatusCode, details: str, error_name: str | None) -> e.DynamoError:
-    """Rebuild the daemon's error on the client side."""
-    if error_name is None and code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    ):
-        return e.UnreachableError(details)
-    cls = _BY_NAME.get(error_name or "")
-    if cls is None:
-        return Remote(f"{code.name}: {details}")
-    error = cls.__new__(cls)
-    Exception.__init__(error, details)
-    return error
+def trailers(error: e.DynamoError) -> tuple[tuple[str, str | bytes], ...]:
+    """The trailing metadata that carries ``error``'s class and fields."""
+    fields = {name: _bounded(value) for name, value in error.fields().items()}
+    return ((ERROR_KEY, e.lineage(error)), (FIELDS_KEY, json.dumps(fields).encode()))
+
+
+def _bounded(value: object) -> object:
+    if isinstance(value, str):
+        return value if len(value) <= MAX_FIELD else value[:MAX_FIELD]
+    if isinstance(value, list | tuple):
+        return [_bounded(v) for v in value[:MAX_ITEMS]]
+    return value
+
+
+def from_status(code: grpc.StatusCode, details: str, trailing: Sequence[object]) -> e.DynamoError:
+    """Rebuild the daemon's error on the client side from its status and trailers."""
+    metadata: dict[str, object] = {}
+    for item in trailing:
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            metadata[item[0]] = item[1]
+    lineage = metadata.get(ERROR_KEY)
+    if not isinstance(lineage, str):
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            return e.UnreachableError(details)
+        return e.RemoteError(f"{code.name}: {details}")
+    return e.rebuild(lineage, _fields(metadata.get(FIELDS_KEY), details), details)
+
+
+def _fields(raw: object, details: str) -> dict[str, object]:
+    try:
+        fields = json.loads(raw) if isinstance(raw, bytes) else None
+    except ValueError:
+        fields = None
+    return fields if isinstance(fields, dict) else {"message": details}

@@ -21,15 +21,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dynamod.client.async_client import AsyncClient, Worker
+    from dynamod.client.async_client import AsyncClient
     from dynamod.client.blocking import Client
+    from dynamod.client.dynamo_compat import Worker
     from dynamod.client.endpoint import Credentials, default_endpoint, target_of
 
 __all__ = ["AsyncClient", "Client", "Credentials", "Worker", "default_endpoint", "target_of"]
 
 _HOMES = {
     "AsyncClient": "dynamod.client.async_client",
-    "Worker": "dynamod.client.async_client",
+    "Worker": "dynamod.client.dynamo_compat",
     "Client": "dynamod.client.blocking",
     "Credentials": "dynamod.client.endpoint",
     "default_endpoint": "dynamod.client.endpoint",

@@ -7,10 +7,11 @@ What is not given comes from the environment and the config file dynamoctl reads
 classes (``api/status.py``); an endpoint that does not answer raises ``UnreachableError``
 naming it.
 
-Two levels: the Dynamo-style helpers (``workers``, ``update_model_taints``,
-``add_taints``, ``remove_taints``, ``clear_taints``, ``events``) for a worker at a time,
-and the operator API dynamoctl uses (``list_workers``, ``update_taints`` with selectors and
-dry runs, ``stream_update_taints``, ``tail_events``, ``explain``, ``status``).
+One vocabulary, the operator API dynamoctl uses: ``list_workers`` / ``stream_workers`` /
+``get_worker``, ``update_taints`` / ``stream_update_taints`` (a ``TaintUpdate`` for a
+``Target``: one worker, a selector, or all; dry runs), ``tail_events``, ``explain``,
+``status``. NVIDIA Dynamo's one-worker helpers (``update_model_taints``, ``add_taints``,
+...) are a documented compatibility layer on top of it (``dynamo_compat.py``).
 
 A client that is never closed is closed at interpreter exit (``dynamod.client.drain``).
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from typing import Any
@@ -28,12 +28,13 @@ import grpc
 from grpc import aio
 
 from dynamod.api import convert
-from dynamod.api.status import ERROR_KEY, from_status
+from dynamod.api.status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
+from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve, target_of
-from dynamod.errors import ConflictError, DynamoError, UnreachableError
+from dynamod.errors import DynamoError, UnreachableError
 from dynamod.records import ModelCard
 from dynamod.results import (
     EventInfo,
@@ -44,18 +45,13 @@ from dynamod.results import (
     WorkerPage,
 )
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 
-ATTEMPTS = re.compile(r"\((\d+) attempts\)")
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 
-Worker = str | WorkerInfo
-"""A worker as the helpers take it: its id, a unique id prefix, its store key, or a
-``WorkerInfo`` from ``workers()``."""
-
-
-class AsyncClient:
+class AsyncClient(AsyncDynamoHelpers):
     """Async client; use ``async with AsyncClient() as client``.
 
     ``endpoint``, ``credentials`` and ``timeout`` default to what dynamoctl would use
@@ -142,21 +138,12 @@ class AsyncClient:
             raise self._error(exc) from None
 
     def _error(self, exc: aio.AioRpcError) -> DynamoError:
-        trailing = dict(exc.trailing_metadata() or ())
-        name = trailing.get(ERROR_KEY)
-        error = from_status(
-            exc.code(), exc.details() or "", name if isinstance(name, str) else None
-        )
+        error = from_status(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
         if isinstance(error, UnreachableError):
             return UnreachableError(
                 f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
                 "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
             )
-        if isinstance(error, ConflictError):
-            # The daemon's message names the attempts (records.update_taints); the wire
-            # carries no field for them.
-            said = ATTEMPTS.search(str(error))
-            error.attempts = int(said.group(1)) if said else None
         return error
 
     async def list_workers(
@@ -203,33 +190,21 @@ class AsyncClient:
         return convert.worker_from_pb(reply.worker)
 
     async def update_taints(
-        self,
-        update: TaintUpdate,
-        *,
-        worker: str | None = None,
-        selector: str | None = None,
-        all_workers: bool = False,
-        expect_revision: int | None = None,
-        dry_run: bool = False,
+        self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> list[UpdateOutcome]:
-        """Apply ``update`` to a worker, the workers a selector matches, or all of them.
-        Per-worker failures of a bulk update are in each change's ``error``."""
-        request = _update_request(update, worker, selector, all_workers, expect_revision, dry_run)
+        """Apply ``update`` to the ``target``'s workers (one, those a selector matches, or
+        all); with ``dry_run`` compute the outcomes and write nothing. Per-worker failures
+        of a bulk update are in each outcome's ``error``."""
+        request = _update_request(update, target, dry_run)
         reply = await self._call(self._taints.UpdateTaints, request)
         return [convert.change_from_pb(c) for c in reply.results]
 
     async def stream_update_taints(
-        self,
-        update: TaintUpdate,
-        *,
-        worker: str | None = None,
-        selector: str | None = None,
-        all_workers: bool = False,
-        dry_run: bool = False,
+        self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> AsyncGenerator[UpdateOutcome, None]:
         """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
         order): for progress on a bulk update."""
-        request = _update_request(update, worker, selector, all_workers, None, dry_run)
+        request = _update_request(update, target, dry_run)
         call = self._taints.StreamUpdateTaints(
             request, timeout=self.timeout, metadata=self._metadata()
         )
@@ -280,61 +255,6 @@ class AsyncClient:
     async def status(self) -> StatusInfo:
         return convert.status_from_pb(await self._call(self._status.GetStatus, pb.StatusRequest()))
 
-    # Dynamo-style helpers: one worker at a time, its complete taint set back.
-
-    async def workers(
-        self, selector: str | None = None, *, model: str | None = None
-    ) -> list[WorkerInfo]:
-        """The workers the daemon knows, those ``selector`` matches (the ``-l`` language),
-        of ``model`` when given. Each has ``.id``, ``.model`` and ``.taints`` (the complete
-        set the router matches on), ``.caller_taints``, ``.generated_taints``, ``.record``."""
-        found, _ = await self.list_workers(model=model or "", selector=selector or "")
-        return found
-
-    async def worker(self, worker: Worker) -> WorkerInfo:
-        """One worker, by id, unique id prefix or store key."""
-        return await self.get_worker(_ref(worker))
-
-    async def update_model_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
-        """Dynamo's ``update_model_taints``: the worker's caller-managed taints become
-        exactly ``taints`` (an empty collection clears them; the generated
-        ``dynamo.topology/`` taints stay). Returns the worker's complete taint set after."""
-        return await self._one(worker, TaintUpdate.replace(taints))
-
-    async def add_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
-        """Add ``taints``; those already held stay. Returns the complete set after."""
-        return await self._one(worker, TaintUpdate.add(taints))
-
-    async def remove_taints(
-        self, worker: Worker, taints: Iterable[str], *, keys: Iterable[str] = ()
-    ) -> tuple[str, ...]:
-        """Remove exactly ``taints``, and every taint whose key (before ``=``) is in
-        ``keys``. Returns the complete set after."""
-        return await self._one(worker, TaintUpdate.remove(taints, keys))
-
-    async def clear_taints(self, worker: Worker) -> tuple[str, ...]:
-        """Remove every caller-managed taint. Returns the complete set after (the
-        generated ones)."""
-        return await self._one(worker, TaintUpdate.clear())
-
-    async def events(
-        self, since: int | None = None, *, selector: str | None = None
-    ) -> AsyncGenerator[EventInfo, None]:
-        """Discovery events as they happen, until the daemon ends the stream. Without
-        ``since`` a ``RESYNC`` snapshot of the workers comes first; with ``since`` (a
-        revision) the events after it are replayed first, or a ``RESYNC`` when the daemon no
-        longer remembers that far back. Leave the ``async for`` to stop."""
-        async for event in self.tail_events(since=since, selector=selector or ""):
-            yield event
-
-    async def _one(self, worker: Worker, update: TaintUpdate) -> tuple[str, ...]:
-        (change,) = await self.update_taints(update, worker=_ref(worker))
-        return change.after
-
-
-def _ref(worker: Worker) -> str:
-    return worker.id if isinstance(worker, WorkerInfo) else worker
-
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
     try:
@@ -356,26 +276,12 @@ def _list_request(
     )
 
 
-def _update_request(
-    update: TaintUpdate,
-    worker: str | None,
-    selector: str | None,
-    all_workers: bool,
-    expect_revision: int | None,
-    dry_run: bool,
-) -> pb.UpdateTaintsRequest:
+def _update_request(update: TaintUpdate, target: Target, dry_run: bool) -> pb.UpdateTaintsRequest:
     request = pb.UpdateTaintsRequest(
         action=convert.ACTIONS[update.action],
         taints=list(update.taints),
         keys=list(update.keys),
         dry_run=dry_run,
     )
-    if worker is not None:
-        request.worker = worker
-    elif selector is not None:
-        request.selector = selector
-    elif all_workers:
-        request.all = True
-    if expect_revision is not None:
-        request.expect_revision = expect_revision
+    convert.target_to_pb(target, request)
     return request

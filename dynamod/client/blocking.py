@@ -21,17 +21,19 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from dynamod.client import drain
-from dynamod.client.async_client import AsyncClient, Worker
+from dynamod.client.async_client import AsyncClient
+from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve
-from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome, WorkerInfo
+from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 
 T = TypeVar("T")
 RELEASE_SECONDS = 5.0
 """How long closing a stream the caller left may take (its call is cancelled by then)."""
 
 
-class Client:
+class Client(DynamoHelpers):
     """Blocking client; use ``with Client() as client``. Arguments as ``AsyncClient``'s:
     what is not given comes from the environment and dynamoctl's config file."""
 
@@ -107,48 +109,15 @@ class Client:
             future.cancel()
             raise
 
-    # The helpers, as AsyncClient's.
-
-    def workers(self, selector: str | None = None, *, model: str | None = None) -> list[WorkerInfo]:
-        return self._run(self._async.workers(selector, model=model))
-
-    def worker(self, worker: Worker) -> WorkerInfo:
-        return self._run(self._async.worker(worker))
-
-    def update_model_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
-        return self._run(self._async.update_model_taints(worker, taints))
-
-    def add_taints(self, worker: Worker, taints: Iterable[str]) -> tuple[str, ...]:
-        return self._run(self._async.add_taints(worker, taints))
-
-    def remove_taints(
-        self, worker: Worker, taints: Iterable[str], *, keys: Iterable[str] = ()
-    ) -> tuple[str, ...]:
-        return self._run(self._async.remove_taints(worker, taints, keys=keys))
-
-    def clear_taints(self, worker: Worker) -> tuple[str, ...]:
-        return self._run(self._async.clear_taints(worker))
+    @property
+    def aio(self) -> AsyncClient:
+        """The ``AsyncClient`` this client runs on its own loop."""
+        return self._async
 
     def update_taints(
-        self,
-        update: TaintUpdate,
-        *,
-        worker: str | None = None,
-        selector: str | None = None,
-        all_workers: bool = False,
-        expect_revision: int | None = None,
-        dry_run: bool = False,
+        self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> list[UpdateOutcome]:
-        return self._run(
-            self._async.update_taints(
-                update,
-                worker=worker,
-                selector=selector,
-                all_workers=all_workers,
-                expect_revision=expect_revision,
-                dry_run=dry_run,
-            )
-        )
+        return self._run(self._async.update_taints(update, target, dry_run=dry_run))
 
     def explain(
         self,
@@ -165,12 +134,9 @@ class Client:
     def status(self) -> StatusInfo:
         return self._run(self._async.status())
 
-    def events(
-        self, since: int | None = None, *, selector: str | None = None
-    ) -> Iterator[EventInfo]:
-        """Discovery events as they happen (see ``AsyncClient.events``); leave the ``for``
-        loop (or close the iterator) to stop."""
-        stream = self._async.events(since, selector=selector)
+    def _iterate(self, stream: AsyncGenerator[EventInfo, None]) -> Iterator[EventInfo]:
+        """The events of ``stream``, each fetched on the client's loop; the stream is
+        closed when the caller leaves the ``for`` loop (or closes the iterator)."""
         try:
             while True:
                 try:

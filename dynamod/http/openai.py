@@ -56,13 +56,8 @@ class FieldError(InvalidInputError):
         self.param = param
         self.status = status
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Raised in the prompt workers' processes too (``dynamod/prompts``): it must pickle.
-        return (_field_error, (self.param, str(self), self.status))
-
-
-def _field_error(param: str | None, message: str, status: int) -> FieldError:
-    return FieldError(param, message, status=status)
+    def fields(self) -> dict[str, object]:
+        return {"param": self.param, "message": str(self), "status": self.status}
 
 
 def brief(value: object, limit: int = 80) -> str:

@@ -20,6 +20,7 @@ import pytest
 
 from dynamod.client import AsyncClient
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.cli.conftest import Cluster, Lines
 from tests.procs import BAD_STDERR, dynamoctl
 
@@ -55,7 +56,7 @@ class Churn:
                 update = (
                     TaintUpdate.add(churn) if self.changes % 2 == 0 else TaintUpdate.remove(churn)
                 )
-                await client.update_taints(update, worker=self.worker)
+                await client.update_taints(update, Target(worker=self.worker))
                 self.changes += 1
                 await asyncio.sleep(0.02)  # pacing, not polling: one change per 20 ms
 

@@ -16,6 +16,7 @@ import pytest
 from dynamod.client import AsyncClient
 from dynamod.errors import TaintError
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.cli.conftest import Cli, Cluster, on_terminal, start_cluster
 from tests.procs import dynamoctl
 from tests.servers import free_port
@@ -133,7 +134,7 @@ def daemon_message(fleet: Fleet, taint: str) -> str:
     async def ask() -> str:
         async with AsyncClient(fleet.cli.endpoint) as client:
             try:
-                await client.update_taints(TaintUpdate.add([taint]), worker=fleet.solo)
+                await client.update_taints(TaintUpdate.add([taint]), Target(worker=fleet.solo))
             except TaintError as exc:
                 return str(exc)
         raise AssertionError(f"dynamod accepted {taint!r}")

@@ -30,6 +30,7 @@ from dynamod.store import Store, open_store
 from dynamod.store.base import LeaseArg
 from dynamod.store.memory import MemoryStore
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.conftest import backend_url
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
 
@@ -101,15 +102,15 @@ async def test_get_worker_by_id_prefix_and_key(
 
 
 async def test_update_taints_on_one_worker(client: AsyncClient, api_store: Store) -> None:
-    (change,) = await client.update_taints(TaintUpdate.add(["pool=b"]), worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.add(["pool=b"]), Target(worker="aa01"))
     assert change.after == ("capacity/fast", "dynamo.topology/zone=a", "pool=b")
     assert (change.added, change.removed) == (("pool=b",), ())
-    (change,) = await client.update_taints(TaintUpdate.replace(["x"]), worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.replace(["x"]), Target(worker="aa01"))
     assert change.after == ("dynamo.topology/zone=a", "x")
     assert set(change.removed) == {"capacity/fast", "pool=b"}
-    (change,) = await client.update_taints(TaintUpdate.remove([], ["x"]), worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.remove([], ["x"]), Target(worker="aa01"))
     assert change.after == ("dynamo.topology/zone=a",)
-    (change,) = await client.update_taints(TaintUpdate.clear(), worker="aa01")
+    (change,) = await client.update_taints(TaintUpdate.clear(), Target(worker="aa01"))
     assert not change.changed
     entry = await api_store.get(change.key)
     assert entry is not None
@@ -122,53 +123,61 @@ async def test_invalid_and_reserved_taints_are_invalid_argument(
 ) -> None:
     before = await api_store.list("")
     with pytest.raises(TaintError) as caught:
-        await client.update_taints(TaintUpdate.add(["dynamo.topology/zone=b"]), worker="aa01")
+        await client.update_taints(
+            TaintUpdate.add(["dynamo.topology/zone=b"]), Target(worker="aa01")
+        )
     assert str(caught.value) == RESERVED
     with pytest.raises(TaintError, match="has leading or trailing whitespace"):
-        await client.update_taints(TaintUpdate.replace(["bad taint "]), selector="model=llama")
+        await client.update_taints(
+            TaintUpdate.replace(["bad taint "]), Target(selector="model=llama")
+        )
     with pytest.raises(TaintError, match=r"looks like reserved prefix 'dynamo\.topology/'"):
-        await client.update_taints(TaintUpdate.add(["Dynamo.Topology/zone=b"]), worker="aa01")
+        await client.update_taints(
+            TaintUpdate.add(["Dynamo.Topology/zone=b"]), Target(worker="aa01")
+        )
     with pytest.raises(InvalidInputError, match="add needs at least one taint"):
-        await client.update_taints(TaintUpdate.add([]), worker="aa01")
+        await client.update_taints(TaintUpdate.add([]), Target(worker="aa01"))
     assert (await api_store.list(""))[0] == before[0]
 
 
 async def test_unknown_worker_is_not_found(client: AsyncClient) -> None:
     with pytest.raises(WorkerNotFoundError):
-        await client.update_taints(TaintUpdate.add(["a"]), worker="ffff")
+        await client.update_taints(TaintUpdate.add(["a"]), Target(worker="ffff"))
 
 
 async def test_stale_expected_revision_is_failed_precondition(client: AsyncClient) -> None:
     worker = await client.get_worker("aa01")
-    await client.update_taints(TaintUpdate.add(["a"]), worker="aa01")
+    await client.update_taints(TaintUpdate.add(["a"]), Target(worker="aa01"))
     with pytest.raises(RevisionMismatchError, match=f"not the expected revision {worker.revision}"):
         await client.update_taints(
-            TaintUpdate.add(["b"]), worker="aa01", expect_revision=worker.revision
+            TaintUpdate.add(["b"]), Target(worker="aa01", expect_revision=worker.revision)
         )
     fresh = await client.get_worker("aa01")
     (change,) = await client.update_taints(
-        TaintUpdate.add(["b"]), worker="aa01", expect_revision=fresh.revision
+        TaintUpdate.add(["b"]), Target(worker="aa01", expect_revision=fresh.revision)
     )
     assert "b" in change.after
 
 
 async def test_bulk_update_by_selector_and_all(client: AsyncClient) -> None:
-    changes = await client.update_taints(TaintUpdate.add(["maint"]), selector="capacity/fast")
+    changes = await client.update_taints(
+        TaintUpdate.add(["maint"]), Target(selector="capacity/fast")
+    )
     assert sorted(c.worker for c in changes) == ["aa01", "bb01"]
     assert all(c.error is None and c.added == ("maint",) for c in changes)
-    changes = await client.update_taints(TaintUpdate.remove(["maint"]), all_workers=True)
+    changes = await client.update_taints(TaintUpdate.remove(["maint"]), Target(all=True))
     assert sorted(c.worker for c in changes) == ["aa01", "aa02", "bb01"]
     assert sum(c.changed for c in changes) == 2
     with pytest.raises(InvalidInputError, match="needs a single worker"):
         await client.update_taints(
-            TaintUpdate.add(["a"]), selector="capacity/fast", expect_revision=1
+            TaintUpdate.add(["a"]), Target(selector="capacity/fast", expect_revision=1)
         )
 
 
 async def test_dry_run_writes_nothing(client: AsyncClient, api_store: Store) -> None:
     before = await api_store.list("")
     (change,) = await client.update_taints(
-        TaintUpdate.replace(["new"]), worker="aa02", dry_run=True
+        TaintUpdate.replace(["new"]), Target(worker="aa02"), dry_run=True
     )
     assert change.after == ("new",)
     assert change.removed == ("capacity/slow", "pool=batch")
@@ -176,11 +185,11 @@ async def test_dry_run_writes_nothing(client: AsyncClient, api_store: Store) -> 
 
 
 async def test_every_mutation_writes_one_audit_line(client: AsyncClient, daemon: Daemon) -> None:
-    await client.update_taints(TaintUpdate.add(["a"]), worker="aa01")
-    await client.update_taints(TaintUpdate.add(["b"]), selector="model=llama")
-    await client.update_taints(TaintUpdate.add(["c"]), worker="aa01", dry_run=True)
+    await client.update_taints(TaintUpdate.add(["a"]), Target(worker="aa01"))
+    await client.update_taints(TaintUpdate.add(["b"]), Target(selector="model=llama"))
+    await client.update_taints(TaintUpdate.add(["c"]), Target(worker="aa01"), dry_run=True)
     with pytest.raises(TaintError):
-        await client.update_taints(TaintUpdate.add(["bad\ttaint"]), worker="aa01")
+        await client.update_taints(TaintUpdate.add(["bad\ttaint"]), Target(worker="aa01"))
     assert daemon.settings.audit_log is not None
     lines = [json.loads(line) for line in daemon.settings.audit_log.read_text().splitlines()]
     summary = [(line["worker"], line["action"], line["taints"]) for line in lines]
@@ -212,8 +221,8 @@ async def test_tail_events_live_and_replayed(client: AsyncClient) -> None:
         async with asyncio.TaskGroup() as group:
             group.create_task(tail())
             await started.wait()
-            await client.update_taints(TaintUpdate.add(["other"]), worker="bb01")
-            await client.update_taints(TaintUpdate.add(["live"]), worker="aa02")
+            await client.update_taints(TaintUpdate.add(["other"]), Target(worker="bb01"))
+            await client.update_taints(TaintUpdate.add(["live"]), Target(worker="aa02"))
     assert events[0].kind == "RESYNC"
     assert [w.id for w in events[0].workers] == ["aa01", "aa02"]
     assert (events[-1].kind, events[-1].added, events[-1].worker and events[-1].worker.id) == (
@@ -291,8 +300,10 @@ async def test_lost_races_are_aborted(tmp_path: Path) -> None:
     async with running_daemon(store, settings), client_for(settings) as client:
         store.racing = True
         with pytest.raises(ConflictError, match="8 attempts"):
-            await client.update_taints(TaintUpdate.add(["a"]), worker="cc01")
-        (change,) = await client.update_taints(TaintUpdate.add(["a"]), selector="model=llama")
+            await client.update_taints(TaintUpdate.add(["a"]), Target(worker="cc01"))
+        (change,) = await client.update_taints(
+            TaintUpdate.add(["a"]), Target(selector="model=llama")
+        )
         assert change.error is not None
         assert change.error.code == "ABORTED"
     await store.aclose()

@@ -17,6 +17,7 @@ import pytest
 from dynamod.client import AsyncClient, Credentials
 from dynamod.errors import PermissionDeniedError, UnauthenticatedError, UnreachableError
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.procs import daemon, running, worker
 from tests.servers import free_port
 
@@ -204,7 +205,7 @@ async def test_access_control_over_tcp(shared_store_url: str, tmp_path: Path) ->
         endpoint = f"127.0.0.1:{port}"
         async with AsyncClient(endpoint) as anonymous:
             with pytest.raises(UnauthenticatedError, match="a bearer token is required on TCP"):
-                await anonymous.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
+                await anonymous.update_taints(TaintUpdate.add(["capacity/x"]), Target(worker=wid))
             with pytest.raises(UnauthenticatedError):
                 await anonymous.list_workers()
         async with AsyncClient(endpoint, credentials=Credentials(token="nope-nope")) as wrong:
@@ -215,16 +216,20 @@ async def test_access_control_over_tcp(shared_store_url: str, tmp_path: Path) ->
         ) as viewer:
             assert len((await viewer.list_workers())[0]) == 1
             with pytest.raises(PermissionDeniedError, match="'viewer' has read-only access"):
-                await viewer.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
+                await viewer.update_taints(TaintUpdate.add(["capacity/x"]), Target(worker=wid))
         async with AsyncClient(
             endpoint, credentials=Credentials(token="scaler-secret-1")
         ) as scaler:
-            (change,) = await scaler.update_taints(TaintUpdate.add(["capacity/x"]), worker=wid)
+            (change,) = await scaler.update_taints(
+                TaintUpdate.add(["capacity/x"]), Target(worker=wid)
+            )
             assert "capacity/x" in change.after
             with pytest.raises(PermissionDeniedError, match="'pool=a' is outside them"):
-                await scaler.update_taints(TaintUpdate.replace(["capacity/y"]), worker=wid)
+                await scaler.update_taints(TaintUpdate.replace(["capacity/y"]), Target(worker=wid))
         async with AsyncClient(endpoint, credentials=Credentials(token="admin-secret-1")) as admin:
-            (change,) = await admin.update_taints(TaintUpdate.replace(["capacity/y"]), worker=wid)
+            (change,) = await admin.update_taints(
+                TaintUpdate.replace(["capacity/y"]), Target(worker=wid)
+            )
             assert change.after == ("capacity/y",)
         assert await proc.stop() == 0
     lines = [json.loads(x) for x in (tmp_path / "audit.log").read_text().splitlines()]
@@ -276,7 +281,9 @@ async def test_two_replicas_on_one_etcd_both_see_a_taint_change_and_route_by_it(
         running(replicas[1]),
     ):
         async with AsyncClient(f"unix://{socks[0]}") as client:
-            await client.update_taints(TaintUpdate.replace(["capacity/fast"]), worker=w.field("id"))
+            await client.update_taints(
+                TaintUpdate.replace(["capacity/fast"]), Target(worker=w.field("id"))
+            )
         for replica, sock in zip(replicas, socks, strict=True):
             async with AsyncClient(f"unix://{sock}") as client, asyncio.timeout(10):
                 await _wait_taint(client, w.field("id"), "capacity/fast")

@@ -21,6 +21,7 @@ from dynamod.client import AsyncClient
 from dynamod.errors import StoreError, StoreUnavailableError
 from dynamod.store import KEEP, Put, Resync, Store, check_url, keep_alive, open_store
 from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from tests.conftest import servers_required, start_server
 from tests.natsauth import Key, Operator
 from tests.pki import Pki, make_pki
@@ -140,7 +141,9 @@ async def test_dynamod_and_a_worker_run_on_the_secured_etcd(
         assert "workers=1" in proc.ready_line
         async with AsyncClient(f"unix://{socket}", timeout=10) as client:
             (found,), _ = await client.list_workers()
-            (change,) = await client.update_taints(TaintUpdate.add(["pool=tls"]), worker=found.id)
+            (change,) = await client.update_taints(
+                TaintUpdate.add(["pool=tls"]), Target(worker=found.id)
+            )
             assert change.error is None and "pool=tls" in change.after
     assert "s3cret" not in proc.stderr
 
