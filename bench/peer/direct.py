@@ -74,7 +74,7 @@ class Direct:
 
 
 async def serve(instance: int, tokens: int) -> None:
-    lines = asyncio.StreamReader()
+    lines = asyncio.StreamReader(limit=64 * 1024 * 1024)  # a long prompt's ids on one line
     loop = asyncio.get_running_loop()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(lines), sys.stdin)
     prompt = json.loads(await lines.readline())

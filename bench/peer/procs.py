@@ -27,6 +27,11 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+LINE_LIMIT = 64 * 1024 * 1024
+"""The longest line read from a helper's stdout: one answer carries every latency sample of
+a measure (asyncio's default of 64 KiB was too short for a closed-loop run)."""
+
+
 class Detached:
     """One foreign process, in its own session; see the module docstring."""
 
@@ -54,6 +59,7 @@ class Detached:
                 cwd=self.log.parent,
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
+                limit=LINE_LIMIT,
             )
 
     async def ask(self, line: str) -> str:

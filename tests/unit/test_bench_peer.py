@@ -156,3 +156,14 @@ async def test_stopping_a_detached_process_kills_its_whole_group(tmp_path: Path)
         assert os.getpgid(grandchild) == proc.pid  # its own session: one group
         assert await proc.stop(grace=0.2) == -signal.SIGKILL
     assert await dead(grandchild)
+
+
+async def test_a_helpers_answer_may_be_far_longer_than_asyncios_line_limit(
+    tmp_path: Path,
+) -> None:
+    """A closed-loop measure answers with every latency sample on one line: megabytes."""
+    echo = "import sys\nfor line in sys.stdin:\n    print('x' * 2_000_000, flush=True)\n"
+    proc = Detached("talker", [sys.executable, "-c", echo], os.environ, tmp_path / "log", talk=True)
+    async with detached(proc):
+        answer = await proc.ask("go")
+    assert len(answer) == 2_000_001
