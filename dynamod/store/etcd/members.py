@@ -35,6 +35,9 @@ CHANNEL_OPTIONS: Final = (
     ("grpc.http2.max_pings_without_data", 0),
     # A list of many worker records can exceed gRPC's 4 MiB default.
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    # Each store connects on its own: gRPC's process-wide subchannel pool would share one
+    # connection (and its reconnect timer) between every store of a process to a member.
+    ("grpc.use_local_subchannel_pool", 1),
 )
 
 

@@ -7,12 +7,12 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final, Self
 
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
+from nats.aio.client import Client, Server
 from nats.js import JetStreamContext, api
 
 from dynamod.backoff import Backoff
@@ -37,7 +37,10 @@ from dynamod.tasks import cancel_and_wait, race
 
 log = logging.getLogger(__name__)
 
-RECONNECT_WAIT: Final = 0.5
+RECONNECT_FIRST: Final = 0.1
+RECONNECT_MAX: Final = 2.0
+"""Bounds of the back-off between attempts to reconnect to NATS (``dynamod.backoff``): a
+fleet that lost its server reconnects spread over the window, not in lockstep."""
 PING_INTERVAL: Final = 5
 BACKOFF_FIRST: Final = 0.05
 BACKOFF_MAX: Final = 2.0
@@ -65,6 +68,7 @@ class NatsStore(Store):
         self._last_error = ""
         self._refusal = ""
         self._refused_event = asyncio.Event()
+        self._reconnects = Backoff(RECONNECT_FIRST, RECONNECT_MAX)
 
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
@@ -280,7 +284,7 @@ class NatsStore(Store):
             # spread processes over a cluster by ordering their URLs.
             "dont_randomize": True,
             "connect_timeout": max(1, math.ceil(self.timeout)),
-            "reconnect_time_wait": RECONNECT_WAIT,
+            "reconnect_to_server_handler": self._next_server,
             "max_reconnect_attempts": -1,
             "ping_interval": PING_INTERVAL,
             "max_outstanding_pings": 2,
@@ -311,8 +315,20 @@ class NatsStore(Store):
                 deadline.reschedule(now)  # calls in flight fail now, not at their deadline
         self._consumers.signal(_LOST)
 
+    def _next_server(self, servers: Sequence[Server], info: object) -> tuple[Server, float]:
+        """nats-py asks where to reconnect and how long to wait first: the server tried
+        least (URL order breaks ties), after the next delay of the one back-off."""
+        # nats-py reuses one transport for every attempt and opens the next socket on it
+        # without closing the one a failed handshake left (a server that accepts and then
+        # closes): close it here, or each such attempt leaks a socket.
+        transport = self._nc._transport
+        if transport is not None:
+            transport.close()  # type: ignore[no-untyped-call]  # nats-py is untyped here
+        return min(servers, key=lambda server: server.reconnects), self._reconnects.delay()
+
     async def _on_reconnect(self) -> None:
         log.info("store %s reconnected to NATS", self.url)
+        self._reconnects.reset()
         self._connected.set()
         self._consumers.signal(_BACK)
 
