@@ -27,6 +27,12 @@ ENGINE_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per engine: plenty for the tiny model
     "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+    # One compute thread per engine, idle threads asleep: by default each engine binds an
+    # OpenMP thread to every core and spins, and three engines took two cores to a load
+    # average of 40, starving the workers, the daemon and the test itself.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "OMP_WAIT_POLICY": "PASSIVE",
 }
 LEASE_TTL = "10"
 """The workers' lease: three engines busy on two cores starve the workers' event loops for
