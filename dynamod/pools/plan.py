@@ -133,12 +133,13 @@ def plan(
     )
 
 
-def first_moves(plan: Plan, budget: int) -> tuple[Move, ...]:
-    """The first ``budget`` moves of ``plan`` in priority order: workers serving no pool
-    (joined, then fixup), then drift put back, then rebalance in the leavers' order (least
-    in flight, fewest cached blocks, stable hash). Any prefix is safe to apply alone: each
-    move only fills a pool that is under its count."""
-    return plan.moves[: max(budget, 0)]
+def first_moves(plan: Plan, budget: int | None) -> tuple[Move, ...]:
+    """The first ``budget`` moves of ``plan`` (all of them when ``budget`` is None, as
+    ``MoveBudget.allowed`` says without a budget), in priority order: workers serving no
+    pool (joined, then fixup), then drift put back, then rebalance in the leavers' order
+    (least in flight, fewest cached blocks, stable hash). Any prefix is safe to apply
+    alone: each move only fills a pool that is under its count."""
+    return plan.moves if budget is None else plan.moves[: max(budget, 0)]
 
 
 @functools.lru_cache(maxsize=1 << 16)
