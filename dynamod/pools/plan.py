@@ -14,8 +14,9 @@ Who moves
     several, plus drift put back: the fewest possible. A pool gives up first the workers
     that need a write anyway (drifted), then those with the least work in flight, then the
     fewest cached prefix blocks, then the smallest stable hash of (policy, worker id)
-    (SHA-256; Python's ``hash`` differs per process). Placed workers, in worker id order,
-    then leavers, in that order, fill the short pools in sorted taint order.
+    (``rank``: BLAKE2b; Python's ``hash`` differs per process). The placed workers by id,
+    then the leavers by (in flight, cached blocks, id), fill the short pools in sorted
+    taint order.
 
 Not routable
     A worker that is unhealthy, cordoned or draining is neither counted nor moved: its
@@ -28,10 +29,11 @@ A ``Move`` means: the worker's pool taints of this policy become exactly ``to_po
 
 from __future__ import annotations
 
-import functools
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Final, Literal, NamedTuple
 
@@ -136,21 +138,37 @@ def plan(
 def first_moves(plan: Plan, budget: int | None) -> tuple[Move, ...]:
     """The first ``budget`` moves of ``plan`` (all of them when ``budget`` is None, as
     ``MoveBudget.allowed`` says without a budget), in priority order: workers serving no
-    pool (joined, then fixup), then drift put back, then rebalance in the leavers' order
-    (least in flight, fewest cached blocks, stable hash). Any prefix is safe to apply
-    alone: each move only fills a pool that is under its count."""
+    pool (joined, then fixup), then drift put back, each by worker id, then rebalance by
+    least in flight, fewest cached blocks, worker id. Any prefix is safe to apply alone:
+    each move only fills a pool that is under its count."""
     return plan.moves if budget is None else plan.moves[: max(budget, 0)]
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def rank(policy: str, worker: str) -> bytes:
-    """The stable tie-break of (policy, worker): the first 8 bytes of a SHA-256, the same
-    on every machine and run. Cached: a fleet's ranks do not change between plans."""
-    data = f"{len(policy)}:{policy}{worker}".encode("utf-8", "surrogatepass")
-    return hashlib.sha256(data).digest()[:8]
+def rank(policy: str, worker: str) -> str:
+    """The stable tie-break of (policy, worker): an 8-byte BLAKE2b of both, in hex, the
+    same on every machine and run (hashlib's; Python's ``hash`` differs per process)."""
+    return _rank_key(policy)(OwnedWorker(worker))[:16]
 
 
-_load = attrgetter("in_flight", "cached_blocks")
+def _rank_key(policy: str) -> Callable[[OwnedWorker], str]:
+    """A sort key by ``rank``, then worker id (the hex has a fixed width, so one string
+    compares both). The policy's part of the hash is computed once and copied, cheaper
+    than hashing anew for thousands of tied workers; the name is length-prefixed, so no
+    two (policy, worker) pairs feed the hash the same bytes."""
+    base = hashlib.blake2b(
+        f"{len(policy)}:{policy}".encode("utf-8", "surrogatepass"), digest_size=8
+    )
+
+    def key(worker: OwnedWorker) -> str:
+        digest = base.copy()
+        digest.update(worker.worker.encode("utf-8", "surrogatepass"))
+        return digest.hexdigest() + worker.worker
+
+    return key
+
+
+_LOAD_KEYS = (attrgetter("in_flight"), attrgetter("cached_blocks"))
+_leaver_order = attrgetter("in_flight", "cached_blocks", "worker")
 _worker_id = attrgetter("worker")
 
 
@@ -182,7 +200,7 @@ class _Group:
         places = iter(gaps)
         out.place(self.joined, "joined", places)
         out.place(self.fixup, "fixup", places)
-        for worker in sorted(leaving, key=out.leaver_order):
+        for worker in sorted(leaving, key=_leaver_order):
             out.add(worker, next(places), self._why(worker))
         if self.drifted:
             self._put_back({w.worker for w in leaving}, out)
@@ -199,8 +217,7 @@ class _Group:
 
     def _leavers(self, bucket: list[OwnedWorker], surplus: int, policy: str) -> list[OwnedWorker]:
         """The ``surplus`` workers of ``bucket`` that leave: drifted ones first (they need
-        a write anyway), then by load; the stable hash only decides among the workers tied
-        at the cut (hashing them all would double a plan's time at 10,000 workers)."""
+        a write anyway), then the least loaded."""
         drifted = [w for w in bucket if w.worker in self.drifted] if self.drifted else []
         if len(drifted) >= surplus:
             return sorted(drifted, key=_worker_id)[:surplus]
@@ -209,18 +226,24 @@ class _Group:
 
 
 def _least_loaded(workers: list[OwnedWorker], count: int, policy: str) -> list[OwnedWorker]:
-    ordered = sorted(workers, key=_load)
-    cut = _load(ordered[count - 1])
-    low = count - 1
-    while low > 0 and _load(ordered[low - 1]) == cut:
-        low -= 1
-    high = count
-    while high < len(ordered) and _load(ordered[high]) == cut:
-        high += 1
-    if high == count:
-        return ordered[:count]
-    tied = sorted(ordered[low:high], key=lambda w: (rank(policy, w.worker), w.worker))
-    return ordered[:low] + tied[: count - low]
+    """The ``count`` workers with the least in flight, then the fewest cached blocks, then
+    the smallest ``rank``. One sort per key, each over the workers still tied at the cut
+    only: the hash is computed for the last ones tied, and a whole fleet of ties (an idle
+    fleet) costs one hash per worker, never more."""
+    chosen: list[OwnedWorker] = []
+    tied = workers
+    for key in _LOAD_KEYS:
+        ordered = sorted(tied, key=key)
+        need = count - len(chosen)
+        cut = key(ordered[need - 1])
+        low = bisect_left(ordered, cut, key=key)
+        high = bisect_right(ordered, cut, lo=need - 1, key=key)
+        chosen += ordered[:low]
+        if high == need:
+            return chosen + ordered[low:need]
+        tied = ordered[low:high]
+    tied.sort(key=_rank_key(policy))
+    return chosen + tied[: count - len(chosen)]
 
 
 class _Moves:
@@ -235,9 +258,8 @@ class _Moves:
         """Workers holding none or several pools, in worker id order, into the next places
         (inline: a fleet that starts at once places every worker)."""
         workers.sort(key=_worker_id)
-        moves = self.by_why[why]
-        for worker in workers:
-            moves.append(Move(worker.worker, None, next(places), why))
+        ids = map(_worker_id, workers)  # first: zip stops there, before taking a place
+        self.by_why[why] += map(Move._make, zip(ids, repeat(None), places, repeat(why)))
 
     def add(self, worker: OwnedWorker, to: str, why: Why) -> None:
         held = worker.pools[0] if len(worker.pools) == 1 else None
@@ -247,28 +269,20 @@ class _Moves:
         if why == "rebalance":
             self.load[worker.worker] = (worker.in_flight, worker.cached_blocks)
 
-    def leaver_order(self, worker: OwnedWorker) -> tuple[int, int, bytes, str]:
-        return (
-            worker.in_flight,
-            worker.cached_blocks,
-            rank(self.policy, worker.worker),
-            worker.worker,
-        )
-
     def ordered(self, merge: bool) -> tuple[Move, ...]:
-        """Joined, fixup, drift by worker id; rebalance in the leavers' order. One group's
-        lists are in order already; several groups' are merged."""
+        """Joined, fixup, drift by worker id; rebalance by (in flight, cached blocks, id).
+        One group's lists are in order already; several groups' are merged."""
         if merge:
             for why in ("joined", "fixup", "drift"):
                 self.by_why[why].sort(key=_worker_id)
             self.by_why["rebalance"].sort(key=self._rebalance_order)
         else:
             self.by_why["drift"].sort(key=_worker_id)
-        return tuple(move for why in WHYS for move in self.by_why[why])
+        return tuple(chain.from_iterable(self.by_why[why] for why in WHYS))
 
-    def _rebalance_order(self, move: Move) -> tuple[int, int, bytes, str]:
+    def _rebalance_order(self, move: Move) -> tuple[int, int, str]:
         in_flight, cached = self.load[move.worker]
-        return (in_flight, cached, rank(self.policy, move.worker), move.worker)
+        return (in_flight, cached, move.worker)
 
 
 class _Fleet:
