@@ -10,6 +10,8 @@ routable (cordoned, draining or unhealthy):
 
 * ``balanced`` — 40/60 over a fleet already at 40/60: no moves (what every re-plan on a
   heartbeat costs);
+* ``balanced, assigned`` — the same, with the leader's memory of what it assigned to every
+  worker (``plan(assigned=...)``), which is how a reconciler calls it (drift is looked for);
 * ``40/60→50/50`` — a weight change: a tenth of the fleet moves, chosen by load;
 * ``idle 40/60→50/50`` — the same on an idle fleet (every worker at 0 in flight, 0
   blocks): every worker of the shrinking pool ties and is hashed (the tie-break's worst
@@ -106,6 +108,7 @@ def rows_for(size: int, repeats: int) -> list[list[str]]:
     idle = settled(split, fleet(size, idle=True))
     scenarios: list[tuple[str, PoolPolicy, list[OwnedWorker]]] = [
         ("balanced", split, varied),
+        ("balanced, assigned", split, varied),
         ("40/60→50/50", policy(50, 50), varied),
         ("idle 40/60→50/50", policy(50, 50), idle),
         ("all join", split, fleet(size, pooled=False)),
@@ -114,12 +117,13 @@ def rows_for(size: int, repeats: int) -> list[list[str]]:
     by_id = attrgetter("worker")
     rows = []
     for name, pol, workers in scenarios:
-        moves = len(plan(pol, workers).moves)
+        assigned = {w.worker: w.pools[0] for w in workers if w.pools} if "assigned" in name else {}
         runs: list[Callable[[], object]] = [
-            functools.partial(plan, pol, workers),
+            functools.partial(plan, pol, workers, assigned=assigned),
             functools.partial(sorted, workers, key=by_id),
             functools.partial(count_pools, workers),
         ]
+        moves = len(plan(pol, workers, assigned=assigned).moves)
         (wall, cpu), (sort, _), (one_pass, _) = timed(runs, repeats)
         rows.append(
             [

@@ -299,20 +299,23 @@ class _Fleet:
         self.moved_back: list[tuple[str, str | None]] = []  # (assigned, held) of drift
 
     def add_all(self, workers: Iterable[OwnedWorker]) -> None:
-        # The common case inline (routable, one pool, no drift to look for): this loop is
+        # The common case inline (routable, one pool or none, as assigned): this loop is
         # most of a plan's time at 10,000 workers.
         only = None if self.spread else self._group(None)
+        assigned = self.assigned
         for worker in workers:
             held = worker.pools
-            if worker.routable and len(held) < 2 and not self.assigned:
+            if worker.routable and len(held) < 2:
+                mine = assigned.get(worker.worker) if assigned else None
                 group = only or self._group(worker.domain)
-                if not held:
+                if not held and mine is None:
                     group.joined.append(worker)
                     continue
-                bucket = group.buckets.get(held[0])
-                if bucket is not None:
-                    bucket.append(worker)
-                    continue
+                if held and mine in (None, held[0]):
+                    bucket = group.buckets.get(held[0])
+                    if bucket is not None:
+                        bucket.append(worker)
+                        continue
             self._add(worker)
 
     def _add(self, worker: OwnedWorker) -> None:

@@ -431,3 +431,52 @@ def test_a_non_routable_worker_holding_no_pool_is_left_alone() -> None:
 def test_tiny_fleets(size: int) -> None:
     result = plan(policy(), fleet(none=size))
     assert sum(result.wanted.values()) == size == len(result.moves)
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=cases(), data=st.data())
+def test_with_assignments_drift_is_put_back_and_nothing_else_moves_needlessly(
+    case: tuple[PoolPolicy, list[OwnedWorker]], data: st.DataObject
+) -> None:
+    """With the leader's memory of what it assigned, the plan still reaches its counts;
+    it moves only drifted workers, workers in no or several pools, and surplus leavers,
+    and no more than those need."""
+    pol, workers = case
+    pools = sorted(pol.pools)
+    choices = st.sampled_from([*pools, None])
+    memory = data.draw(st.lists(choices, min_size=len(workers), max_size=len(workers)))
+    assigned = {w.worker: pool for w, pool in zip(workers, memory, strict=True) if pool}
+    result = plan(pol, workers, assigned=assigned)
+    after = applied(workers, result.moves)
+    assert all(len(w.pools) == 1 for w in after if w.routable)
+    assert Counter(w.pools[0] for w in after if w.routable) == +Counter(result.wanted)
+    routable = [w for w in workers if w.routable]
+    drifted = {
+        w.worker for w in workers if w.worker in assigned and w.pools != (assigned[w.worker],)
+    }
+    assert set(result.drift) == drifted
+    spread_on = pol.spread_by is not None
+
+    def counted_under(w: OwnedWorker) -> str | None:
+        if w.worker in drifted:
+            return assigned[w.worker]
+        return w.pools[0] if len(w.pools) == 1 else None
+
+    want = {(d, p): c for d, cells in result.wanted_by_domain.items() for p, c in cells.items()}
+    if not spread_on:
+        want = {(None, p): c for p, c in result.wanted.items()}
+    have: Counter[tuple[str | None, str]] = Counter()
+    unplaced = 0
+    for w in routable:
+        pool = counted_under(w)
+        if pool is None:
+            unplaced += 1
+        else:
+            have[w.domain if spread_on else None, pool] += 1
+    surplus = sum(max(0, count - want.get(cell, 0)) for cell, count in have.items())
+    moved = {m.worker for m in result.moves}
+    assert len(result.moves) <= surplus + unplaced + len(drifted & {w.worker for w in routable})
+    for w in routable:
+        if w.worker in moved or w.worker in drifted:
+            continue
+        assert len(w.pools) == 1  # untouched workers already held exactly one pool
