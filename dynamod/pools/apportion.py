@@ -20,6 +20,8 @@ from dynamod.pools.policy import Weight
 
 Domain = str | None
 """A topology domain's value (``spread_by``); None for workers without that domain."""
+Cell = tuple[Domain, str]
+"""(domain value, pool taint): one cell of a spread."""
 
 
 def apportion(n: int, weights: Mapping[str, Weight], *, minimum: int = 0) -> dict[str, int]:
@@ -64,7 +66,7 @@ def _exact(weight: Weight | Fraction) -> Fraction:
 def spread(
     wanted: Mapping[str, int],
     sizes: Mapping[Domain, int],
-    have: Mapping[tuple[Domain, str], int] | None = None,
+    have: Mapping[Cell, int] | None = None,
 ) -> dict[Domain, dict[str, int]]:
     """Split each pool's count over the domains in proportion to their routable workers.
 
@@ -77,41 +79,48 @@ def spread(
     path swaps which cells are rounded up (a bipartite matching step), so a valid
     rounding is always reached and always the same one for the same inputs.
     """
-    n = sum(sizes.values())
     domains = sorted(sizes, key=_domain_order)
-    counts: dict[Domain, dict[str, int]] = {d: {} for d in domains}
-    open_cells: list[tuple[Domain, str]] = []
-    fraction: dict[tuple[Domain, str], Fraction] = {}
-    for d in domains:
-        for pool in sorted(wanted):
-            quota = Fraction(sizes[d] * wanted[pool], n) if n else Fraction(0)
-            counts[d][pool] = math.floor(quota)
-            if quota != counts[d][pool]:
-                open_cells.append((d, pool))
-                fraction[d, pool] = quota - counts[d][pool]
+    counts, fraction = _floors(wanted, sizes, domains)
     row = {d: sizes[d] - sum(counts[d].values()) for d in domains}
     column = {p: wanted[p] - sum(counts[d][p] for d in domains) for p in wanted}
+    cells = list(fraction)  # the cells with a fractional part, by domain then pool
     held = have or {}
 
-    def order(cell: tuple[Domain, str]) -> tuple[bool, Fraction, str, tuple[bool, str]]:
+    def order(cell: Cell) -> tuple[bool, Fraction, str, tuple[bool, str]]:
         d, pool = cell
         return (held.get(cell, 0) <= counts[d][pool], -fraction[cell], pool, _domain_order(d))
 
-    up: set[tuple[Domain, str]] = set()
-    for d, pool in sorted(open_cells, key=order):
+    up: set[Cell] = set()
+    for d, pool in sorted(cells, key=order):
         if row[d] > 0 and column[pool] > 0:
             up.add((d, pool))
             row[d] -= 1
             column[pool] -= 1
-    _complete(open_cells, up, row, column)
+    _complete(cells, up, row, column)
     for d, pool in up:
         counts[d][pool] += 1
     return counts
 
 
+def _floors(
+    wanted: Mapping[str, int], sizes: Mapping[Domain, int], domains: Sequence[Domain]
+) -> tuple[dict[Domain, dict[str, int]], dict[Cell, Fraction]]:
+    """Each cell's floor, and the fractional part of those whose quota is not whole."""
+    n = sum(sizes.values())
+    counts: dict[Domain, dict[str, int]] = {d: {} for d in domains}
+    fraction: dict[Cell, Fraction] = {}
+    for d in domains:
+        for pool in sorted(wanted):
+            quota = Fraction(sizes[d] * wanted[pool], n) if n else Fraction(0)
+            counts[d][pool] = math.floor(quota)
+            if quota != counts[d][pool]:
+                fraction[d, pool] = quota - counts[d][pool]
+    return counts, fraction
+
+
 def _complete(
-    cells: Sequence[tuple[Domain, str]],
-    up: set[tuple[Domain, str]],
+    cells: Sequence[Cell],
+    up: set[Cell],
     row: dict[Domain, int],
     column: dict[str, int],
 ) -> None:
@@ -126,14 +135,14 @@ def _complete(
 
 def _augmenting_path(
     start: Domain,
-    cells: Sequence[tuple[Domain, str]],
-    up: set[tuple[Domain, str]],
+    cells: Sequence[Cell],
+    up: set[Cell],
     column: Mapping[str, int],
-) -> list[tuple[Domain, str]]:
+) -> list[Cell]:
     """Breadth first from domain ``start``: a cell not rounded up into a pool, then a
     rounded-up cell of that pool back to its domain, and so on, until a pool still short."""
-    into: dict[str, tuple[Domain, str]] = {}
-    reached: dict[Domain, tuple[Domain, str] | None] = {start: None}
+    into: dict[str, Cell] = {}
+    reached: dict[Domain, Cell | None] = {start: None}
     frontier = [start]
     while frontier:
         following: list[Domain] = []
@@ -152,10 +161,10 @@ def _augmenting_path(
 
 
 def _path(
-    last: tuple[Domain, str],
-    into: Mapping[str, tuple[Domain, str]],
-    reached: Mapping[Domain, tuple[Domain, str] | None],
-) -> list[tuple[Domain, str]]:
+    last: Cell,
+    into: Mapping[str, Cell],
+    reached: Mapping[Domain, Cell | None],
+) -> list[Cell]:
     path = [last]
     via = reached[last[0]]
     while via is not None:

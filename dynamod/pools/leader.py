@@ -52,8 +52,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import secrets
+import socket
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -151,7 +153,8 @@ async def read_leader(store: Store, key: str = LEADER_KEY) -> LeaderInfo | None:
 
 
 class LeaderElection:
-    """Campaign for ``key`` as ``identity`` while the ``async with`` block runs.
+    """Campaign for ``key`` as ``identity`` (``host:pid`` by default) while the ``async
+    with`` block runs.
 
     ``await wait_leading()`` returns the ``Leadership`` of the term in progress, waiting
     for one; a deposed leader campaigns again (a new term, a higher epoch).
@@ -164,7 +167,7 @@ class LeaderElection:
             raise ValueError(f"a leader's lease TTL must be a positive number of seconds: {ttl}")
         self.store = store
         self.key = validate_key(key)
-        self.identity = identity or f"{secrets.token_hex(4)}"
+        self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
         self.ttl = float(ttl)
         self._current: Leadership | None = None
         self._changed = asyncio.Event()
@@ -180,9 +183,9 @@ class LeaderElection:
 
     @property
     def leading(self) -> Leadership | None:
-        """The term in progress, or None."""
+        """The term in progress (not lost, deadline not passed), or None."""
         current = self._current
-        return current if current is not None and not current.lost.is_set() else None
+        return current if current is not None and current.remaining() > 0 else None
 
     async def wait_leading(self) -> Leadership:
         """The term in progress, once there is one; raises what ended the campaign."""
