@@ -192,9 +192,10 @@ def refuse_overlaps(policy: PoolPolicy, others: Iterable[PoolPolicy]) -> None:
     of the same name is the policy it replaces, so it is skipped)."""
     for other in others:
         if other.name != policy.name and overlaps(policy, other):
-            shared = ", ".join(repr(t) for t in sorted(policy.taints & other.taints))
+            both = sorted(policy.taints & other.taints)
+            shared = ", ".join(repr(t) for t in both) + (" is" if len(both) == 1 else " are")
             raise PoolPolicyError(
-                f"pools: {shared} also belong to policy {other.name!r}, whose selector "
+                f"pools: {shared} also owned by policy {other.name!r}, whose selector "
                 f"{other.selector!r} can select the same workers as {policy.selector!r}; "
                 "use other pool taints, or selectors that exclude each other (such as "
                 "different model= values)"

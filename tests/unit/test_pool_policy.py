@@ -321,7 +321,7 @@ def test_refuse_overlaps_names_the_other_policy_and_skips_the_one_replaced() -> 
     with pytest.raises(PoolPolicyError) as caught:
         refuse_overlaps(new, [policy("y", "capacity/fast", "p=2", "p=3")])
     assert str(caught.value) == (
-        "pools: 'p=2' also belong to policy 'y', whose selector 'capacity/fast' can select the "
+        "pools: 'p=2' is also owned by policy 'y', whose selector 'capacity/fast' can select the "
         "same workers as 'model=a'; use other pool taints, or selectors that exclude each "
         "other (such as different model= values)"
     )
