@@ -25,7 +25,8 @@ Why a deposed leader stops before another can start
     ttl / 2``. The other half of the TTL is the margin for what the clocks cannot see: a
     write that passed ``fence()`` just before the deadline and is still in flight (store
     calls have a deadline of ``store.timeout``, 5 s by default, so keep ``ttl >= 2 *
-    store.timeout``; the default ``ttl`` is 15 s, as Kubernetes' leases), and clock rate
+    store.timeout``, or bound each write by ``Leadership.remaining()``; the default
+    ``ttl`` is 15 s, as Kubernetes' leases), and clock rate
     differences between this machine and the store's (parts per million). The clock is
     ``CLOCK_BOOTTIME`` where Linux has it, which keeps counting while the machine is
     suspended, so a leader that wakes from a suspend does not believe its old deadline.
@@ -42,9 +43,10 @@ Failover
 Structure
     ``async with LeaderElection(...)`` owns one task, which owns its children (the refresh
     loop and the watch of a term, through ``aio.race``); leaving the block cancels and
-    awaits it. A ``CancelledError`` is never swallowed. Only ``StoreUnavailableError``
-    is ridden out (with full-jitter back-off); any other failure of the campaign (a closed
-    store, a bug) ends it, is raised by ``wait_leading`` and by the exit.
+    awaits it. A ``CancelledError`` is never swallowed, and one a store client swallowed
+    is raised again (``_checked``). Only ``StoreUnavailableError`` is ridden out (with
+    full-jitter back-off); any other failure of the campaign (a closed store, a bug) ends
+    it, and is raised by ``wait_leading`` and by the exit.
 """
 
 from __future__ import annotations
@@ -222,6 +224,7 @@ class LeaderElection:
     async def _term(self) -> None:
         """Campaign until this process leads, then hold the term until it ends."""
         async with self.store.watch(self.key) as watch:
+            _raise_if_cancelled()  # opening a watch calls the store
             won = await self._try_create()
             while won is None:
                 await _until_vacant(watch, self.key)
@@ -288,6 +291,7 @@ class LeaderElection:
         """Depose when the key is deleted or someone else's; events older than the term
         (still queued from the campaign) say nothing about it."""
         async for event in watch:
+            _raise_if_cancelled()  # the watch's own resync calls the store
             if event.revision < leadership.epoch:
                 continue
             if isinstance(event, Resync):
@@ -321,6 +325,7 @@ class LeaderElection:
 async def _until_vacant(watch: Watch, key: str) -> None:
     """Wait until ``key`` is absent: a delete, or a snapshot without it."""
     async for event in watch:
+        _raise_if_cancelled()  # the watch's own resync calls the store
         if isinstance(event, Delete) and event.key == key:
             return
         if isinstance(event, Resync) and all(e.key != key for e in event.entries):
@@ -353,7 +358,9 @@ async def _checked(call: Awaitable[T]) -> T:
     nats-py drops a ``CancelledError`` that lands in its flush (``_flush_pending``): the
     call returns or fails as if nothing happened and the cancelled task carries on, so a
     closing election would campaign again and its exit would wait forever. The task's
-    ``cancelling()`` count still says it was cancelled; every store call here checks it.
+    ``cancelling()`` count still says it was cancelled; every store call here checks it,
+    and so does every step of a watch (whose resync lists the store) and a watch's
+    opening. (The NATS store is the place to fix it for every caller; until then, here.)
     """
     try:
         result = await call
