@@ -13,7 +13,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   ├── ImmutableFieldError                 a same-id write changes more than taints
     │   ├── SelectorError                       a worker selector does not parse
     │   ├── InvalidKeyError                     a store key a backend cannot hold
-    │   └── ConfigError                         settings, flags or config file are invalid
+    │   ├── ConfigError                         settings, flags or config file are invalid
+    │   └── PoolPolicyError                     a pool policy is refused at apply
     ├── NotFoundError (LookupError)                                  NOT_FOUND
     │   ├── KeyNotFoundError                    store: the key does not exist
     │   └── WorkerNotFoundError                 no worker has that id / prefix
@@ -42,6 +43,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     ├── PromptWorkerError                       a large prompt could not UNAVAILABLE
     │                                           be prepared now (its workers are busy or
     │                                           one failed); retryable
+    ├── NotLeaderError                          no longer the leader FAILED_PRECONDITION
+    │                                           (lease lost or not refreshed in time)
     ├── RemoteError                             another process's error of a class
     │                                           this one does not know
     ├── UnreachableError (ConnectionError)      the daemon cannot be reached at all
@@ -390,3 +393,15 @@ class UnreachableError(DynamoError, ConnectionError):
 class ListenError(DynamoError, OSError):
     """A socket or port to serve on cannot be bound: another process holds it, or the
     address is not this machine's. Nothing was started."""
+
+
+class PoolPolicyError(InvalidInputError):
+    """A pool policy is refused (``dynamod.pools.policy`` has the rules); nothing was stored.
+    The message names the field, the rule and the offending value."""
+
+
+class NotLeaderError(DynamoError):
+    """This process does not (or no longer) lead: its lease was lost, or not refreshed in
+    time. Raised by ``Leadership.fence()`` right before a write only the leader may make."""
+
+    code = "FAILED_PRECONDITION"

@@ -1,0 +1,426 @@
+"""Pool policies: the desired shares of pool taints over a set of workers, checked at apply.
+
+A policy is a YAML or JSON document, stored canonical (``to_json``) at
+``v1/pools/<name>`` beside the workers::
+
+    name: interactive-split       # required: a DNS label, 1-63 of a-z 0-9 '-'
+    selector: model=demo-llama    # required: dynamoctl's -l language; the workers it owns
+    pools:                        # required: pool taint -> weight, two or more
+      pool=fast: 40
+      pool=slow: 60
+    min_per_pool: 1               # workers each pool keeps while the fleet allows (0)
+    max_moves: 2                  # at most this many moves ...
+    move_interval: 60             # ... per this many seconds (60 when max_moves is set)
+    spread_by: zone               # split each pool across dynamo.topology/zone= values
+    paused: false                 # compute and report, write nothing, put no drift back
+
+Every owned worker carries exactly one of the pool taints; the policy owns those taints on
+those workers and nothing else (``plan.py`` turns weights into counts and moves).
+
+A document is refused, with nothing stored, when it is over ``MAX_POLICY_BYTES`` (checked
+before parsing), is not UTF-8 YAML or JSON holding one mapping, repeats a key, has an
+unknown key or lacks a required one, or when a field breaks its rule: a name that is not
+a DNS label; an empty selector (it would own every worker), one that does not parse, or
+one naming the policy's own pool taints (the set it selects would change with every move);
+fewer than two pools; a pool taint that is not a valid caller taint (``dynamod.taints``:
+the reserved prefix and its look-alikes, padding, control characters, length) or that is
+an operator taint (the cordon); a weight that is not a positive finite number (booleans
+are not numbers); ``min_per_pool`` not a whole number >= 0; ``max_moves`` not a whole
+number >= 1; ``move_interval`` not a positive finite number of seconds, or given without
+``max_moves``; ``spread_by`` not a topology domain name; ``paused`` not a boolean. Every
+refusal is a ``PoolPolicyError`` whose message starts with the field, then the rule and
+the offending value.
+
+Two policies conflict (``overlaps``) when they share a pool taint and their selectors
+could both select one worker. Selectors are conjunctions of terms, and two are treated as
+disjoint only when their terms together are provably unsatisfiable; anything else might
+overlap and is refused at apply (``refuse_overlaps``). See ``disjoint`` for the rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+import yaml
+
+from dynamod.errors import PoolPolicyError, SelectorError, TaintError, shown
+from dynamod.selectors import Selector, Term
+from dynamod.selectors import parse as parse_selector
+from dynamod.taints import OPERATOR_TAINTS, TOPOLOGY_PREFIX, topology_taint, validate
+
+MAX_POLICY_BYTES: Final = 64 * 1024
+"""A policy document of more bytes (UTF-8) is refused before it is parsed."""
+POOLS_PREFIX: Final = "v1/pools"
+"""Where policies live in the store, beside ``v1/workers``: ``v1/pools/<name>``."""
+DEFAULT_MOVE_INTERVAL: Final = 60.0
+"""Seconds of ``move_interval`` when a policy sets ``max_moves`` alone."""
+KNOWN_KEYS: Final = (
+    "name",
+    "selector",
+    "pools",
+    "min_per_pool",
+    "max_moves",
+    "move_interval",
+    "spread_by",
+    "paused",
+)
+REQUIRED_KEYS: Final = ("name", "selector", "pools")
+_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+Weight = int | float
+
+
+@dataclass(frozen=True)
+class PoolPolicy:
+    """One policy, valid by construction: ``__post_init__`` applies every rule of the
+    module docstring, so a ``PoolPolicy`` built in code is held to the same rules as a
+    parsed document. ``pools`` is kept sorted by taint, read-only; a float weight that is
+    a whole number becomes an int, so equal policies have equal ``to_json``."""
+
+    name: str
+    selector: str
+    pools: Mapping[str, Weight] = field(hash=False)
+    min_per_pool: int = 0
+    max_moves: int | None = None
+    move_interval: float | None = None
+    spread_by: str | None = None
+    paused: bool = False
+    match: Selector = field(init=False, repr=False, compare=False)
+    """``selector``, parsed."""
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        pools = _check_pools(self.pools)
+        object.__setattr__(self, "pools", pools)
+        object.__setattr__(self, "match", _check_selector(self.selector, pools))
+        _check_whole("min_per_pool", self.min_per_pool, least=0, unit="workers")
+        if self.max_moves is not None:
+            _check_whole("max_moves", self.max_moves, least=1, unit="moves")
+        if self.move_interval is not None:
+            object.__setattr__(self, "move_interval", _check_interval(self))
+        if self.spread_by is not None:
+            _check_domain(self.spread_by)
+        if not isinstance(self.paused, bool):
+            raise PoolPolicyError(f"paused: must be true or false, got {_show(self.paused)}")
+
+    @classmethod
+    def parse(cls, text: str | bytes) -> PoolPolicy:
+        """A policy from a YAML or JSON document (JSON when it starts with ``{``)."""
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+        if len(data) > MAX_POLICY_BYTES:
+            raise PoolPolicyError(
+                f"policy: the document is {len(data)} bytes; the limit is {MAX_POLICY_BYTES} bytes"
+            )
+        return cls.from_dict(_load(data))
+
+    @classmethod
+    def from_dict(cls, doc: object) -> PoolPolicy:
+        """A policy from a parsed document: unknown and missing keys are refused here, every
+        value's rule in the constructor."""
+        if not isinstance(doc, Mapping):
+            raise PoolPolicyError(
+                f"policy: the document must be a mapping of keys ({', '.join(REQUIRED_KEYS)}, "
+                f"...), got {_show(doc)}"
+            )
+        unknown = [key for key in doc if key not in KNOWN_KEYS]
+        if unknown:
+            raise PoolPolicyError(
+                f"policy: unknown key {_show(unknown[0])} (known: {', '.join(KNOWN_KEYS)})"
+            )
+        missing = [key for key in REQUIRED_KEYS if key not in doc]
+        if missing:
+            raise PoolPolicyError(
+                f"policy: missing key {missing[0]!r} (required: {', '.join(REQUIRED_KEYS)})"
+            )
+        fields: dict[str, Any] = dict(doc)
+        return cls(**fields)
+
+    @property
+    def key(self) -> str:
+        """The policy's store key."""
+        return f"{POOLS_PREFIX}/{self.name}"
+
+    @property
+    def taints(self) -> frozenset[str]:
+        """The pool taints this policy owns on its workers."""
+        return frozenset(self.pools)
+
+    @property
+    def interval(self) -> float | None:
+        """Seconds of the move budget's window; None without a budget."""
+        if self.max_moves is None:
+            return None
+        return DEFAULT_MOVE_INTERVAL if self.move_interval is None else self.move_interval
+
+    def to_dict(self) -> dict[str, object]:
+        """The document: required keys, and each optional key that differs from its default."""
+        doc: dict[str, object] = {
+            "name": self.name,
+            "selector": self.selector,
+            "pools": dict(self.pools),
+        }
+        optional = {
+            "min_per_pool": self.min_per_pool or None,
+            "max_moves": self.max_moves,
+            "move_interval": self.move_interval,
+            "spread_by": self.spread_by,
+            "paused": self.paused or None,
+        }
+        doc.update((key, value) for key, value in optional.items() if value is not None)
+        return doc
+
+    def to_json(self) -> bytes:
+        """The canonical form to store: compact JSON, keys sorted. Equal policies give equal
+        bytes, so applying the same document twice writes nothing new."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return text.encode()
+
+
+def overlaps(a: PoolPolicy, b: PoolPolicy) -> bool:
+    """Whether ``a`` and ``b`` conflict: a shared pool taint on workers both could select."""
+    return bool(a.taints & b.taints) and not disjoint(a.match, b.match)
+
+
+def refuse_overlaps(policy: PoolPolicy, others: Iterable[PoolPolicy]) -> None:
+    """Raise ``PoolPolicyError`` when ``policy`` conflicts with another stored policy (one
+    of the same name is the policy it replaces, so it is skipped)."""
+    for other in others:
+        if other.name != policy.name and overlaps(policy, other):
+            both = sorted(policy.taints & other.taints)
+            shared = ", ".join(repr(t) for t in both) + (" is" if len(both) == 1 else " are")
+            raise PoolPolicyError(
+                f"pools: {shared} also owned by policy {other.name!r}, whose selector "
+                f"{other.selector!r} can select the same workers as {policy.selector!r}; "
+                "use other pool taints, or selectors that exclude each other (such as "
+                "different model= values)"
+            )
+
+
+def disjoint(a: Selector, b: Selector) -> bool:
+    """Whether no worker can match both selectors, provably. True only when the terms of
+    both together contradict themselves:
+
+    * a taint both required and refused (``t`` and ``!t``);
+    * one field required to equal two values (``model=a``, ``model=b``), or to equal and
+      differ from one value (``model=a``, ``model!=a``);
+    * two required topology taints of one domain with different values
+      (``dynamo.topology/zone=a``, ``dynamo.topology/zone=b``): a worker holds one value
+      per domain. Only taints with a single ``=`` after the prefix count, since
+      ``zone=a=b`` could be domain ``zone`` or ``zone=a``.
+
+    Otherwise some worker could match both (taints are free, fields are single-valued), so
+    the answer is False: unsure means overlapping, which is the safe side at apply.
+    """
+    terms = (*a.terms, *b.terms)
+    return _taints_contradict(terms) or _fields_contradict(terms) or _zones_contradict(terms)
+
+
+def _taints_contradict(terms: tuple[Term, ...]) -> bool:
+    held = {t.value for t in terms if t.kind == "taint" and not t.negate}
+    return any(t.kind == "taint" and t.negate and t.value in held for t in terms)
+
+
+def _fields_contradict(terms: tuple[Term, ...]) -> bool:
+    equal: dict[str, set[str]] = {}
+    for term in terms:
+        if term.kind != "taint" and not term.negate:
+            equal.setdefault(term.kind, set()).add(term.value)
+    if any(len(values) > 1 for values in equal.values()):
+        return True
+    return any(t.negate and t.value in equal.get(t.kind, ()) for t in terms if t.kind != "taint")
+
+
+def _zones_contradict(terms: tuple[Term, ...]) -> bool:
+    value_of: dict[str, str] = {}
+    for term in terms:
+        rest = term.value.removeprefix(TOPOLOGY_PREFIX)
+        if term.kind != "taint" or term.negate or rest == term.value or rest.count("=") != 1:
+            continue
+        domain, _, value = rest.partition("=")
+        if value_of.setdefault(domain, value) != value:
+            return True
+    return False
+
+
+def _load(data: bytes) -> object:
+    """The document's one value; JSON when it starts with ``{``, YAML otherwise."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PoolPolicyError(f"policy: the document is not UTF-8 text: {exc}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        except PoolPolicyError:
+            raise  # a repeated key: already said in our words
+        except ValueError as exc:  # JSONDecodeError, or an integer of too many digits
+            raise PoolPolicyError(f"policy: the document is not valid JSON: {exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader
+    except PoolPolicyError:
+        raise
+    except yaml.MarkedYAMLError as exc:
+        where = f" at line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        raise PoolPolicyError(
+            f"policy: the document is not valid YAML: {exc.problem}{where}"
+        ) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise PoolPolicyError(f"policy: the document is not valid YAML: {exc}") from None
+
+
+def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PoolPolicyError(f"policy: key {key!r} appears twice in one mapping")
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a mapping that repeats a key (PyYAML keeps the
+    last one silently; a document that says two things must say one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise PoolPolicyError(
+                    f"policy: key {_show(key)} appears twice in one mapping (line "
+                    f"{key_node.start_mark.line + 1})"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):
+        raise PoolPolicyError(f"name: must be a string, got {_show(name)}")
+    if not _NAME.fullmatch(name):
+        raise PoolPolicyError(
+            f"name: {shown(name, 100)} must be 1 to 63 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit (a DNS label)"
+        )
+
+
+def _check_selector(text: object, pools: Mapping[str, Weight]) -> Selector:
+    if not isinstance(text, str):
+        raise PoolPolicyError(f"selector: must be a string, got {_show(text)}")
+    try:
+        selector = parse_selector(text)
+    except SelectorError as exc:
+        raise PoolPolicyError(f"selector: {exc}") from None
+    if not selector:
+        raise PoolPolicyError(
+            "selector: must not be empty (it would own every worker of every model); name "
+            "the workers, e.g. model=NAME"
+        )
+    for term in selector.terms:
+        if term.kind == "taint" and term.value in pools:
+            raise PoolPolicyError(
+                f"selector: term {shown(term.value, 100)} names one of the policy's own pool "
+                "taints; the workers it selects would change as the policy moves them"
+            )
+    return selector
+
+
+def _check_pools(pools: object) -> Mapping[str, Weight]:
+    if not isinstance(pools, Mapping):
+        raise PoolPolicyError(
+            f"pools: must be a mapping of pool taint to weight, got {_show(pools)}"
+        )
+    if len(pools) < 2:
+        raise PoolPolicyError(
+            f"pools: needs at least two pool taints, got {len(pools)} ({_show(list(pools))})"
+        )
+    checked = {_check_taint(taint): _check_weight(taint, weight) for taint, weight in pools.items()}
+    return MappingProxyType(dict(sorted(checked.items())))
+
+
+def _check_taint(taint: object) -> str:
+    if not isinstance(taint, str):
+        raise PoolPolicyError(f"pools: taint {_show(taint)} must be a string")
+    try:
+        validate(taint)
+    except TaintError as exc:
+        raise PoolPolicyError(f"pools: {exc}") from None
+    if taint in OPERATOR_TAINTS:
+        raise PoolPolicyError(
+            f"pools: taint {taint!r} is the operator's (set and lifted by dynamoctl workers "
+            "cordon / uncordon); a policy cannot own it"
+        )
+    return taint
+
+
+def _check_weight(taint: str, weight: object) -> Weight:
+    if not _positive(weight):
+        raise PoolPolicyError(
+            f"pools: weight of {shown(taint, 100)} must be a positive number, got {_show(weight)}"
+        )
+    assert isinstance(weight, int | float)  # _positive said so
+    return _whole_if_integral(weight)
+
+
+def _check_whole(field_name: str, value: object, *, least: int, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise PoolPolicyError(
+            f"{field_name}: must be a whole number of {unit}, {least} or more, got {_show(value)}"
+        )
+
+
+def _check_interval(policy: PoolPolicy) -> Weight:
+    seconds: object = policy.move_interval
+    if not _positive(seconds):
+        raise PoolPolicyError(
+            f"move_interval: must be a positive number of seconds, got {_show(seconds)}"
+        )
+    if policy.max_moves is None:
+        raise PoolPolicyError(
+            "move_interval: applies only with max_moves (at most max_moves moves per "
+            "move_interval seconds); add max_moves or remove move_interval"
+        )
+    assert isinstance(seconds, int | float)  # _positive said so
+    return _whole_if_integral(seconds)
+
+
+def _check_domain(domain: object) -> None:
+    """A topology domain name as workers hold it: ``dynamo.topology/<domain>=<value>``."""
+    rule = (
+        "spread_by: must be a topology domain name such as 'zone' (workers hold it as "
+        f"{TOPOLOGY_PREFIX}zone=VALUE)"
+    )
+    if not isinstance(domain, str) or not domain or domain != domain.strip() or "=" in domain:
+        raise PoolPolicyError(f"{rule}, got {_show(domain)}")
+    try:
+        validate(topology_taint(domain, "v"), allow_reserved=True)
+    except TaintError as exc:
+        raise PoolPolicyError(f"{rule}: {exc}") from None
+
+
+def _positive(number: object) -> bool:
+    """A positive finite int or float; a bool is not a number here, an int of any size is."""
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        return False
+    if isinstance(number, float) and not math.isfinite(number):
+        return False
+    return number > 0
+
+
+def _whole_if_integral(number: int | float) -> Weight:
+    """``40.0`` -> ``40``: one canonical form for equal numbers."""
+    if isinstance(number, float) and number.is_integer() and abs(number) < 2**53:
+        return int(number)
+    return number
+
+
+def _show(value: object, limit: int = 200) -> str:
+    """A value as a message shows it: its repr, cut short (a document may be 64 KiB)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
