@@ -43,10 +43,11 @@ Failover
 Structure
     ``async with LeaderElection(...)`` owns one task, which owns its children (the refresh
     loop and the watch of a term, through ``aio.race``); leaving the block cancels and
-    awaits it. A ``CancelledError`` is never swallowed, and one a store client swallowed
-    is raised again (``_checked``). Only ``StoreUnavailableError`` is ridden out (with
-    full-jitter back-off); any other failure of the campaign (a closed store, a bug) ends
-    it, and is raised by ``wait_leading`` and by the exit.
+    awaits it. A ``CancelledError`` is never swallowed (the NATS store raises again one its
+    client swallowed). Only ``StoreUnavailableError`` is ridden out (with the one back-off,
+    ``dynamod.backoff``, capped at a quarter of the TTL); any other failure of the
+    campaign (a closed store, a bug) ends it, and is raised by ``wait_leading`` and by the
+    exit.
 """
 
 from __future__ import annotations
@@ -55,14 +56,13 @@ import asyncio
 import json
 import logging
 import os
-import random
 import secrets
 import socket
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Final, Self, TypeVar
+from typing import Final, Self
 
+from dynamod.backoff import Backoff
 from dynamod.errors import (
     KeyNotFoundError,
     LeaseExpiredError,
@@ -76,7 +76,6 @@ from dynamod.store.base import validate_key
 from dynamod.tasks import cancel_and_wait, race
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 LEADER_KEY: Final = "v1/leaders/pools"
 """The pool reconciler's leader key, beside ``v1/workers`` and ``v1/pools``."""
@@ -85,6 +84,8 @@ VALID_SHARE: Final = 0.5
 """A leader acts until ``VALID_SHARE * ttl`` after sending its last successful refresh."""
 REFRESH_SHARE: Final = 0.25
 """It refreshes every ``REFRESH_SHARE * ttl``: one lost refresh leaves time for another."""
+RETRY_FIRST: Final = 0.1
+"""The first back-off bound when the store cannot be reached to campaign."""
 _CLOCK: Final = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
@@ -208,23 +209,21 @@ class LeaderElection:
         return await read_leader(self.store, self.key)
 
     async def _run(self) -> None:
+        backoff = Backoff(RETRY_FIRST, max(self.ttl * REFRESH_SHARE, RETRY_FIRST))
         try:
-            failures = 0
             while True:
                 try:
                     await self._term()
-                    failures = 0
+                    backoff.reset()
                 except StoreUnavailableError as exc:
-                    failures += 1
                     log.warning("leader election on %r: %s; campaigning again", self.key, exc)
-                    await asyncio.sleep(_backoff(failures, self.ttl))
+                    await backoff.wait()
         finally:
             self._announce()  # wake wait_leading, which sees the task done
 
     async def _term(self) -> None:
         """Campaign until this process leads, then hold the term until it ends."""
         async with self.store.watch(self.key) as watch:
-            _raise_if_cancelled()  # opening a watch calls the store
             won = await self._try_create()
             while won is None:
                 await _until_vacant(watch, self.key)
@@ -242,13 +241,13 @@ class LeaderElection:
     async def _try_create(self) -> tuple[Leadership, str] | None:
         """Create the key on a fresh lease: the term, or None when another holds it."""
         sent = now()
-        lease = await _checked(self.store.grant(self.ttl))
+        lease = await self.store.grant(self.ttl)
         token = secrets.token_hex(8)
         try:
             first = _encode(self.identity, token)
-            epoch = await _checked(self.store.put(self.key, first, expect=0, lease=lease))
+            epoch = await self.store.put(self.key, first, expect=0, lease=lease)
             value = _encode(self.identity, token, epoch)
-            await _checked(self.store.put(self.key, value, expect=epoch, lease=lease))
+            await self.store.put(self.key, value, expect=epoch, lease=lease)
         except (RevisionMismatchError, KeyNotFoundError):
             await self._release(lease)
             return None
@@ -274,7 +273,7 @@ class LeaderElection:
                     await asyncio.sleep(interval)
                     sent = now()
                     try:
-                        await _checked(self.store.refresh(lease))
+                        await self.store.refresh(lease)
                     except StoreUnavailableError as exc:
                         log.warning("leader lease %x not refreshed, retrying: %s", lease.id, exc)
                         interval = max(self.ttl / 10, 0.1)
@@ -291,7 +290,6 @@ class LeaderElection:
         """Depose when the key is deleted or someone else's; events older than the term
         (still queued from the campaign) say nothing about it."""
         async for event in watch:
-            _raise_if_cancelled()  # the watch's own resync calls the store
             if event.revision < leadership.epoch:
                 continue
             if isinstance(event, Resync):
@@ -312,7 +310,7 @@ class LeaderElection:
         lease then ends with its TTL."""
         try:
             async with asyncio.timeout(self.store.timeout):
-                await _checked(self.store.revoke(lease))
+                await self.store.revoke(lease)
         except (StoreError, TimeoutError) as exc:
             log.warning("leader lease %x not revoked (it expires with its TTL): %s", lease.id, exc)
 
@@ -325,7 +323,6 @@ class LeaderElection:
 async def _until_vacant(watch: Watch, key: str) -> None:
     """Wait until ``key`` is absent: a delete, or a snapshot without it."""
     async for event in watch:
-        _raise_if_cancelled()  # the watch's own resync calls the store
         if isinstance(event, Delete) and event.key == key:
             return
         if isinstance(event, Resync) and all(e.key != key for e in event.entries):
@@ -350,33 +347,3 @@ def _decode(value: bytes) -> tuple[str, str, int | None]:
     if not (isinstance(identity, str) and isinstance(token, str)):
         return "", "", None
     return identity, token, epoch if isinstance(epoch, int) else None
-
-
-async def _checked(call: Awaitable[T]) -> T:
-    """Await one store call, then raise a cancellation its client swallowed.
-
-    nats-py drops a ``CancelledError`` that lands in its flush (``_flush_pending``): the
-    call returns or fails as if nothing happened and the cancelled task carries on, so a
-    closing election would campaign again and its exit would wait forever. The task's
-    ``cancelling()`` count still says it was cancelled; every store call here checks it,
-    and so does every step of a watch (whose resync lists the store) and a watch's
-    opening. (The NATS store is the place to fix it for every caller; until then, here.)
-    """
-    try:
-        result = await call
-    except BaseException:
-        _raise_if_cancelled()
-        raise
-    _raise_if_cancelled()
-    return result
-
-
-def _raise_if_cancelled() -> None:
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-def _backoff(failures: int, ttl: float) -> float:
-    """Full jitter, capped at a quarter of the TTL (at least 0.1 s)."""
-    return random.uniform(0.0, min(max(ttl / 4, 0.1), 0.1 * 2 ** min(failures, 10)))

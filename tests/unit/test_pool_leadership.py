@@ -1,17 +1,15 @@
 """The parts of leader election that need no store: a term's fence and deadline, the
-leader key's value, and a cancellation a store client swallowed. Also: the pure pool
-modules load without the store."""
+leader key's value. Also: the pure pool modules load without the store."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 
 import pytest
 
 from dynamod.errors import NotLeaderError
-from dynamod.pools.leader import VALID_SHARE, Leadership, _checked, _decode, _encode, now
+from dynamod.pools.leader import VALID_SHARE, Leadership, _decode, _encode, now
 from dynamod.store import Lease
 
 
@@ -56,37 +54,6 @@ def test_the_leader_value_round_trips_and_garbage_is_nobodys() -> None:
     assert _decode(_encode("host:1", "abc")) == ("host:1", "abc", None)
     for garbage in (b"", b"{", b"[]", b'{"identity": 1, "term": "x"}', b'{"term": "x"}'):
         assert _decode(garbage) == ("", "", None)
-
-
-async def test_a_cancellation_a_store_client_swallowed_is_raised_again() -> None:
-    """What nats-py's flush does: the cancel lands inside it and the call returns."""
-    inside = asyncio.Event()
-
-    async def swallowing_call() -> int:
-        inside.set()
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            pass
-        return 1
-
-    task = asyncio.create_task(_checked(swallowing_call()))
-    await inside.wait()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-
-
-async def test_a_call_that_was_not_cancelled_passes_its_result_and_errors() -> None:
-    async def answer() -> int:
-        return 3
-
-    async def fail() -> int:
-        raise KeyError("x")
-
-    assert await _checked(answer()) == 3
-    with pytest.raises(KeyError):
-        await _checked(fail())
 
 
 def test_the_pure_pool_modules_load_without_the_store() -> None:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Final, Self
 
 import nats.errors
@@ -222,7 +222,8 @@ class NatsStore(Store):
                 try:
                     reason = await self._follow(watch, consumer)
                 finally:
-                    await self._consumers.forget(consumer)
+                    with _cancellable():
+                        await self._consumers.forget(consumer)
                 log.info("watch on %r in %s: %s; re-establishing", prefix, self.url, reason)
                 consumer = await self._reestablish(prefix)
                 watch.lost()
@@ -346,7 +347,8 @@ class NatsStore(Store):
             async with asyncio.timeout(within or self.timeout) as deadline:
                 self._deadlines.add(deadline)
                 try:
-                    yield
+                    with _cancellable():
+                        yield
                 finally:
                     self._deadlines.discard(deadline)
         except TimeoutError:
@@ -375,3 +377,19 @@ class NatsStore(Store):
 
 def _by_key(entry: Entry) -> str:
     return entry.key
+
+
+@contextlib.contextmanager
+def _cancellable() -> Iterator[None]:
+    """Raise the cancellation nats-py swallowed inside the block.
+
+    nats-py catches a ``CancelledError`` that lands in its flush (``_flush_pending``): the
+    call returns as if nothing happened and the cancelled task carries on (a watch pump
+    that never ends, an exit that waits forever). The task's ``cancelling()`` count still
+    shows the cancellation: when it grew during the block, it is raised again here, so
+    every caller of this store can rely on cancellation as on any other."""
+    task = asyncio.current_task()
+    before = task.cancelling() if task is not None else 0
+    yield
+    if task is not None and task.cancelling() > before:
+        raise asyncio.CancelledError
