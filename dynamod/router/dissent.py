@@ -4,23 +4,26 @@ Workers of one model that publish another reading (tokenizer, block size, body c
 than most of them do are left out of routing: an operator must hear of it, since it is
 either a rolling upgrade half done or a record that should not be there. ``Dissent``
 keeps a gauge, ``dynamod_router_disagreeing_workers{model}``, and logs one warning line
-each time a model's count of them changes (naming the worker whose event changed it when
-that worker is one of them), and one info line when its workers agree again. Called by
-the router for every model a discovery event touched; O(distinct readings of the model)
-when its workers agree.
+each time a model's count of them changes (naming the first ``NAMED`` of them, with what
+they publish), and one info line when its workers agree again. Called by the router for
+every model a discovery event touched: O(distinct readings of the model) when the count
+stays, O(workers of the model) when it changes.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 from prometheus_client import Gauge
 
-from dynamod.records import WorkerRecord
 from dynamod.router.fit import Reading
 from dynamod.router.table import RoutingTable
 
 log = logging.getLogger(__name__)
+
+NAMED = 3
+"""Disagreeing workers a log line names."""
 
 
 class Dissent:
@@ -31,9 +34,8 @@ class Dissent:
         self._gauge = gauge
         self._known: dict[str, int] = {}
 
-    def check(self, model: str, changed: WorkerRecord | None = None) -> None:
-        """Report a change in ``model``'s disagreeing workers; ``changed``: the worker whose
-        event was just applied, if one was."""
+    def check(self, model: str) -> None:
+        """Report a change in ``model``'s count of disagreeing workers."""
         count = self._table.disagreeing(model)
         before = self._known.get(model, 0)
         if count == before:
@@ -45,18 +47,23 @@ class Dissent:
             return
         self._known[model] = count
         self._gauge.labels(model=model).set(count)
-        log.warning("%s", self._sentence(model, count, changed))
+        log.warning("%s", self._sentence(model, count))
 
-    def _sentence(self, model: str, count: int, changed: WorkerRecord | None) -> str:
+    def _sentence(self, model: str, count: int) -> str:
         chosen = self._table.reading(model)
         assert chosen is not None  # count > 0: the model has workers
-        said = (
-            f"{count} worker{'s' if count != 1 else ''} of model {model!r} disagree with the "
-            f"{chosen.workers} that publish {chosen.reading.describe()}, and are left out "
-            f"of routing"
+        others = (
+            (w.instance_id, reading)
+            for w in self._table.workers(model)
+            if (reading := Reading.of(w.model_card)) != chosen.reading
         )
-        if changed is not None and changed.model == model:
-            reading = Reading.of(changed.model_card)
-            if reading != chosen.reading:
-                said += f"; worker {changed.instance_id} publishes {reading.describe()}"
-        return said
+        named = [f"{i} ({r.describe()})" for i, r in itertools.islice(others, NAMED)]
+        more = f", and {count - len(named)} more" if count > len(named) else ""
+        workers, verb = (
+            ("1 worker", "disagrees") if count == 1 else (f"{count} workers", "disagree")
+        )
+        return (
+            f"{workers} of model {model!r} {verb} with the {chosen.workers} that publish "
+            f"{chosen.reading.describe()} and {'is' if count == 1 else 'are'} left out of "
+            f"routing: {', '.join(named)}{more}"
+        )

@@ -192,7 +192,7 @@ class Router:
         before = self._table.group_of(key)
         for model in self._table.apply(event):
             self._recheck(model, (before, self._table.group_of(key)))
-            self._dissent.check(model, event.record)
+            self._dissent.check(model)
 
     @contextlib.asynccontextmanager
     async def route(self, request: RouteRequest) -> AsyncIterator[Assignment]:

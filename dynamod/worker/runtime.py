@@ -331,14 +331,19 @@ async def _shutdown(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await wait_any(idle, signals.forced)
-        if not idle.is_set() and routes.cut_streams(_cut_message(signals, grace)):
+        cut = 0 if idle.is_set() else routes.cut_streams(_cut_message(signals, grace))
+        if cut:
             # Each stream's handler writes its ending: give them a bounded moment.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CUT_WITHIN):
                     await idle.wait()
         waiter.cancel()
-    if routes.in_flight:
-        log.warning("shutting down with %d requests still in flight", routes.in_flight)
+    if routes.in_flight or cut:
+        log.warning(
+            "shutting down with %d requests still in flight (%d streams cut short)",
+            routes.in_flight,
+            cut,
+        )
         return EX_SOFTWARE
     return EX_OK
 

@@ -16,6 +16,8 @@ metrics page marks the upstream unhealthy instead (``upstream.py``).
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 
 from dynamod.errors import ConfigError, InvalidInputError, OversizeError
@@ -70,7 +72,13 @@ def _context(value: object, model: str, url: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT:
         raise ConfigError(
-            f"upstream {url} says max_model_len {brief(value)} for model {model!r}; it must "
+            f"upstream {url} says max_model_len {_json(value)} for model {model!r}; it must "
             f"be an integer from 1 to {MAX_CONTEXT}"
         )
     return value
+
+
+def _json(value: object, limit: int = 80) -> str:
+    """``value`` as the upstream wrote it (``true``, not Python's ``True``), cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
