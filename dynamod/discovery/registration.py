@@ -8,11 +8,13 @@ lost, and deregistering at the end.
 
 A worker never registers a record its own reader refuses: ``register`` first checks that
 the record reads back exactly as written (``readable``) and refuses it otherwise, with
-the reason, before anything is written. Writing back is bounded too: each restore waits
-the one back-off (``backoff.py``; reset once a valid record is followed again), never
-writes bytes that the store already holds and the reader refuses, and stays cancellable,
-so a writer that keeps spoiling the record (or a bug) costs a few writes a second at
-most, never a loop that wakes every watcher thousands of times a second.
+the reason, before anything is written. Writing back is bounded too: after each
+write-back that committed, the next one waits the one back-off's next delay
+(``backoff.py``; started over once a record this registration did not write is followed:
+real progress), bytes that the store already holds and the reader refuses are never
+written again, and every wait is cancellable. So a writer that keeps spoiling the record
+(or a bug) costs a few writes a second at most, never a loop that wakes every watcher
+thousands of times a second.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class Registration:
         """Follow the stored record. A change outside the taints (or an unreadable value)
         was made out of band and routers ignore it: the latest valid record is written
         back over it, so the store, the routers and this worker agree again."""
-        backoff = Backoff(RESTORE_FIRST, RESTORE_MAX)
+        pace = _WriteBacks()
         async with self.store.watch(self.record.key) as events:
             async for event in events:
                 if isinstance(event, Resync) and not event.entries:
@@ -183,32 +185,33 @@ class Registration:
                 entry = event.entry if isinstance(event, Put) else event.entries[0]
                 stored = parse_stored(entry.value, entry.key, self.record)
                 if within_boundary(self.record, stored) is not stored:
-                    await backoff.wait()
-                    await self._restore(entry.value, entry.revision)
+                    await pace.wait()
+                    pace.wrote(await self._restore(entry.value, entry.revision))
                     continue
                 assert stored is not None
-                backoff.reset()  # a valid record followed: real progress
+                pace.followed(entry.revision)
                 self.record, self.revision = stored, entry.revision
                 self._followed.set()
 
-    async def _restore(self, spoiled: bytes, revision: int) -> None:
+    async def _restore(self, spoiled: bytes, revision: int) -> int | None:
         """Write the latest valid record over the out-of-band one (``spoiled``, at
-        ``revision``). A write that got there first (a taint update, or the record's
-        removal) is followed next. Bytes the store already holds are never written again:
-        if the reader refused them, writing them would only wake every watcher again."""
+        ``revision``); the revision written, or None. A write that got there first (a
+        taint update, or the record's removal) is followed next. Bytes the store already
+        holds are never written again: if the reader refused them, writing them would only
+        wake every watcher again."""
         if spoiled == self.record.to_bytes():
             log.error(
                 "worker %s: the store holds this worker's own record, which its reader "
                 "refuses; not writing it again",
                 self.record.instance_id,
             )
-            return
+            return None
         try:
             restored = await self.store.put(
                 self.record.key, self.record.to_bytes(), expect=revision, lease=KEEP
             )
         except (RevisionMismatchError, KeyNotFoundError):
-            return
+            return None
         log.warning(
             "worker %s restored its record at revision %d over the out-of-band change at "
             "revision %d, keeping its latest valid taints %s",
@@ -217,6 +220,7 @@ class Registration:
             revision,
             list(self.record.taints),
         )
+        return restored
 
     async def _register_again(self) -> None:
         backoff = Backoff(REREGISTER_FIRST, REREGISTER_MAX)
@@ -227,3 +231,29 @@ class Registration:
             except StoreUnavailableError as exc:
                 log.warning("cannot register %s yet: %s", self.record.key, exc)
             await backoff.wait()
+
+
+class _WriteBacks:
+    """Paces one registration's write-backs (module docstring): after one that committed,
+    the next waits the back-off's next delay; a record followed that this registration did
+    not write (a taint update: real progress) starts the back-off over."""
+
+    def __init__(self) -> None:
+        self._backoff = Backoff(RESTORE_FIRST, RESTORE_MAX)
+        self._not_before = 0.0
+        self._written: int | None = None
+
+    async def wait(self) -> None:
+        delay = self._not_before - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def wrote(self, revision: int | None) -> None:
+        if revision is not None:
+            self._written = revision
+            self._not_before = asyncio.get_running_loop().time() + self._backoff.delay()
+
+    def followed(self, revision: int) -> None:
+        if revision != self._written:
+            self._backoff.reset()
+            self._not_before = 0.0

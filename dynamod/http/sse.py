@@ -48,7 +48,10 @@ class EventReader:
         lines: list[bytes] = []
         size = 0
         while True:
-            line = await self._lines.next_line()
+            try:
+                line = await self._lines.next_line()
+            except OversizeError:
+                raise self._oversize() from None
             if line is None or not line.endswith(b"\n"):
                 self.partial = size + (len(line) if line else 0)
                 return None
@@ -56,10 +59,13 @@ class EventReader:
                 continue  # blank lines between events carry nothing
             size += len(line)
             if size > self._limit:
-                raise OversizeError(f"an event of {self._what}", self._limit)
+                raise self._oversize()
             lines.append(line)
             if line in _BLANK:
                 return b"".join(lines)
+
+    def _oversize(self) -> OversizeError:
+        return OversizeError(f"an event of {self._what}", self._limit)
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

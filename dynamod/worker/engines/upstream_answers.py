@@ -62,7 +62,7 @@ def served_context(body: object, model: str, url: str) -> int | None:
     if found is None:
         served = ", ".join(sorted(repr(str(k)) for k in models)) or "none"
         raise ConfigError(
-            f"upstream {url} does not serve model {model!r}; it serves: {brief(served, 300)}"
+            f"upstream {url} does not serve model {model!r}; it serves: {_short(served, 300)}"
         )
     return _context(found.get("max_model_len"), model, url)
 
@@ -78,7 +78,10 @@ def _context(value: object, model: str, url: str) -> int | None:
     return value
 
 
-def _json(value: object, limit: int = 80) -> str:
+def _json(value: object) -> str:
     """``value`` as the upstream wrote it (``true``, not Python's ``True``), cut short."""
-    text = json.dumps(value)
+    return _short(json.dumps(value), 80)
+
+
+def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
