@@ -327,10 +327,13 @@ class UpstreamEngine:
     async def _served_context(self) -> int | None:
         """Check that the upstream serves our model; its context length if it says."""
         url = self.url("/v1/models")
-        async with self.session.get(url, timeout=_quick()) as response:
-            if response.status != 200:
-                raise ConfigError(f"upstream {url} answered {response.status}")
-            body = await read_json(response, url)
+        try:
+            async with self.session.get(url, timeout=_quick()) as response:
+                if response.status != 200:
+                    raise ConfigError(f"upstream {url} answered {response.status}")
+                body = await read_json(response, url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(f"upstream {url} failed: {exc or type(exc).__name__}") from None
         return served_context(body, self.config.model_name, self.config.url)
 
     def _card_of(self, context: int | None) -> ModelCard:
@@ -423,11 +426,15 @@ class UpstreamEngine:
         if setting != "auto":
             return [(setting, None)]
         url = self.url("/kv_event_sources")
-        async with self.session.get(url, timeout=_quick()) as response:
-            if response.status != 200:
-                log.info("upstream has no /kv_event_sources (%d): no KV events", response.status)
-                return []
-            body = await read_json(response, url)
+        try:
+            async with self.session.get(url, timeout=_quick()) as response:
+                if response.status != 200:
+                    said = "upstream has no /kv_event_sources (%d): no KV events"
+                    log.info(said, response.status)
+                    return []
+                body = await read_json(response, url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(f"upstream {url} failed: {exc or type(exc).__name__}") from None
         host = urlsplit(self.config.url).hostname or "127.0.0.1"
         return kv_sources(body, host)
 
