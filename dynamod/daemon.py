@@ -150,6 +150,7 @@ class Daemon:
                     registry=self.registry,
                     reader=reader,
                     gone_window=settings.model_gone_window,
+                    limits=settings.answer_limits,
                 )
             )
             http = await self._start_http(stack, front, listener)

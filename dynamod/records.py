@@ -9,7 +9,12 @@ JSON compatibility, decided once for every level (record, card, runtime config):
 * an unknown field is **kept** (in ``extra``) and written back unchanged. A taint update
   rewrites the whole record by compare-and-swap; dropping fields a newer writer added would
   silently change an immutable part of its record;
-* a field of the wrong type is refused with ``InvalidInputError`` naming the field.
+* a field of the wrong type is refused with ``InvalidInputError`` naming the field, and so
+  is a model card's count out of its range (``ModelCard.from_json``: a block size, a
+  context, batch limits of at least 1, a KV block count of at least 0, none past
+  ``MAX_COUNT``): every reader (the daemon's view, a worker following its own record)
+  refuses such a record, and a worker never registers one (``discovery.registration``
+  checks that its record reads back as written).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dynamod.taints import (
 )
 
 WORKERS_PREFIX = "v1/workers"
+MAX_COUNT = 2**53
+"""The largest count a model card may hold: every JSON reader keeps it exact."""
 
 Json = dict[str, Any]
 
@@ -68,6 +75,15 @@ class _Reader:
             kinds = kind if isinstance(kind, tuple) else (kind,)
             names = " or ".join(k.__name__ for k in kinds)
             raise InvalidInputError(f"{self.where}.{name} must be {names}, got {value!r}")
+        return value
+
+    def count(self, name: str, default: int, low: int) -> int:
+        """An integer field from ``low`` to ``MAX_COUNT`` (``default`` when absent)."""
+        value: int = self.get(name, int, default)
+        if not low <= value <= MAX_COUNT:
+            raise InvalidInputError(
+                f"{self.where}.{name} must be an integer from {low} to {MAX_COUNT}, got {value!r}"
+            )
         return value
 
     def need(self, name: str, kind: type) -> Any:
@@ -125,11 +141,11 @@ class ModelCard:
         return cls(
             name=r.need("name", str),
             engine=r.get("engine", str, d.engine),
-            kv_block_size=r.get("kv_block_size", int, d.kv_block_size),
-            context_length=r.get("context_length", int, d.context_length),
-            max_num_batched_tokens=r.get("max_num_batched_tokens", int, d.max_num_batched_tokens),
-            max_num_seqs=r.get("max_num_seqs", int, d.max_num_seqs),
-            total_kv_blocks=r.get("total_kv_blocks", int, d.total_kv_blocks),
+            kv_block_size=r.count("kv_block_size", d.kv_block_size, 1),
+            context_length=r.count("context_length", d.context_length, 1),
+            max_num_batched_tokens=r.count("max_num_batched_tokens", d.max_num_batched_tokens, 1),
+            max_num_seqs=r.count("max_num_seqs", d.max_num_seqs, 1),
+            total_kv_blocks=r.count("total_kv_blocks", d.total_kv_blocks, 0),
             extra=r.extra(),
         )
 

@@ -40,6 +40,10 @@ model_gone_window  30                                          seconds after a m
                                                                its requests get a
                                                                retryable 503, not 404
 replica_id         <host>-<pid>                                this replica's name
+max_answer_mb      64                                          MiB of a worker's whole
+                                                               answer the front reads
+max_event_mb       16                                          MiB of one SSE event of a
+                                                               worker's stream
 =================  ==========================================  ==========================
 """
 
@@ -58,7 +62,7 @@ from typing import Any
 
 from dynamod.auth import Tokens
 from dynamod.errors import ConfigError, InvalidInputError
-from dynamod.http.limits import HttpLimits
+from dynamod.http.limits import AnswerLimits, HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
@@ -94,6 +98,8 @@ class DaemonSettings:
     model_gone_window: float = 30.0
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     router: RouterKnobs = field(default_factory=RouterKnobs)
+    max_answer_mb: float = AnswerLimits.whole / 1024 / 1024
+    max_event_mb: float = AnswerLimits.event / 1024 / 1024
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -116,6 +122,10 @@ class DaemonSettings:
             self.http_limits  # noqa: B018 - built to check the three timeouts
         except InvalidInputError as exc:
             raise ConfigError(f"http_{exc}") from None
+        for name in ("max_answer_mb", "max_event_mb"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or not 0 < value <= 1024 * 1024:
+                raise ConfigError(f"{name} must be a number of MiB above 0, got {value!r}")
         try:
             self.taint_limits  # noqa: B018 - built to check max_taints and max_taint_bytes
         except InvalidInputError as exc:
@@ -134,6 +144,11 @@ class DaemonSettings:
     @property
     def http_limits(self) -> HttpLimits:
         return HttpLimits(self.http_head_timeout, self.http_body_timeout, self.http_idle_timeout)
+
+    @property
+    def answer_limits(self) -> AnswerLimits:
+        """What the front reads of a worker's answer at most."""
+        return AnswerLimits.of_mib(self.max_answer_mb, self.max_event_mb)
 
     @property
     def taint_limits(self) -> TaintLimits:
@@ -205,6 +220,8 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "http_idle_timeout": _number(float),
     "model_gone_window": _number(float),
     "replica_id": str,
+    "max_answer_mb": _number(float),
+    "max_event_mb": _number(float),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

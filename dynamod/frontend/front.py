@@ -16,10 +16,12 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/mo
 (every model with at least one worker in the view).
 
 Per request: read the body (``prompts.reader``; ``inbound.py`` says what is checked:
-the worker's own checks, model, ``nvext`` routing constraints and ``max_wait``), tokenize
-its prompt with the tokenizer the model's workers publish
-(``tokenizers.for_card``), route it (prompt token count and KV block hashes, with the
-block size of the model's workers), forward the body to ``<worker.address>/v1/...``
+the worker's own checks, model, ``nvext`` routing constraints and ``max_wait``) the way
+most of the model's workers read it (``router.fit``: their tokenizer, block size and body
+checks; a worker that disagrees is left out and reported, never decides for the others),
+check that it fits the largest context among them, route it (prompt token count and KV
+block hashes; only to a worker of that reading whose own context holds the prompt and its
+output), forward the body to ``<worker.address>/v1/...``
 (with the prompt's token ids added, so the worker need not tokenize again) and pass the
 answer on (``relay.py``). The worker is held for
 the whole request and released on completion, error or client disconnect;
@@ -30,7 +32,8 @@ Answers the front gives itself (OpenAI-shaped errors, ``replies.py``):
 
 =======================================================  ======
 malformed body, a field a worker would refuse, a         400
-prompt over the context, bad constraints, ``max_wait``
+prompt (plus its output) over the largest context of
+the model's workers, bad constraints, ``max_wait``
 body over the application's ``client_max_size``          413
 no worker serves the model (after a wait, when           404
 ``max_wait`` or the router's ``no_worker_wait`` asks)
@@ -41,8 +44,13 @@ message names what was required and what exists),
 queue wait over, router shutting down, front draining
 pending queue full                                       429
 worker unreachable / silent / 5xx before its first       one retry elsewhere, then
-byte                                                     502 / 504 / the worker's 5xx
+byte; its whole answer over ``limits.whole`` bytes or    502 / 504 / the worker's 5xx
+cut off; its stream's first event over ``limits.event``  (naming the worker)
+bytes, cut off or late
 =======================================================  ======
+
+Every worker failure is reported: one log line naming the worker, and
+``dynamod_front_worker_failures_total{reason}``.
 
 A client that disconnects cancels the upstream request: serve the application with
 ``handler_cancellation=True`` so that the handler is cancelled at once (without it, a
@@ -69,7 +77,7 @@ from dynamod.frontend.departures import Departures
 from dynamod.frontend.front_metrics import CLIENT_CLOSED, FrontendMetrics
 from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.relay import (
-    Streams,
+    StreamRelay,
     UpstreamFailure,
     carries_output,
     relay_stream,
@@ -78,11 +86,14 @@ from dynamod.frontend.relay import (
 )
 from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
 from dynamod.http.inflight import Drains, InFlight
+from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
+from dynamod.http.sse import OpenStreams
 from dynamod.prompts.body import CardLimits, Routable
 from dynamod.prompts.reader import PromptReader, Read
 from dynamod.records import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
+from dynamod.router.fit import ModelReading, Reading
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
 
@@ -108,7 +119,8 @@ class Frontend(Drains):
 
     ``client_timeout``: the longest a worker may stay silent (to answer, and between the
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
-    a connection to a worker may take. ``reader`` reads bodies (``prompts.reader``: large
+    a connection to a worker may take. ``limits``: the most a worker's answer may hold
+    (a whole body; one event of a stream). ``reader`` reads bodies (``prompts.reader``: large
     ones in the daemon's prompt worker processes; all on the loop when None).
     ``tokenizers`` gives each model's workers' own tokenizer (the daemon's registry;
     ``Fixed`` in tests), or token counts and block hashes mean nothing. The front owns
@@ -127,6 +139,7 @@ class Frontend(Drains):
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         reader: PromptReader | None = None,
         gone_window: float = GONE_WINDOW,
+        limits: AnswerLimits | None = None,
     ) -> None:
         self._router = router
         self._reader = reader if reader is not None else PromptReader(None)
@@ -139,7 +152,8 @@ class Frontend(Drains):
         self._session: aiohttp.ClientSession | None = None
         self._requests = InFlight(self._metrics.in_flight)
         self._departures = Departures(gone_window)
-        self._streams = Streams()
+        self._streams = OpenStreams()
+        self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
         self._unfollow: Callable[[], None] | None = None
 
     async def start(self) -> None:
@@ -192,18 +206,17 @@ class Frontend(Drains):
         return await self._serve(request, CHAT)
 
     async def _models(self, request: web.Request) -> web.Response:
-        cards: dict[str, ModelCard] = {}
-        for record in self._view.records():
-            cards.setdefault(record.model, record.model_card)
+        readings = {model: self._router.reading(model) for model in self._router.table.models()}
         data = [
             {
                 "id": name,
                 "object": "model",
                 "created": 0,
                 "owned_by": "dynamo",
-                "max_model_len": card.context_length,
+                "max_model_len": chosen.context_length,
             }
-            for name, card in sorted(cards.items())
+            for name, chosen in sorted(readings.items())
+            if chosen is not None
         ]
         return web.json_response({"object": "list", "data": data})
 
@@ -230,25 +243,25 @@ class Frontend(Drains):
             read = await self._reader.read_head(await request.read())
         except (FieldError, PromptWorkerError) as exc:
             return _refused(exc)
-        card = self._router.card(read.head.model)
+        chosen = self._router.reading(read.head.model)
         # A malformed prompt is a 400 even for a model nobody serves: check it first.
-        routable = await self._read_prompt(read, api, card)
+        routable = await self._read_prompt(read, api, chosen)
         if isinstance(routable, web.Response):
             return routable
-        if card is None:
+        if chosen is None:
             return await self._unserved(request, api, read, started)
-        return await self._forward(request, api, read, routable, started)
+        return await self._forward(request, api, read, routable, chosen, started)
 
     async def _read_prompt(
-        self, read: Read, api: OpenAIApi, card: ModelCard | None
+        self, read: Read, api: OpenAIApi, chosen: ModelReading | None
     ) -> Routable | web.Response:
-        """The body read for ``card``'s workers (only its shape for no card), or the
-        refusal to answer with."""
+        """The body read the way the model's workers read it (only its shape for a model
+        nobody serves), or the refusal to answer with."""
         tokenizer: Tokenizer = _SHAPE_ONLY
         model = _UNSERVED
         try:
-            if card is not None:
-                tokenizer, model = await self._tokenizers.for_card(card), CardLimits.of(card)
+            if chosen is not None:
+                tokenizer, model = await self._tokenizers.for_card(chosen.card), _limits(chosen)
             return await self._reader.read_prompt(read, api, tokenizer, model)
         except (FieldError, PromptWorkerError) as exc:
             return _refused(exc)
@@ -288,15 +301,22 @@ class Frontend(Drains):
                 card = assignment.worker.model_card
         except RoutingError as exc:
             return routing_error_response(exc)
-        routable = await self._read_prompt(read, api, card)
+        chosen = self._router.reading(head.model) or _alone(card)
+        routable = await self._read_prompt(read, api, chosen)
         if isinstance(routable, web.Response):
             return routable
-        return await self._forward(request, api, read, routable, started)
+        return await self._forward(request, api, read, routable, chosen, started)
 
     async def _forward(
-        self, request: web.Request, api: OpenAIApi, read: Read, routable: Routable, started: float
+        self,
+        request: web.Request,
+        api: OpenAIApi,
+        read: Read,
+        routable: Routable,
+        chosen: ModelReading,
+        started: float,
     ) -> web.StreamResponse:
-        inbound = Inbound.of(api, read.head, routable)
+        inbound = Inbound.of(api, read.head, routable, chosen.needs(routable.context_tokens))
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
         return await self._dispatch(_Call(request, inbound, headers, started), inbound.route)
 
@@ -313,8 +333,8 @@ class Frontend(Drains):
             if not isinstance(outcome, UpstreamFailure):
                 return outcome
             failure = outcome
+            self._report(failure, retried=attempt < WORKERS_TRIED)
             if attempt < WORKERS_TRIED:
-                log.warning("%s; trying another worker", failure.message)
                 self._metrics.retries.labels(reason=failure.reason).inc()
                 route = replace(route, exclude={*route.exclude, failure.worker.key})
         assert failure is not None
@@ -335,10 +355,18 @@ class Frontend(Drains):
                     lambda: self._first_byte(call),
                     lambda: self._router.prefill_done(assignment),
                 )
-                return await relay_stream(call.request, upstream, worker, events.saw, self._streams)
-            self._first_byte(call)
-            self._router.prefill_done(assignment)
-            return await relay_whole(upstream, worker)
+                return await relay_stream(call.request, upstream, worker, events.saw, self._relay)
+            answer = await relay_whole(upstream, worker, self._relay.limits)
+            if not isinstance(answer, UpstreamFailure):
+                self._first_byte(call)
+                self._router.prefill_done(assignment)
+            return answer
+
+    def _report(self, failure: UpstreamFailure, *, retried: bool = False) -> None:
+        """One log line naming the worker, and the metric, for every failure of a worker."""
+        self._metrics.worker_failures.labels(reason=failure.reason).inc()
+        then = "; trying another worker" if retried else ""
+        log.warning("%s%s", failure.message, then)
 
     def _first_byte(self, call: _Call) -> None:
         elapsed = time.perf_counter() - call.started
@@ -372,6 +400,18 @@ class _FirstEvents:
         if not self._prefilled and carries_output(event):
             self._prefilled = True
             self._on_output()
+
+
+def _limits(chosen: ModelReading) -> CardLimits:
+    """What reading a body checks: the reading's block size and body checks, and the
+    largest context of its workers (a request over it fits no worker: 400)."""
+    reading = chosen.reading
+    return CardLimits(reading.block_size, chosen.context_length, reading.checked)
+
+
+def _alone(card: ModelCard) -> ModelReading:
+    """The reading of one worker's card, for a model whose workers all left meanwhile."""
+    return ModelReading(Reading.of(card), card, (card.context_length,), 1, 0)
 
 
 def _refused(exc: FieldError | PromptWorkerError) -> web.Response:

@@ -13,7 +13,8 @@ _FIRST_BYTE_BUCKETS = (
 
 
 class FrontendMetrics:
-    """Requests by route and status, time to first byte, retries, requests in flight."""
+    """Requests by route and status, time to first byte, retries, worker failures,
+    requests in flight."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
@@ -36,6 +37,14 @@ class FrontendMetrics:
             "Retries: requests routed again, the failed worker excluded, after a worker "
             "failed before its first byte (counted even when no other worker can take the "
             "request), by reason: unreachable, timeout, status (a 5xx answer).",
+            ["reason"],
+            registry=registry,
+        )
+        self.worker_failures = Counter(
+            "dynamod_front_worker_failures",
+            "Failures of workers' answers, before or after the client's answer started, by "
+            "reason: unreachable, timeout, status (a 5xx answer), oversize (an answer or an "
+            "SSE event over the front's limits), broken (an answer cut off).",
             ["reason"],
             registry=registry,
         )

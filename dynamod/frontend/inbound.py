@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from dynamod.http.openai import OpenAIApi
 from dynamod.prompts.body import Head, Routable
 from dynamod.router import RouteRequest
+from dynamod.router.fit import CardNeeds
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,14 @@ class Inbound:
     route: RouteRequest
 
     @classmethod
-    def of(cls, api: OpenAIApi, head: Head, routable: Routable) -> Inbound:
+    def of(cls, api: OpenAIApi, head: Head, routable: Routable, needs: CardNeeds) -> Inbound:
+        """``needs``: what the request needs of a worker's card (``router.fit``)."""
         route = RouteRequest(
             head.model,
             head.constraints,
             routable.prompt_tokens,
             routable.block_hashes,
             head.max_wait,
+            needs=needs,
         )
         return cls(api, routable.raw, route)

@@ -1,57 +1,64 @@
 """One attempt at a worker: send the request, then relay its answer to the client.
 
-The line that matters is the worker's *first byte* (its response status and headers):
+The line that matters is the moment the client's answer starts. Before it, nothing has
+reached the client, and a failure is an ``UpstreamFailure`` that may be tried once more
+on another worker: a refused or reset connection, a timeout, a 5xx status, and also an
+answer the front cannot pass on: a whole body over ``AnswerLimits.whole`` bytes or cut
+off, a stream whose first event is over ``AnswerLimits.event`` bytes, cut off or late.
+So the client's answer starts with the worker's whole body, or with a stream's first
+whole event (its status line and headers then go out with it).
 
-* before it, a failure (refused or reset connection, a timeout, a 5xx status) is a
-  ``UpstreamFailure``: nothing has reached the client, so the request may be tried once more on
-  another worker;
-* after it, the answer is the client's: a whole response is passed on as it is; a stream
-  of server-sent events is passed on event by event, and a failure ends it with one error
-  event and ``[DONE]``, the shape the worker itself uses.
+After it, the answer is the client's: a stream is passed on event by event (each read
+whole and bounded: ``http.sse``), and a failure (an event over its limit, a cut, a
+silence, an end without ``[DONE]``) ends it with one error event and ``[DONE]``, the
+shape the worker itself uses. Only complete events are written, so a stream cut off
+mid-event never hands the client half a JSON object. Every failure of a worker, before
+or after that line, is reported (``report``: a log line naming the worker, a metric).
+aiohttp errors are translated here and nowhere else in the front.
 
-Only complete events (``data: ...`` up to the blank line) are written, so a stream cut
-off mid-event never hands the client half a JSON object. aiohttp errors are translated
-here and nowhere else in the front.
-
-``Streams`` holds the streams being relayed; ``cut(message)`` ends each of them with an
-error event (code ``shutting_down``) and ``[DONE]``: the daemon calls it when its grace
-period ends with streams still open, so that no client sees a silent cut. It closes each
-stream's upstream connection, which wakes its pending read; the stream's own task writes
-the ending, so nothing writes to a response from outside the task serving it.
+The streams being relayed are held in ``http.sse.OpenStreams``, whose ``cut(message)`` the
+daemon calls when its grace period ends with streams still open: each ends with an error
+event (code ``shutting_down``) and ``[DONE]``, so that no client sees a silent cut (a
+stream cut before its first event is answered 503, code ``shutting_down``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from dynamod.errors import OversizeError
 from dynamod.frontend.inbound import Inbound
-from dynamod.frontend.replies import DONE_EVENT, passed_headers
+from dynamod.frontend.replies import passed_headers
+from dynamod.http.bounded import read_body
+from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import error_event, error_response
+from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 
-EVENT_END = b"\n\n"
-MAX_EVENT = 16 * 1024 * 1024
-"""The largest SSE event relayed; a longer one ends the stream as broken."""
+ERROR_TEXT_LIMIT = 64 * 1024
+"""Bytes of a worker's 5xx answer read for its message; the rest is not read."""
+_READ_FAILURES = (aiohttp.ClientError, HttpProcessingError, TimeoutError)
 
 
 @dataclass(frozen=True)
 class UpstreamFailure:
-    """A worker that failed before its first byte, and how to tell the client.
+    """A worker that failed, and how to tell the client.
 
-    ``reason`` is the metric label: ``unreachable``, ``timeout`` or ``status`` (a 5xx).
-    ``status`` is what the client gets if no other worker answers: 502 for an unreachable
-    worker, 504 for a silent one, the worker's own status for a 5xx.
+    ``reason`` is the metric label: ``unreachable``, ``timeout``, ``status`` (a 5xx),
+    ``oversize`` (an answer or an event over the front's limits) or ``broken`` (an answer
+    cut off, or not in the shape it announced). ``status`` is what the client gets if no
+    other worker answers: 502 for an unreachable, oversize or broken worker, 504 for a
+    silent one, the worker's own status for a 5xx.
     """
 
     worker: WorkerRecord
@@ -66,6 +73,10 @@ class UpstreamFailure:
             message = f"{message}; no other worker could take the request: {retry_error}"
         code = "worker_timeout" if self.reason == "timeout" else "worker_failed"
         return error_response(self.status, message, code, worker_id=self.worker.instance_id)
+
+
+Report = Callable[[UpstreamFailure], None]
+"""Told of every failure of a worker (the front logs and counts it)."""
 
 
 async def send(
@@ -110,14 +121,16 @@ def _payload(raw: bytes) -> bytes | io.BytesIO:
 async def _error_text(upstream: aiohttp.ClientResponse) -> str:
     """The message of a worker's error answer, or as much of its body as makes sense."""
     try:
-        raw = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
+        raw = await read_body(upstream, ERROR_TEXT_LIMIT, "its error answer")
+    except OversizeError as exc:
+        return f"({exc})"
+    except _READ_FAILURES as exc:
         return f"(its body could not be read: {_why(exc)})"
     try:
         message = json.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return raw[:200].decode(errors="replace") or "(empty body)"
-    return str(message)
+    return str(message)[:ERROR_TEXT_LIMIT]
 
 
 def _timeout(limits: aiohttp.ClientTimeout, exc: TimeoutError) -> str:
@@ -130,45 +143,35 @@ def _why(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def relay_whole(upstream: aiohttp.ClientResponse, worker: WorkerRecord) -> web.Response:
-    """The worker's whole answer, passed on (502 if its body breaks off)."""
+def _name(worker: WorkerRecord) -> str:
+    return f"worker {worker.instance_id}"
+
+
+async def relay_whole(
+    upstream: aiohttp.ClientResponse, worker: WorkerRecord, limits: AnswerLimits
+) -> web.Response | UpstreamFailure:
+    """The worker's whole answer, passed on; a failure when it is over ``limits.whole``
+    bytes or breaks off (nothing has reached the client yet)."""
+    name = _name(worker)
     try:
-        body = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        message = f"worker {worker.instance_id} failed while sending its answer: {_why(exc)}"
-        return error_response(502, message, "worker_failed", worker_id=worker.instance_id)
+        body = await read_body(upstream, limits.whole, f"the answer of {name}")
+    except OversizeError as exc:
+        return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an answer: {exc}")
+    except _READ_FAILURES as exc:
+        said = f"{name} failed while sending its answer: {_why(exc)}"
+        return UpstreamFailure(worker, _reason(exc), _status(exc), said)
     headers = passed_headers(upstream.headers, worker.instance_id)
     return web.Response(status=upstream.status, body=body, headers=headers)
 
 
-@dataclass(eq=False)
-class _Open:
-    upstream: aiohttp.ClientResponse
-    cut: str | None = None
-    """Why the stream was cut, once it was."""
+@dataclass(frozen=True)
+class StreamRelay:
+    """What relaying one stream needs besides the stream: the limits, the open streams
+    (for ``cut``), and where failures are reported."""
 
-
-@dataclass
-class Streams:
-    """The streams being relayed; see the module docstring."""
-
-    _open: set[_Open] = field(default_factory=set)
-
-    @contextlib.contextmanager
-    def opened(self, upstream: aiohttp.ClientResponse) -> Iterator[_Open]:
-        stream = _Open(upstream)
-        self._open.add(stream)
-        try:
-            yield stream
-        finally:
-            self._open.discard(stream)
-
-    def cut(self, message: str) -> int:
-        """End every open stream with an error event and ``[DONE]``; how many there were."""
-        for stream in self._open:
-            stream.cut = message
-            stream.upstream.close()
-        return len(self._open)
+    limits: AnswerLimits
+    streams: OpenStreams
+    report: Report
 
 
 async def relay_stream(
@@ -176,58 +179,93 @@ async def relay_stream(
     upstream: aiohttp.ClientResponse,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
-    streams: Streams,
-) -> web.StreamResponse:
+    relay: StreamRelay,
+) -> web.StreamResponse | UpstreamFailure:
     """Pass the worker's event stream on, calling ``on_event`` before each event is sent.
 
-    A client that goes away is noticed at the next write; the caller's releasing the
-    upstream response then closes the worker's connection, which stops its generation.
+    The client's answer starts with the first whole event; a failure before it is
+    returned (the caller may try another worker). A client that goes away is noticed at
+    the next write; the caller's releasing the upstream response then closes the worker's
+    connection, which stops its generation.
     """
-    response = web.StreamResponse(
-        status=upstream.status, headers=passed_headers(upstream.headers, worker.instance_id)
-    )
-    try:
-        await response.prepare(request)
-        with streams.opened(upstream) as stream:
-            await _pump(response, stream, worker, on_event)
-        await response.write_eof()
-    except ConnectionResetError:
-        log.debug("client went away from a stream of worker %s", worker.instance_id)
+    what = f"the stream of {_name(worker)}"
+    events = EventReader(upstream.content, relay.limits.event, what)
+    with relay.streams.opened(upstream) as stream:
+        first = await _next(events, stream, worker)
+        if isinstance(first, UpstreamFailure):
+            if stream.cut is not None:
+                return error_response(503, stream.cut, "shutting_down")
+            return first
+        response = web.StreamResponse(
+            status=upstream.status, headers=passed_headers(upstream.headers, worker.instance_id)
+        )
+        try:
+            await response.prepare(request)
+            await _pump(response, first, events, stream, worker, on_event, relay.report)
+            await response.write_eof()
+        except ConnectionResetError:
+            log.debug("client went away from a stream of worker %s", worker.instance_id)
     return response
+
+
+async def _next(
+    events: EventReader, stream: OpenStream, worker: WorkerRecord
+) -> bytes | UpstreamFailure:
+    """The stream's next whole event, or why there is none (its end included)."""
+    name = _name(worker)
+    try:
+        event = await events.next_event()
+    except OversizeError as exc:
+        return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an event: {exc}")
+    except _READ_FAILURES as exc:
+        said = f"{name} failed mid-stream: {_why(exc)}"
+        return UpstreamFailure(worker, _reason(exc), _status(exc), said)
+    if event is not None and stream.cut is None:
+        return event
+    dropped = f" ({events.partial} bytes of a last event dropped)" if events.partial else ""
+    return UpstreamFailure(
+        worker, "broken", 502, f"{name} ended the stream without [DONE]{dropped}"
+    )
 
 
 async def _pump(
     response: web.StreamResponse,
-    stream: _Open,
+    event: bytes,
+    events: EventReader,
+    stream: OpenStream,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
+    report: Report,
 ) -> None:
-    upstream = stream.upstream
     while True:
-        try:
-            event = await upstream.content.readuntil(EVENT_END, max_size=MAX_EVENT)
-        except (aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
-            broke = f"worker {worker.instance_id} failed mid-stream: {_why(exc)}"
-            await _end_broken(response, stream, broke)
-            return
-        if stream.cut is not None or not event.endswith(EVENT_END):
-            # The end of the body, maybe after half an event.
-            broke = f"worker {worker.instance_id} ended the stream without [DONE]"
-            await _end_broken(response, stream, broke)
-            return
         on_event(event)
         await response.write(event)
-        if event == DONE_EVENT:
+        if is_done(event):
             return
+        found = await _next(events, stream, worker)
+        if isinstance(found, UpstreamFailure):
+            await _end_broken(response, stream, found, report)
+            return
+        event = found
 
 
-async def _end_broken(response: web.StreamResponse, stream: _Open, message: str) -> None:
+async def _end_broken(
+    response: web.StreamResponse, stream: OpenStream, failure: UpstreamFailure, report: Report
+) -> None:
     if stream.cut is not None:  # the daemon cut it: the worker did nothing wrong
         await response.write(error_event(stream.cut, "shutting_down"))
     else:
-        log.warning("%s", message)
-        await response.write(error_event(message, "worker_failed"))
+        report(failure)
+        await response.write(error_event(failure.message, "worker_failed"))
     await response.write(DONE_EVENT)
+
+
+def _reason(exc: BaseException) -> str:
+    return "timeout" if isinstance(exc, TimeoutError) else "broken"
+
+
+def _status(exc: BaseException) -> int:
+    return 504 if isinstance(exc, TimeoutError) else 502
 
 
 def carries_output(event: bytes) -> bool:

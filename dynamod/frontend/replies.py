@@ -18,8 +18,6 @@ from dynamod.errors import (
 )
 from dynamod.http.openai import WORKER_ID_HEADER, error_response
 
-DONE_EVENT = b"data: [DONE]\n\n"
-
 # Hop-by-hop headers, and the ones aiohttp writes for the body it sends (the front may
 # re-frame it: chunked here where the worker sent a length, or the reverse).
 _NOT_PASSED = frozenset(

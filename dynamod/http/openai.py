@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from dynamod.errors import InvalidInputError
-from dynamod.http.limits import load_json
+from dynamod.http.limits import fits_body, load_json
 from dynamod.tokenizers import ChatMessage, Tokenizer
 
 Json = dict[str, Any]
@@ -104,13 +104,17 @@ def forwarded_ids(body: Json, tokenizer: Tokenizer) -> tuple[int, ...] | None:
     )
 
 
-def with_forwarded_ids(body: Json, ids: tuple[int, ...], tokenizer: Tokenizer) -> bytes:
-    """``body`` as JSON, carrying ``ids`` for the worker (see ``forwarded_ids``)."""
+def with_forwarded_ids(body: Json, ids: tuple[int, ...], tokenizer: Tokenizer, raw: bytes) -> bytes:
+    """``body`` as JSON, carrying ``ids`` for the worker (see ``forwarded_ids``); ``raw``
+    (the body as it came) when that would make it too large for the worker to take
+    (``limits.fits_body``): the worker then tokenizes the prompt itself. So a body the
+    front took is never refused by the worker for its size."""
     nvext = body.get("nvext")
     extended = {**(nvext if isinstance(nvext, dict) else {})}
     extended[FORWARDED_IDS] = list(ids)
     extended[FORWARDED_TOKENIZER] = tokenizer.checksum
-    return dump_json({**body, "nvext": extended})
+    forwarded = dump_json({**body, "nvext": extended})
+    return forwarded if fits_body(len(forwarded)) else raw
 
 
 def completion_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -74,6 +74,9 @@ class Routable:
     raw: bytes
     prompt_tokens: int
     block_hashes: tuple[int, ...]
+    context_tokens: int = 0
+    """The context a worker needs for it: the prompt plus the output it asks for (one token
+    when ``max_tokens`` is unset), where the model's workers check bodies; else 0."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,13 @@ def read_prompt(
     ``raw`` is the body as it came (forwarded as it is when the prompt was token ids)."""
     wanted = sampling(body, api) if model.checked else None
     ids = api.prompt(body, tokenizer)
+    needs = 0
     if wanted is not None:
         check_fits(len(ids), wanted, model.context_length, api)
+        needs = len(ids) + (wanted.max_tokens or 1)
     if _text_prompt(api, body):
-        raw = with_forwarded_ids(body, ids, tokenizer)
-    return Routable(raw, len(ids), prefix_hashes(ids, model.block_size))
+        raw = with_forwarded_ids(body, ids, tokenizer, raw)
+    return Routable(raw, len(ids), prefix_hashes(ids, model.block_size), needs)
 
 
 def _text_prompt(api: OpenAIApi, body: Json) -> bool:

@@ -1,10 +1,11 @@
 """Workers grouped by what a request sees of them, and each group ordered by load.
 
 For one request, a worker's eligibility and its preferred-taint multiplier depend only on
-its model and its taints; how its cost grows with its load depends on its KV block size.
-So the workers of one model that hold the same taints and have the same block size form a
-``Group``: a request may use every member or none (its excluded keys aside), and one
-multiplier scales every member's cost.
+its model, its taints and what its card offers (its ``Reading`` and its context length:
+``fit.py``); how its cost grows with its load depends on its KV block size (part of its
+reading). So the workers of one model that hold the same taints, read bodies alike and
+have the same context length form a ``Group``: a request may use every member or none
+(its excluded keys aside), and one multiplier scales every member's cost.
 
 Within a group a member's cost is ``multiplier * (rank + constant - reuse)`` (see
 ``scoring.py``): the *rank* depends only on the member's load, the constant only on the
@@ -21,6 +22,7 @@ import itertools
 from collections.abc import Container, Generator
 
 from dynamod.records import WorkerRecord
+from dynamod.router.fit import ANY, CardNeeds, Reading
 from dynamod.taints import CORDONED
 
 Entry = tuple[float, int, str]
@@ -128,28 +130,55 @@ class LoadOrder:
 
 
 class Group:
-    """The workers of one model with the same taints and KV block size (module docstring).
+    """The workers of one model with the same taints, reading and context length (module
+    docstring); ``block_size`` is the reading's.
 
     ``members`` holds every worker of the group in arrival order; ``free`` those that are
     not busy, by rank. Whoever owns the loads keeps ``free`` current (``RoutingTable``
     places a new member with the ranker it was given).
     """
 
-    __slots__ = ("block_size", "cordoned", "free", "held", "members", "model", "taints")
+    __slots__ = (
+        "block_size",
+        "context_length",
+        "cordoned",
+        "free",
+        "held",
+        "members",
+        "model",
+        "reading",
+        "taints",
+    )
 
-    def __init__(self, model: str, taints: tuple[str, ...], block_size: int) -> None:
+    def __init__(
+        self, model: str, taints: tuple[str, ...], reading: Reading, context_length: int
+    ) -> None:
         self.model = model
         self.taints = taints
         self.held = frozenset(taints)
-        self.block_size = block_size
+        self.reading = reading
+        self.block_size = reading.block_size
+        self.context_length = context_length
         self.cordoned = CORDONED in self.held
         self.members: dict[str, WorkerRecord] = {}
         self.free = LoadOrder()
 
     def __repr__(self) -> str:
-        return f"Group({self.model!r}, {self.taints!r}, block_size={self.block_size})"
+        return (
+            f"Group({self.model!r}, {self.taints!r}, block_size={self.block_size}, "
+            f"context_length={self.context_length})"
+        )
 
-    def admits(self, required: frozenset[str]) -> bool:
-        """Whether a request requiring ``required`` may use this group's workers: they hold
-        every required taint, and are not cordoned unless the request requires the cordon."""
-        return required <= self.held and (not self.cordoned or CORDONED in required)
+    def admits(self, required: frozenset[str], needs: CardNeeds = ANY) -> bool:
+        """Whether a request requiring ``required`` (and ``needs`` of a card) may use this
+        group's workers: they hold every required taint, are not cordoned unless the request
+        requires the cordon, and their card offers what it needs."""
+        return (
+            required <= self.held
+            and (not self.cordoned or CORDONED in required)
+            and self.suits(needs)
+        )
+
+    def suits(self, needs: CardNeeds) -> bool:
+        """Whether this group's card offers what ``needs`` asks (taints aside)."""
+        return needs.admits(self.reading, self.context_length)

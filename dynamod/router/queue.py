@@ -8,9 +8,11 @@ worker at all). Nothing here runs on its own: no task, no timer besides the owne
 ``asyncio.timeout``, so nothing can outlive the router.
 
 Waiters that ask for the same thing — one model, the same required taints, the same
-excluded workers — form a ``Case``: they can use exactly the same workers, so one look at
-the fleet answers for all of them, and they are always in the same ``WaitState``. Re-checking
-the queue therefore costs one look per case, not one per waiter.
+excluded workers, the same needs of a card (``fit.CardNeeds``: a reading and a context
+tier, so requests of any length that fit the same workers agree) — form a ``Case``: they
+can use exactly the same workers, so one look at the fleet answers for all of them, and
+they are always in the same ``WaitState``. Re-checking the queue therefore costs one look
+per case, not one per waiter.
 
 Order: waiters of one model are offered workers in arrival order (``Waiter.seq``, merged
 across cases by ``by_arrival``), so an earlier request always gets the first pick of a
@@ -27,13 +29,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dynamod.router.fit import CardNeeds
 from dynamod.router.knobs import RouterKnobs
 
 if TYPE_CHECKING:
     from dynamod.router.types import Assignment, RouteRequest
 
-CaseKey = tuple[frozenset[str], frozenset[str]]
-"""(required taints, excluded worker keys): what decides the workers a waiter may use."""
+CaseKey = tuple[frozenset[str], frozenset[str], CardNeeds]
+"""(required taints, excluded worker keys, needs of a card): what decides the workers a
+waiter may use."""
 
 
 class WaitState(enum.Enum):
@@ -66,7 +70,8 @@ class Waiter:
 
     @property
     def case(self) -> CaseKey:
-        return (self.request.constraints.required_taints, frozenset(self.request.exclude))
+        request = self.request
+        return (request.constraints.required_taints, frozenset(request.exclude), request.needs)
 
     @property
     def pending(self) -> bool:
@@ -109,11 +114,11 @@ class Waiter:
 class Case:
     """The waiters of one model with the same ``CaseKey``, in arrival order."""
 
-    __slots__ = ("exclude", "model", "required", "state", "waiters")
+    __slots__ = ("exclude", "model", "needs", "required", "state", "waiters")
 
     def __init__(self, model: str, key: CaseKey, state: WaitState) -> None:
         self.model = model
-        self.required, self.exclude = key
+        self.required, self.exclude, self.needs = key
         self.state = state
         self.waiters: dict[int, Waiter] = {}
 

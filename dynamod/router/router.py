@@ -33,6 +33,10 @@ The contract:
   with a prefix overlap (``choice.py``), not at every worker. Waiters are kept in cases
   (``queue.py``): re-checking the queue costs one decision per case of waiters that ask
   for the same workers, plus one per waiter dispatched or whose situation changes.
+* Eligibility also asks what a request needs of a worker's card (``RouteRequest.needs``,
+  ``fit.py``): the reading most of the model's workers publish, and a context that holds
+  the request. ``reading(model)`` says which reading that is; workers of another one are
+  left out, counted and logged (``dissent.py``).
 * Load is what this router has in flight per worker, reserved when the worker is chosen
   and given back by ``release`` (idempotent; ``route`` calls it on exit).
 * What a worker's engine reports (``report``) enters only whether it is busy: a worker is
@@ -66,6 +70,8 @@ from dynamod.errors import (
 from dynamod.load import IDLE, Busy, Load
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.choice import Chooser, Pick
+from dynamod.router.dissent import Dissent
+from dynamod.router.fit import ModelReading
 from dynamod.router.groups import Group
 from dynamod.router.knobs import RouterKnobs
 from dynamod.router.prefix import OverlapSource, PrefixIndex
@@ -127,6 +133,7 @@ class Router:
         self._metrics = RouterMetrics(self.registry)
         self._queue = PendingQueue(self.config.max_queue, self._metrics.depth_changed)
         self._reported = ReportedLoads()
+        self._dissent = Dissent(self._table, self._metrics.disagreeing)
         self._closed = False
 
     @property
@@ -147,8 +154,13 @@ class Router:
         return self._queue.depth(model)
 
     def card(self, model: str) -> ModelCard | None:
-        """The model card of ``model``'s workers, or None when no worker serves it."""
+        """A model card of ``model``'s workers, of the reading most of them publish; None
+        when no worker serves it."""
         return self._table.card(model)
+
+    def reading(self, model: str) -> ModelReading | None:
+        """How requests for ``model`` are read (``fit.py``); None when no worker serves it."""
+        return self._table.reading(model)
 
     def unserved(self, model: str) -> str:
         """The sentence for a request naming a model no worker serves."""
@@ -174,11 +186,13 @@ class Router:
         if isinstance(event, ViewResync):
             for model in self._table.apply(event):
                 self._recheck(model)
+                self._dissent.check(model)
             return
         key = event.record.key
         before = self._table.group_of(key)
         for model in self._table.apply(event):
             self._recheck(model, (before, self._table.group_of(key)))
+            self._dissent.check(model)
 
     @contextlib.asynccontextmanager
     async def route(self, request: RouteRequest) -> AsyncIterator[Assignment]:
@@ -193,7 +207,8 @@ class Router:
         """Choose a worker, waiting if the contract says so. Pair with ``release``."""
         self._refuse_if_closed(request)
         started = time.perf_counter()
-        groups = self._table.eligible_groups(request.model, request.constraints.required_taints)
+        required = request.constraints.required_taints
+        groups = self._table.eligible_groups(request.model, required, request.needs)
         pick = self._choose(request, groups)
         if pick is not None:
             assignment = self._assign(request, pick, 0.0)
@@ -409,7 +424,7 @@ class Router:
         for case, waiter in self._by_arrival(cases if moved is None else _affected(cases, moved)):
             started = time.perf_counter()
             request = waiter.request
-            groups = self._table.eligible_groups(model, case.required)
+            groups = self._table.eligible_groups(model, case.required, case.needs)
             pick = self._choose(request, groups)
             if pick is None:
                 eligible = _any_member(groups, case.exclude)
@@ -427,7 +442,7 @@ class Router:
         if group is None or key not in group.free:
             return
         cases = self._queue.cases(group.model)
-        suited = [c for c in cases if group.admits(c.required) and key not in c.exclude]
+        suited = [c for c in cases if group.admits(c.required, c.needs) and key not in c.exclude]
         for _, waiter in self._by_arrival(suited):
             if key not in group.free:
                 return  # busy again
@@ -523,12 +538,14 @@ class Router:
         return self._unsatisfiable(waiter.request)
 
     def _unsatisfiable(self, request: RouteRequest) -> str:
-        return self._table.unsatisfiable(request.model, request.constraints, request.exclude)
+        return self._table.unsatisfiable(
+            request.model, request.constraints, request.exclude, request.needs
+        )
 
     def _busy_message(self, request: RouteRequest) -> str:
         """``all 2 workers of model 'm' with capacity/fast are busy: a1 runs 1 of 1 ...``."""
         required = request.constraints.required_taints
-        groups = self._table.eligible_groups(request.model, required)
+        groups = self._table.eligible_groups(request.model, required, request.needs)
         exclude = request.exclude
         eligible = (w for g in groups for k, w in g.members.items() if k not in exclude)
         shown = [
@@ -561,7 +578,7 @@ class Router:
         self, request: RouteRequest, worker: WorkerRecord, overlaps: dict[str, int]
     ) -> WorkerExplanation:
         load = self.load(worker.key)
-        why = why_not(worker, request.constraints, request.exclude)
+        why = why_not(worker, request.constraints, request.exclude, request.needs)
         busy = self._busy(worker)
         terms = self._terms(request, worker, load, overlaps.get(worker.key, 0))
         return WorkerExplanation(worker, why, busy, load, terms, self._prefix.source(worker.key))
@@ -583,7 +600,7 @@ class Router:
 def _affected(cases: list[Case], moved: tuple[Group | None, Group | None]) -> list[Case]:
     """The cases that may use a worker of one of the ``moved`` groups."""
     groups = [g for g in moved if g is not None]
-    return [c for c in cases if any(g.admits(c.required) for g in groups)]
+    return [c for c in cases if any(g.admits(c.required, c.needs) for g in groups)]
 
 
 def _any_member(groups: Iterable[Group], exclude: Collection[str]) -> bool:

@@ -38,6 +38,13 @@ class RouterMetrics:
             buckets=_WAIT_BUCKETS,
             registry=registry,
         )
+        self.disagreeing = Gauge(
+            "dynamod_router_disagreeing_workers",
+            "Workers left out of routing because they read requests otherwise (tokenizer, "
+            "KV block size, body checks) than most workers of their model, by model.",
+            ["model"],
+            registry=registry,
+        )
         self._decided: dict[tuple[str, str], Counter] = {}
 
     def decided(self, model: str, outcome: str, seconds: float | None = None) -> None:

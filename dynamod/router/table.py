@@ -2,7 +2,8 @@
 
 Pure and synchronous: no asyncio, no I/O, no clock. One ``RoutingTable`` folds discovery
 events into workers grouped by model, and within a model into ``Group``s of workers with
-the same taints and KV block size (``groups.py``): eligibility is decided per group.
+the same taints, reading and context length (``groups.py``): eligibility is decided per
+group.
 
 * ``apply(event)`` costs O(taints of that worker + log n); a ``ViewResync`` rebuilds
   everything.
@@ -15,9 +16,14 @@ the same taints and KV block size (``groups.py``): eligibility is decided per gr
 * ``eligible_groups(model, required)``: the groups holding every required taint, without
   the cordoned ones (``dynamo.io/cordoned``) unless the request requires that very taint.
   O(groups of the model) the first time a set of required taints is asked for, then
-  cached until a group appears or disappears. ``eligible(model, constraints, exclude)``
-  lists their workers without the excluded keys, in a stable order (group by group, each
-  in arrival order), so a seeded selection is reproducible.
+  cached until a group appears or disappears; with ``needs`` (``fit.CardNeeds``), only
+  those whose card offers it (the cached tuple itself when every one does).
+  ``eligible(model, constraints, exclude)`` lists their workers without the excluded keys,
+  in a stable order (group by group, each in arrival order), so a seeded selection is
+  reproducible.
+* ``reading(model)``: how the front reads the model's bodies (``fit.ModelReading``: the
+  reading most of its workers publish), kept per model and recomputed after a change of
+  its workers in O(groups + distinct readings).
 * Each group's ``free`` order holds its members that are not busy, by the rank the table's
   ``ranker`` gives (the router's loads); the owner calls ``rerank(key)`` when a worker's
   load changes.
@@ -41,6 +47,7 @@ from dynamod.discovery_events import (
     WorkerRemoved,
 )
 from dynamod.records import ModelCard, WorkerRecord
+from dynamod.router.fit import ANY, CardNeeds, ModelReading, Reading
 from dynamod.router.groups import Group
 from dynamod.taints import CORDONED, RoutingConstraints
 
@@ -54,7 +61,8 @@ ELIGIBLE_CACHE = 1024
 Ranker = Callable[[WorkerRecord], float | None]
 """A worker's rank in its group's ``free`` order, or None when it is busy."""
 
-_GroupKey = tuple[frozenset[str], int]
+_GroupKey = tuple[frozenset[str], Reading, int]
+"""(taints, reading, context length): what the members of one group share."""
 
 
 def _idle(record: WorkerRecord) -> float:
@@ -71,6 +79,11 @@ class Ineligible:
     """The worker holds ``dynamo.io/cordoned`` and the request does not require it."""
     excluded: bool = False
     """The request excluded this worker (e.g. a retry after it failed)."""
+    other_reading: Reading | None = None
+    """The worker reads bodies otherwise (this reading) than the request was read."""
+    short_context: int = 0
+    """The context the request needs, which the worker's is shorter than (0: no such
+    problem)."""
 
     def describe(self, record: WorkerRecord) -> str:
         """``a1b2 has capacity/slow (missing capacity/fast)``, ``c3d4 is cordoned``."""
@@ -86,18 +99,51 @@ class Ineligible:
         if self.missing:
             held = ", ".join(record.taints) or "no taints"
             parts.append(f"has {held} (missing {', '.join(self.missing)})")
+        if self.other_reading is not None:
+            parts.append(
+                f"disagrees with the model's other workers ({self.other_reading.describe()})"
+            )
+        if self.short_context:
+            parts.append(
+                f"has a context of {record.model_card.context_length} tokens "
+                f"(the request needs {self.short_context})"
+            )
         return " and ".join(parts)
 
 
 class _ModelIndex:
     """The workers of one model (arrival order), its groups, and the eligibility cache."""
 
-    __slots__ = ("eligible", "groups", "workers")
+    __slots__ = ("chosen", "eligible", "groups", "readings", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerRecord] = {}
         self.groups: dict[_GroupKey, Group] = {}
         self.eligible: dict[frozenset[str], tuple[Group, ...]] = {}
+        self.readings: dict[Reading, int] = {}
+        """Workers per reading, in the order the readings appeared (ties go to the first)."""
+        self.chosen: ModelReading | None = None
+        """``reading(model)``, once computed since the last change of the workers."""
+
+    def count(self, reading: Reading, change: int) -> None:
+        left = self.readings.get(reading, 0) + change
+        if left:
+            self.readings[reading] = left
+        else:
+            del self.readings[reading]
+        self.chosen = None
+
+    def reading(self) -> ModelReading:
+        if self.chosen is None:
+            self.chosen = self._choose()
+        return self.chosen
+
+    def _choose(self) -> ModelReading:
+        reading, workers = max(self.readings.items(), key=lambda item: item[1])
+        ours = [g for g in self.groups.values() if g.reading == reading]
+        card = next(iter(ours[0].members.values())).model_card
+        contexts = tuple(sorted({g.context_length for g in ours}))
+        return ModelReading(reading, card, contexts, workers, len(self.workers) - workers)
 
 
 class RoutingTable:
@@ -140,9 +186,23 @@ class RoutingTable:
         return list(index.groups.values()) if index else []
 
     def card(self, model: str) -> ModelCard | None:
-        """The model card of ``model`` (its first worker's), or None when none serves it."""
+        """A model card of ``model``'s workers, of the reading most of them publish (see
+        ``reading``); None when none serves it."""
+        chosen = self.reading(model)
+        return chosen.card if chosen is not None else None
+
+    def reading(self, model: str) -> ModelReading | None:
+        """How the front reads ``model``'s bodies (``fit.py``); None when none serves it."""
         index = self._models.get(model)
-        return next(iter(index.workers.values())).model_card if index else None
+        return index.reading() if index is not None else None
+
+    def disagreeing(self, model: str) -> int:
+        """How many workers of ``model`` publish another reading than most of them do (left
+        out of routing: ``fit.py``); O(distinct readings of the model)."""
+        index = self._models.get(model)
+        if index is None or len(index.readings) < 2:
+            return 0
+        return len(index.workers) - max(index.readings.values())
 
     def holders(self, model: str, taint: str) -> int:
         """How many workers of ``model`` hold ``taint``."""
@@ -196,9 +256,13 @@ class RoutingTable:
             # A record that changed its model (never legal, yet possible in a resync after
             # a store was wiped) moves between indexes.
             touched = self._remove(key)
+            old = None
         index = self._models.get(record.model)
         if index is None:
             index = self._models[record.model] = _ModelIndex()
+        if old is not None:
+            index.count(Reading.of(old.model_card), -1)
+        index.count(Reading.of(record.model_card), +1)
         index.workers[key] = record
         self._records[key] = record
         self._revisions[key] = revision
@@ -206,11 +270,12 @@ class RoutingTable:
         return touched | {record.model}
 
     def _regroup(self, index: _ModelIndex, record: WorkerRecord) -> None:
-        """Put ``record`` in the group its taints and block size name."""
+        """Put ``record`` in the group its taints, reading and context length name."""
         key = record.key
-        wanted = (frozenset(record.taints), record.model_card.kv_block_size)
+        card = record.model_card
+        wanted = (frozenset(record.taints), Reading.of(card), card.context_length)
         group = self._groups.get(key)
-        if group is not None and (group.held, group.block_size) == wanted:
+        if group is not None and _key(group) == wanted:
             group.members[key] = record
             return
         if group is not None:
@@ -218,7 +283,8 @@ class RoutingTable:
         group = index.groups.get(wanted)
         if group is None:
             taints = tuple(sorted(wanted[0]))
-            group = index.groups[wanted] = Group(record.model, taints, wanted[1])
+            group = Group(record.model, taints, wanted[1], wanted[2])
+            index.groups[wanted] = group
             index.eligible.clear()
         group.members[key] = record
         self._groups[key] = group
@@ -229,7 +295,7 @@ class RoutingTable:
         group.free.discard(key)
         del self._groups[key]
         if not group.members:
-            del index.groups[(group.held, group.block_size)]
+            del index.groups[_key(group)]
             index.eligible.clear()
 
     def _remove(self, key: str) -> frozenset[str]:
@@ -239,14 +305,19 @@ class RoutingTable:
             return frozenset()
         index = self._models[record.model]
         del index.workers[key]
+        index.count(Reading.of(record.model_card), -1)
         self._leave(index, self._groups[key], key)
         if not index.workers:
             del self._models[record.model]
         return frozenset({record.model})
 
-    def eligible_groups(self, model: str, required: frozenset[str]) -> tuple[Group, ...]:
-        """The groups of ``model`` whose workers a request requiring ``required`` may use
-        (module docstring); cached per set of required taints."""
+    def eligible_groups(
+        self, model: str, required: frozenset[str], needs: CardNeeds = ANY
+    ) -> tuple[Group, ...]:
+        """The groups of ``model`` whose workers a request requiring ``required`` (and
+        ``needs`` of a card) may use (module docstring); cached per set of required taints.
+        Every group that suits ``needs`` returns the cached tuple itself, so callers may
+        remember what they computed from it by identity."""
         index = self._models.get(model)
         if index is None:
             return ()
@@ -256,23 +327,38 @@ class RoutingTable:
                 index.eligible.clear()
             found = tuple(g for g in index.groups.values() if g.admits(required))
             index.eligible[required] = found
-        return found
+        if needs == ANY or all(g.suits(needs) for g in found):
+            return found
+        return tuple(g for g in found if g.suits(needs))
 
     def eligible(
-        self, model: str, constraints: RoutingConstraints, exclude: Collection[str] = ()
+        self,
+        model: str,
+        constraints: RoutingConstraints,
+        exclude: Collection[str] = (),
+        needs: CardNeeds = ANY,
     ) -> list[WorkerRecord]:
-        """Workers of ``model`` holding every required taint, not cordoned, not excluded."""
-        groups = self.eligible_groups(model, constraints.required_taints)
+        """Workers of ``model`` holding every required taint, not cordoned, not excluded,
+        whose card offers what ``needs`` asks."""
+        groups = self.eligible_groups(model, constraints.required_taints, needs)
         return [r for g in groups for k, r in g.members.items() if k not in exclude]
 
     def why_not(
-        self, record: WorkerRecord, constraints: RoutingConstraints, exclude: Collection[str] = ()
+        self,
+        record: WorkerRecord,
+        constraints: RoutingConstraints,
+        exclude: Collection[str] = (),
+        needs: CardNeeds = ANY,
     ) -> Ineligible | None:
         """Why ``record`` is not eligible for ``constraints``; ``None`` when it is."""
-        return why_not(record, constraints, exclude)
+        return why_not(record, constraints, exclude, needs)
 
     def unsatisfiable(
-        self, model: str, constraints: RoutingConstraints, exclude: Collection[str] = ()
+        self,
+        model: str,
+        constraints: RoutingConstraints,
+        exclude: Collection[str] = (),
+        needs: CardNeeds = ANY,
     ) -> str:
         """The sentence for a request no worker can take: what it needs, what exists."""
         index = self._models.get(model)
@@ -282,9 +368,16 @@ class RoutingTable:
             return f"no worker serves model {model!r}; {known}"
         required = constraints.required_taints
         need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
-        shown = itertools.islice(index.workers.values(), MESSAGE_WORKERS)
-        reasons = [_reason(w, constraints, exclude) for w in shown]
-        return f"no worker of model {model!r} {need}; {_count_of(len(index.workers), reasons)}"
+        workers: Collection[WorkerRecord] = index.workers.values()
+        if needs.reading is not None:
+            # The disagreeing workers are left out of the sentence too: they may be many,
+            # and a hostile record must not crowd the honest ones out of the message.
+            workers = [w for w in workers if Reading.of(w.model_card) == needs.reading]
+        if any(w.model_card.context_length < needs.context for w in workers):
+            need += f" and a context that holds {needs.tokens or needs.context} tokens"
+        shown = itertools.islice(workers, MESSAGE_WORKERS)
+        reasons = [_reason(w, constraints, exclude, needs) for w in shown]
+        return f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
 
 
 def _count_of(total: int, named: list[str]) -> str:
@@ -295,7 +388,10 @@ def _count_of(total: int, named: list[str]) -> str:
 
 
 def why_not(
-    record: WorkerRecord, constraints: RoutingConstraints, exclude: Collection[str] = ()
+    record: WorkerRecord,
+    constraints: RoutingConstraints,
+    exclude: Collection[str] = (),
+    needs: CardNeeds = ANY,
 ) -> Ineligible | None:
     """The brute-force eligibility rule, one worker at a time (the groups must agree)."""
     held = set(record.taints)
@@ -303,11 +399,23 @@ def why_not(
     missing = tuple(sorted(required - held))
     cordoned = CORDONED in held and CORDONED not in required
     excluded = record.key in exclude
-    if missing or cordoned or excluded:
-        return Ineligible(missing, cordoned, excluded)
+    reading = Reading.of(record.model_card)
+    other = reading if needs.reading is not None and needs.reading != reading else None
+    short = needs.tokens or needs.context if record.model_card.context_length < needs.context else 0
+    if missing or cordoned or excluded or other or short:
+        return Ineligible(missing, cordoned, excluded, other, short)
     return None
 
 
-def _reason(record: WorkerRecord, constraints: RoutingConstraints, exclude: Collection[str]) -> str:
-    why = why_not(record, constraints, exclude)
+def _key(group: Group) -> _GroupKey:
+    return (group.held, group.reading, group.context_length)
+
+
+def _reason(
+    record: WorkerRecord,
+    constraints: RoutingConstraints,
+    exclude: Collection[str],
+    needs: CardNeeds,
+) -> str:
+    why = why_not(record, constraints, exclude, needs)
     return why.describe(record) if why else f"{record.instance_id} is eligible"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from dynamod.errors import InvalidInputError
 from dynamod.load import Busy, Load
 from dynamod.records import WorkerRecord
+from dynamod.router.fit import ANY, CardNeeds
 from dynamod.router.prefix import APPROXIMATE, prefix_hashes
 from dynamod.router.scoring import CostTerms
 from dynamod.router.table import Ineligible
@@ -22,7 +23,8 @@ class RouteRequest:
     ``block_hashes``: chained hashes of the prompt's blocks (``prefix.prefix_hashes`` with
     the model's KV block size), for prefix reuse. ``max_wait``: seconds this request may
     wait, replacing the router's limits. ``exclude``: worker keys (``WorkerRecord.key``)
-    not to use, e.g. the worker a first attempt failed on.
+    not to use, e.g. the worker a first attempt failed on. ``needs``: what the request
+    needs of a worker's card, its reading and context (``fit.py``; ``ANY`` by default).
     """
 
     model: str
@@ -31,6 +33,7 @@ class RouteRequest:
     block_hashes: Sequence[int] = ()
     max_wait: float | None = None
     exclude: Collection[str] = ()
+    needs: CardNeeds = ANY
 
     def __post_init__(self) -> None:
         if self.prompt_tokens < 0:

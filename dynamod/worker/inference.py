@@ -104,6 +104,11 @@ class InferenceRoutes(Drains):
         self._metrics = _Metrics(registry if registry is not None else CollectorRegistry())
         self._requests = InFlight(self._metrics.in_flight)
 
+    def cut_streams(self, message: str) -> int:
+        """Returns 0: these routes relay no upstream's streams; theirs end as the engine
+        and the server stop, right after the grace."""
+        return 0
+
     def add_to(self, app: web.Application) -> None:
         """Mount the routes, and tag every response of ``app`` with the worker id."""
         app.router.add_post(COMPLETIONS.path, self._completions)

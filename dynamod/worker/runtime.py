@@ -8,7 +8,9 @@ bound addresses on stdout.
 SIGTERM / SIGINT: deregister first (routers stop choosing this worker), refuse new
 requests, let in-flight ones finish within the grace period, then close servers, engine and
 store. Exit 0 when everything finished; 70 when in-flight requests had to be cut short
-(the grace period ran out, or a second signal skipped it).
+(the grace period ran out, or a second signal skipped it): streams still open are then
+ended with an error event (code ``shutting_down``) and ``[DONE]`` where the routes relay
+them (``Routes.cut_streams``), as the daemon's front ends its own.
 
 Code running inside the worker process (an engine, a hook) changes the worker's taints
 with ``update_model_taints(taints)``, as Dynamo's ``update_model_taints(endpoint,
@@ -60,6 +62,8 @@ from dynamod.worker.writer import IN_PROCESS, TaintWriter
 log = logging.getLogger(__name__)
 
 ENGINES = ("mocker", "vllm", "openai")
+CUT_WITHIN = 1.0
+"""Seconds the handlers of streams cut at the end of the grace get to write their ending."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,11 @@ class Routes(Protocol):
 
     async def wait_idle(self) -> None: ...
 
+    def cut_streams(self, message: str) -> int:
+        """End the streams still open with an error event (``message``, code
+        ``shutting_down``) and ``[DONE]``; how many there were."""
+        ...
+
     def add_to(self, app: web.Application) -> None: ...
 
 
@@ -322,11 +331,30 @@ async def _shutdown(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(grace):
                 await wait_any(idle, signals.forced)
+        cut = 0 if idle.is_set() else routes.cut_streams(_cut_message(signals, grace))
+        if cut:
+            # Each stream's handler writes its ending: give them a bounded moment.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CUT_WITHIN):
+                    await idle.wait()
         waiter.cancel()
-    if routes.in_flight:
-        log.warning("shutting down with %d requests still in flight", routes.in_flight)
+    if routes.in_flight or cut:
+        log.warning(
+            "shutting down with %d requests still in flight (%d streams cut short)",
+            routes.in_flight,
+            cut,
+        )
         return EX_SOFTWARE
     return EX_OK
+
+
+def _cut_message(signals: Signals, grace: float) -> str:
+    why = (
+        "the worker was told to stop at once"
+        if signals.forced.is_set()
+        else f"the worker's grace period of {grace:g} s ended"
+    )
+    return f"{why}; this stream is cut short"
 
 
 async def _set_when_idle(routes: Routes, idle: asyncio.Event) -> None:

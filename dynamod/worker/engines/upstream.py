@@ -14,8 +14,16 @@ running beside it (``vllm serve``, SGLang, llama.cpp's ``llama-server``, ...).
   routers learn of a load up to an interval late, and a burst that comes and goes
   between two scrapes may never show (``bench/engines.py`` measures the lag).
 * **Health**: a scrape (or, without metrics, a health check) that fails marks the
-  upstream unhealthy (``stats().healthy``), which the worker reports to routers: they stop
-  routing to it until a later scrape succeeds.
+  upstream unhealthy (``stats().healthy``, with the reason), which the worker reports to
+  routers: they stop routing to it until a later scrape succeeds. A page the worker
+  refuses (``NaN``, an odd label, over its byte budget: ``upstream_answers.py``) fails the
+  scrape like a silence does; each distinct problem is logged once, when it starts.
+* **Background tasks** (the scrape, each KV event subscriber) run supervised: one that
+  dies of anything but cancellation is logged with why, and started again after the one
+  back-off (``backoff.py``); the scrape's death also marks the upstream unhealthy.
+* **Bad upstreams**: whatever the upstream answers at start (``/v1/models`` not a list of
+  models, ``max_model_len`` not a positive integer, an answer over its byte budget) ends
+  the start with one line naming it and exit 1, before anything is registered.
 * **Requests go through the worker** (``proxy.py``), not to the upstream directly: so
   the worker knows every request in flight (a drain that waits for them, a load without
   metrics), answers like every worker (``x-dynamo-worker-id``, 503 while draining), and
@@ -42,8 +50,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -51,8 +59,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.backoff import Backoff
+from dynamod.errors import ConfigError, InvalidInputError, UpstreamError
 from dynamod.http.inflight import InFlight
+from dynamod.http.limits import AnswerLimits
 from dynamod.records import ModelCard
 from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
@@ -60,10 +70,15 @@ from dynamod.tokenizers.bundle import Publishable, with_tokenizer
 from dynamod.worker.engines.base import Changes, EngineStats
 from dynamod.worker.engines.kvevents import KvPublisher
 from dynamod.worker.engines.scrape import Scraped, parse
+from dynamod.worker.engines.upstream_answers import read_json, read_page, served_context
 
 log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
+RESTART_FIRST = 0.5
+RESTART_CAP = 30.0
+"""Bounds of the back-off before a background task that died is started again; one that
+ran longer than the cap before dying starts the back-off over."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,8 @@ class UpstreamConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_events: str = "auto"
+    limits: AnswerLimits = field(default_factory=AnswerLimits)
+    """The most an answer of the upstream to a forwarded request may hold (``proxy.py``)."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -219,7 +236,10 @@ class UpstreamEngine:
             await self._scrape()
             self._card = self._card_of(context)
             await self._follow_kv_events()
-            self._scraper = asyncio.create_task(self._scrape_forever(), name="upstream scrape")
+            self._scraper = asyncio.create_task(
+                supervised("the upstream scrape", self._scrape_forever, self._scrape_died),
+                name="upstream scrape",
+            )
         except BaseException:
             await self._close()
             raise
@@ -306,22 +326,15 @@ class UpstreamEngine:
 
     async def _served_context(self) -> int | None:
         """Check that the upstream serves our model; its context length if it says."""
-        async with self.session.get(self.url("/v1/models"), timeout=_quick()) as response:
-            if response.status != 200:
-                raise ConfigError(
-                    f"upstream {self.config.url}/v1/models answered {response.status}"
-                )
-            body = await response.json()
-        models = {m.get("id"): m for m in body.get("data", []) if isinstance(m, dict)}
-        found = models.get(self.config.model_name)
-        if found is None:
-            served = ", ".join(sorted(str(k) for k in models)) or "none"
-            raise ConfigError(
-                f"upstream {self.config.url} does not serve model "
-                f"{self.config.model_name!r}; it serves: {served}"
-            )
-        context = found.get("max_model_len")
-        return context if isinstance(context, int) else None
+        url = self.url("/v1/models")
+        try:
+            async with self.session.get(url, timeout=_quick()) as response:
+                if response.status != 200:
+                    raise ConfigError(f"upstream {url} answered {response.status}")
+                body = await read_json(response, url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(f"upstream {url} failed: {exc or type(exc).__name__}") from None
+        return served_context(body, self.config.model_name, self.config.url)
 
     def _card_of(self, context: int | None) -> ModelCard:
         config, scraped, default = self.config, self._scraped, ModelCard(self.config.model_name)
@@ -343,33 +356,46 @@ class UpstreamEngine:
             await asyncio.sleep(self.config.scrape_interval)
             await self._scrape()
 
+    def _scrape_died(self, why: str) -> None:
+        self._mark(False, f"the scrape of upstream {self.config.url} stopped: {why}")
+
     async def _scrape(self) -> None:
         """One scrape; its outcome becomes the load and health ``stats()`` reports."""
         try:
             scraped = await self._fetch_metrics()
-        except (aiohttp.ClientError, TimeoutError, InvalidInputError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self._mark(
                 False, f"upstream {self.config.url} is not answering: {exc or type(exc).__name__}"
             )
+            return
+        except (InvalidInputError, UpstreamError) as exc:
+            self._mark(False, f"upstream {self.config.url} sent metrics the worker refuses: {exc}")
             return
         self._scraped = scraped
         self._mark(True, "")
         self._changes.changed()
 
     async def _fetch_metrics(self) -> Scraped:
-        async with self.session.get(self.url("/metrics"), timeout=_quick()) as response:
+        url = self.url("/metrics")
+        async with self.session.get(url, timeout=_quick()) as response:
             if response.status == 404:  # a server without metrics: is it alive at all?
                 if not await self._alive():
                     raise aiohttp.ClientError("its health check failed")
                 return Scraped()
             response.raise_for_status()
-            return parse(await response.text())
+            return parse(await read_page(response, url))
 
     def _mark(self, healthy: bool, reason: str) -> None:
-        if healthy != self._healthy:
-            log.warning("upstream %s", "healthy again" if healthy else reason)
-            self._healthy, self._reason = healthy, reason
-            self._changes.changed()
+        """Record the upstream's health; one log line per change, and per distinct problem
+        while it lasts (not one per scrape)."""
+        if (healthy, reason) == (self._healthy, self._reason):
+            return
+        if healthy:
+            log.warning("upstream %s healthy again", self.config.url)
+        else:
+            log.warning("%s", reason)
+        self._healthy, self._reason = healthy, reason
+        self._changes.changed()
 
     # -- KV events
 
@@ -389,8 +415,8 @@ class UpstreamEngine:
         self._kv_events = KvPublisher(self._card.total_kv_blocks)
         for endpoint, replay in sources:
             subscriber = VllmSubscriber(endpoint, self._kv_events, replay=replay)
-            task = asyncio.create_task(subscriber.run(), name=f"KV events {endpoint}")
-            self._kv_tasks.append(task)
+            follow = supervised(f"the KV events of {endpoint}", subscriber.run, _logged)
+            self._kv_tasks.append(asyncio.create_task(follow, name=f"KV events {endpoint}"))
 
     async def _kv_sources(self) -> list[tuple[str, str | None]]:
         """The publishers to follow: (endpoint, replay endpoint or None)."""
@@ -399,13 +425,44 @@ class UpstreamEngine:
             return []
         if setting != "auto":
             return [(setting, None)]
-        async with self.session.get(self.url("/kv_event_sources"), timeout=_quick()) as response:
-            if response.status != 200:
-                log.info("upstream has no /kv_event_sources (%d): no KV events", response.status)
-                return []
-            body = await response.json()
+        url = self.url("/kv_event_sources")
+        try:
+            async with self.session.get(url, timeout=_quick()) as response:
+                if response.status != 200:
+                    said = "upstream has no /kv_event_sources (%d): no KV events"
+                    log.info(said, response.status)
+                    return []
+                body = await read_json(response, url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConfigError(f"upstream {url} failed: {exc or type(exc).__name__}") from None
         host = urlsplit(self.config.url).hostname or "127.0.0.1"
         return kv_sources(body, host)
+
+
+async def supervised(
+    name: str, run: Callable[[], Awaitable[None]], died: Callable[[str], None]
+) -> None:
+    """Run ``run()`` until cancelled: each time it ends (by an exception, or by returning)
+    log why, tell ``died`` (a sentence), and start it again after the one back-off, reset
+    when a run lasted longer than its cap (it made progress). Cancelling this cancels it."""
+    backoff = Backoff(RESTART_FIRST, RESTART_CAP)
+    while True:
+        started = time.monotonic()
+        try:
+            await run()
+            why = "it returned"
+        except Exception as exc:  # noqa: BLE001 - whatever ends it is logged and survived
+            why = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() - started > RESTART_CAP:
+            backoff.reset()
+        log.warning("%s stopped (%s); starting it again", name, why)
+        died(why)
+        await backoff.wait()
+
+
+def _logged(why: str) -> None:
+    """A task whose death ``supervised`` logs, and nothing more: KV events only sharpen
+    routing (without them routers keep approximate overlap)."""
 
 
 def kv_sources(body: object, host: str) -> list[tuple[str, str | None]]:
