@@ -15,7 +15,7 @@ Use::
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` and ``GET /v1/models``
 (every model with at least one worker in the view).
 
-Per request: read the body (``prompts.reader``; ``inbound.py`` says what is checked:
+Per request: read the body (``prompts.reader``; ``prompts/body.py`` says what is checked:
 the worker's own checks, model, ``nvext`` routing constraints and ``max_wait``) the way
 most of the model's workers read it (``router.fit``: their tokenizer, block size and body
 checks; a worker that disagrees is left out and reported, never decides for the others),
@@ -75,7 +75,6 @@ from dynamod.discovery.view import WorkerView
 from dynamod.errors import PromptWorkerError, RoutingError
 from dynamod.frontend.departures import Departures
 from dynamod.frontend.front_metrics import CLIENT_CLOSED, FrontendMetrics
-from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.relay import (
     StreamRelay,
     UpstreamFailure,
@@ -316,9 +315,17 @@ class Frontend(Drains):
         chosen: ModelReading,
         started: float,
     ) -> web.StreamResponse:
-        inbound = Inbound.of(api, read.head, routable, chosen.needs(routable.context_tokens))
+        head = read.head
+        route = RouteRequest(
+            head.model,
+            head.constraints,
+            routable.prompt_tokens,
+            routable.block_hashes,
+            head.max_wait,
+            needs=chosen.needs(routable.context_tokens),
+        )
         headers = {h: request.headers[h] for h in FORWARDED_REQUEST_HEADERS if h in request.headers}
-        return await self._dispatch(_Call(request, inbound, headers, started), inbound.route)
+        return await self._dispatch(_Call(request, api, routable.raw, headers, started), route)
 
     async def _dispatch(self, call: _Call, route: RouteRequest) -> web.StreamResponse:
         """Route and forward; a failure before the worker's first byte is retried once on
@@ -346,7 +353,7 @@ class Frontend(Drains):
         if self._session is None:
             raise RuntimeError("Frontend.start() must be called before serving requests")
         worker = assignment.worker
-        upstream = await send(self._session, worker, call.inbound, call.headers)
+        upstream = await send(self._session, worker, call.api.path, call.body, call.headers)
         if isinstance(upstream, UpstreamFailure):
             return upstream
         async with upstream:
@@ -370,15 +377,18 @@ class Frontend(Drains):
 
     def _first_byte(self, call: _Call) -> None:
         elapsed = time.perf_counter() - call.started
-        self._metrics.first_byte.labels(route=call.inbound.api.route).observe(elapsed)
+        self._metrics.first_byte.labels(route=call.api.route).observe(elapsed)
 
 
 @dataclass(frozen=True)
 class _Call:
-    """One inbound request on its way: what every attempt needs."""
+    """One request on its way: what every attempt sends to a worker (``body``: the body as
+    read, with the prompt's token ids added; the forwarded ``headers``), and what the
+    answer is measured against."""
 
     request: web.Request
-    inbound: Inbound
+    api: OpenAIApi
+    body: bytes
     headers: dict[str, str]
     started: float
 

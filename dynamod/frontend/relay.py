@@ -35,7 +35,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from dynamod.errors import OversizeError
-from dynamod.frontend.inbound import Inbound
 from dynamod.frontend.replies import passed_headers
 from dynamod.http.bounded import read_body
 from dynamod.http.limits import AnswerLimits
@@ -82,18 +81,20 @@ Report = Callable[[UpstreamFailure], None]
 async def send(
     session: aiohttp.ClientSession,
     worker: WorkerRecord,
-    inbound: Inbound,
+    path: str,
+    body: bytes,
     headers: Mapping[str, str],
 ) -> aiohttp.ClientResponse | UpstreamFailure:
-    """POST ``inbound`` to ``worker``; its response once the status line is in, or why not.
+    """POST ``body`` to ``worker``'s ``path``; its response once the status line is in, or
+    why not.
 
     The caller owns a returned response and must release it (``async with``).
     """
-    url = worker.address.rstrip("/") + inbound.api.path
+    url = worker.address.rstrip("/") + path
     name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=_payload(inbound.raw), headers={**headers, "Content-Type": "application/json"}
+            url, data=_payload(body), headers={**headers, "Content-Type": "application/json"}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
