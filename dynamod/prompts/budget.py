@@ -83,7 +83,7 @@ def _cpu_used() -> float:
 
 def limit_memory(size: int) -> None:
     """Cap this process's address space at ``size`` bytes (below a hard limit already set)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
         size = min(size, hard)
     resource.setrlimit(resource.RLIMIT_AS, (size, hard))

@@ -193,9 +193,7 @@ def _blame(tokenizer: Publishable, model: str, param: str) -> _Blame | None:
 class _Owner:
     """One worker process and the task that feeds it."""
 
-    def __init__(
-        self, queue: asyncio.Queue[_Job], timeout: float, limits: TokenizerLimits
-    ) -> None:
+    def __init__(self, queue: asyncio.Queue[_Job], timeout: float, limits: TokenizerLimits) -> None:
         self._queue = queue
         self._timeout = timeout
         self._limits = limits
