@@ -62,9 +62,10 @@ own processes need the rest), at least one, at most four."""
 JOB_TIMEOUT = 60.0
 MAX_WAITING = 64
 STOP_WITHIN = 2.0
-CHILD_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
+CHILD_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "RUST_BACKTRACE": "0"}
 """One job at a time per process: no thread pools (they would also count against the
-process's address space and CPU budget)."""
+process's address space and CPU budget); a model's tokenizer that panics is one line on
+the daemon's stderr, not a backtrace."""
 
 
 @dataclass

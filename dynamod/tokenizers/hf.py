@@ -73,7 +73,9 @@ class HfTokenizer:
         self.checksum = bundle_checksum(bundle_of(files))
         try:
             self._rust = RustTokenizer.from_str(files[TOKENIZER_FILE])
-        except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
+        except BaseException as exc:  # noqa: BLE001 - a bare Exception, or a Rust panic
+            if not _from_library(exc):
+                raise
             raise InvalidInputError(f"{TOKENIZER_FILE} does not load: {exc}") from None
         config = _config(files)
         self.bos_token = _token_text(config.get("bos_token"))
@@ -110,7 +112,9 @@ class HfTokenizer:
     def _encode(self, text: str, *, special: bool) -> list[int]:
         try:
             return list(self._rust.encode(text, add_special_tokens=special).ids)
-        except Exception as exc:  # noqa: BLE001 - the library raises a bare Exception
+        except BaseException as exc:  # noqa: BLE001 - a bare Exception, or a Rust panic
+            if not _from_library(exc):
+                raise
             raise TokenizerFailedError(f"its tokenizer failed: {_named(exc)}") from None
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -194,6 +198,13 @@ def _template_of(config: Mapping[str, Any]) -> str | None:
     return template if isinstance(template, str) else None
 
 
+def _from_library(exc: BaseException) -> bool:
+    """Whether ``exc`` is the tokenizers library's failure: a bare ``Exception``, or a Rust
+    panic (pyo3's ``PanicException`` derives from ``BaseException``, so that a panic is not
+    taken for an ordinary error; here it is one: the model's ``tokenizer.json`` made it)."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 def _named(exc: BaseException) -> str:
     """``Type: message`` of an error raised by the model's code, cut short."""
     text = str(exc)
@@ -226,12 +237,13 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         self.max_output = max_output
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        integers = isinstance(left, int) and isinstance(right, int)
+        limit, unit = (POWER_BITS, "bits") if integers else (self.max_output, "items")
         size = _result_size(operator, left, right)
-        if size > (POWER_BITS if operator == "**" else self.max_output):
-            unit = "bits" if operator == "**" else "items or characters"
+        if size > limit:
             raise TokenizerFailedError(
                 f"its chat template's {operator!r} would build a value of {size} {unit}, "
-                f"over the limit of {POWER_BITS if operator == '**' else self.max_output}"
+                f"over the limit of {limit}"
             )
         return super().call_binop(context, operator, left, right)
 
@@ -243,6 +255,8 @@ def _result_size(operator: str, left: Any, right: Any) -> int:
         for seq, times in ((left, right), (right, left)):
             if isinstance(seq, _SIZED) and isinstance(times, int):
                 return len(seq) * max(times, 0)
+        if isinstance(left, int) and isinstance(right, int):
+            return _bits(left, right)
     elif operator == "+" and isinstance(left, _SIZED) and isinstance(right, _SIZED):
         return len(left) + len(right)
     elif operator == "%" and isinstance(left, str):
@@ -250,6 +264,13 @@ def _result_size(operator: str, left: Any, right: Any) -> int:
     elif operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
         return max(left.bit_length(), 1) * right
     return 0
+
+
+def _bits(left: int, right: int) -> int:
+    """The bits of ``left * right``, counted against ``POWER_BITS``: a product of large
+    integers takes long in C, where no CPU timer can stop it; a small one counts as 0."""
+    bits = left.bit_length() + right.bit_length()
+    return bits if bits > POWER_BITS else 0
 
 
 def _widest(form: str) -> int:
