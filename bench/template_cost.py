@@ -91,13 +91,24 @@ def synthetic_bundle(vocab: int) -> bytes:
                 short.append(a + b)
     specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
     added = [_added(len(tokens) + i, text) for i, text in enumerate(specials)]
+    byte_level = {
+        "type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True,
+    }  # fmt: skip
     tokenizer = {
         "version": "1.0",
+        "truncation": None,
+        "padding": None,
         "added_tokens": added,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel"},
-        "model": {"type": "BPE", "vocab": tokens, "merges": merges},
-    }
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None,
+            "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": False,
+            "byte_fallback": False, "ignore_merges": False, "vocab": tokens, "merges": merges,
+        },
+    }  # fmt: skip
     config = {"bos_token": specials[0], "eos_token": specials[3], "chat_template": LLAMA3_TEMPLATE}
     files = {"tokenizer.json": json.dumps(tokenizer), "tokenizer_config.json": json.dumps(config)}
     return canonical_json(bundle_of(files))

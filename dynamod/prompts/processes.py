@@ -17,8 +17,9 @@ Each process has one task in this object that owns it: it starts the process whe
 first job comes (``python -m dynamod.prompts.child``), sends it one job at a time from a
 shared queue, and restarts it after it died or overran ``job_timeout`` (that job fails
 with ``PromptWorkerError``, the request with a retryable 503). A caller that goes away
-leaves its job to finish; the answer is dropped. At most ``max_waiting`` jobs wait; one
-more is refused at once (``PromptWorkerError``). A tokenizer travels to a process the
+leaves its job to finish; the answer is dropped. At most ``max_waiting`` jobs, and
+``max_waiting_bytes`` of their bodies, wait; one more is refused at once
+(``PromptWorkerError``). A tokenizer travels to a process the
 first time a job needs it (its bundle's bytes, ``tokenizers.bundle.published``). On exit
 the processes' stdin is closed, which ends them; one still busy after ``STOP_WITHIN`` is
 killed.
@@ -60,7 +61,11 @@ PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 """The daemon's prompt worker processes: half the CPUs (the event loop and the workers'
 own processes need the rest), at least one, at most four."""
 JOB_TIMEOUT = 60.0
-MAX_WAITING = 64
+MAX_WAITING = 1024
+"""Jobs that may wait: every request for a model with its own tokenizer comes here, so as
+many as the router's queue holds (``RouterKnobs.max_queue``)."""
+MAX_WAITING_BYTES = 512 * 1024 * 1024
+"""Bytes of bodies that may wait: 64 of the largest (8 MiB) bodies."""
 STOP_WITHIN = 2.0
 CHILD_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "RUST_BACKTRACE": "0"}
 """One job at a time per process: no thread pools (they would also count against the
@@ -74,6 +79,7 @@ class _Job:
     tokenizer: Publishable | None
     blame: _Blame | None = None
     """Whom a failure of the tokenizer is answered as (None: the tokenizer is our own)."""
+    size: int = 0
     done: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -107,6 +113,7 @@ class PromptProcesses:
         *,
         job_timeout: float = JOB_TIMEOUT,
         max_waiting: int = MAX_WAITING,
+        max_waiting_bytes: int = MAX_WAITING_BYTES,
         limits: TokenizerLimits | None = None,
     ) -> None:
         if processes < 1:
@@ -114,7 +121,7 @@ class PromptProcesses:
         self._processes = processes
         self._timeout = job_timeout
         self.limits = limits if limits is not None else TokenizerLimits()
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue(max_waiting)
+        self._queue = _Waiting(max_waiting, max_waiting_bytes)
         self._owners: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Self:
@@ -134,8 +141,7 @@ class PromptProcesses:
     ) -> None:
         for owner in self._owners:
             await cancel_and_wait(owner)
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
+        for job in self._queue.drain():
             if not job.done.done():
                 job.done.set_exception(PromptWorkerError("the daemon is stopping"))
 
@@ -175,15 +181,48 @@ class PromptProcesses:
     async def _run(
         self, message: tuple[Any, ...], tokenizer: Publishable | None, blame: _Blame | None = None
     ) -> Any:
-        job = _Job(message, tokenizer, blame)
-        try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise PromptWorkerError(
-                f"{self._queue.maxsize} large requests are already waiting for the prompt "
-                "workers; retry later"
-            ) from None
+        job = _Job(message, tokenizer, blame, _size(message))
+        self._queue.put(job)
         return await job.done
+
+
+def _size(message: tuple[Any, ...]) -> int:
+    """The bytes a job holds while it waits: its body or text."""
+    return sum(len(part) for part in message[1:] if isinstance(part, bytes | str))
+
+
+class _Waiting:
+    """The jobs waiting for a process, in order: at most ``jobs`` of them and ``size``
+    bytes (one job always fits an empty queue)."""
+
+    def __init__(self, jobs: int, size: int) -> None:
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(jobs)
+        self._size = size
+        self._bytes = 0
+
+    def put(self, job: _Job) -> None:
+        full = self._queue.full() or (
+            self._bytes + job.size > self._size and not self._queue.empty()
+        )
+        if full:
+            raise PromptWorkerError(
+                f"{self._queue.qsize()} requests ({self._bytes} bytes) are already waiting "
+                "for the prompt workers; retry later"
+            )
+        self._queue.put_nowait(job)
+        self._bytes += job.size
+
+    async def get(self) -> _Job:
+        job = await self._queue.get()
+        self._bytes -= job.size
+        return job
+
+    def drain(self) -> list[_Job]:
+        jobs = []
+        while not self._queue.empty():
+            jobs.append(self._queue.get_nowait())
+        self._bytes = 0
+        return jobs
 
 
 def _blame(tokenizer: Publishable, model: str, param: str) -> _Blame | None:
@@ -194,7 +233,7 @@ def _blame(tokenizer: Publishable, model: str, param: str) -> _Blame | None:
 class _Owner:
     """One worker process and the task that feeds it."""
 
-    def __init__(self, queue: asyncio.Queue[_Job], timeout: float, limits: TokenizerLimits) -> None:
+    def __init__(self, queue: _Waiting, timeout: float, limits: TokenizerLimits) -> None:
         self._queue = queue
         self._timeout = timeout
         self._limits = limits

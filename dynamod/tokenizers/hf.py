@@ -73,7 +73,7 @@ class HfTokenizer:
         self.checksum = bundle_checksum(bundle_of(files))
         try:
             self._rust = RustTokenizer.from_str(files[TOKENIZER_FILE])
-        except BaseException as exc:  # noqa: BLE001 - a bare Exception, or a Rust panic
+        except BaseException as exc:  # a bare Exception, or a Rust panic; others re-raised
             if not _from_library(exc):
                 raise
             raise InvalidInputError(f"{TOKENIZER_FILE} does not load: {exc}") from None
@@ -112,7 +112,7 @@ class HfTokenizer:
     def _encode(self, text: str, *, special: bool) -> list[int]:
         try:
             return list(self._rust.encode(text, add_special_tokens=special).ids)
-        except BaseException as exc:  # noqa: BLE001 - a bare Exception, or a Rust panic
+        except BaseException as exc:  # a bare Exception, or a Rust panic; others re-raised
             if not _from_library(exc):
                 raise
             raise TokenizerFailedError(f"its tokenizer failed: {_named(exc)}") from None
