@@ -76,24 +76,20 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("templates")
     store = (where / "store").as_uri()
-    worker = Started(worker_argv(store, HONEST), r"^dynamo-worker ready:", where / "worker.err")
-    argv = [sys.executable, "-m", "tests.hostile_workers.template_fakes", store]
-    fakes = Started(argv, r"^template fakes ready:", where / "fakes.err")
     env = {
         "DYNAMO_TEMPLATE_CPU_SECONDS": str(CPU_SECONDS),
         "DYNAMO_PROMPT_PROCESS_MEMORY_MB": str(PROCESS_MEMORY_MB),
     }
-    ready = rf"^dynamod ready:.* workers={1 + len(MODELS)} "
-    try:
-        socket = where / "d.sock"
-        daemon = Started(daemon_argv(store, socket), ready, where / "d.err", env)
-        try:
-            yield Fleet(daemon, fakes)
-        finally:
-            daemon.stop()
-    finally:
-        fakes.stop()
-        worker.stop()
+    with contextlib.ExitStack() as stack:  # each stopped (its stderr checked) however it went
+        worker = Started(worker_argv(store, HONEST), r"^dynamo-worker ready:", where / "w.err")
+        stack.callback(worker.stop)
+        argv = [sys.executable, "-m", "tests.hostile_workers.template_fakes", store]
+        fakes = Started(argv, r"^template fakes ready:", where / "fakes.err")
+        stack.callback(fakes.stop)
+        ready = rf"^dynamod ready:.* workers={1 + len(MODELS)} "
+        daemon = Started(daemon_argv(store, where / "d.sock"), ready, where / "d.err", env)
+        stack.callback(daemon.stop)
+        yield Fleet(daemon, fakes)
 
 
 @pytest.fixture
