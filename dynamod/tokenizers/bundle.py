@@ -22,6 +22,7 @@ own code and is built anywhere.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -162,8 +163,6 @@ def received(raw: bytes, ref: TokenizerRef) -> Tokenizer:
 
 
 def _hf_installed() -> bool:
-    import importlib.util
-
     return all(importlib.util.find_spec(name) for name in ("tokenizers", "jinja2"))
 
 
@@ -180,7 +179,7 @@ class BundledTokenizer:
     kind: str
     checksum: str
     raw: bytes
-    _built: Tokenizer | None = field(default=None, repr=False, compare=False)
+    _built: Tokenizer | None = field(default=None, init=False, repr=False, compare=False)
 
     def bundle(self) -> dict[str, Any]:
         bundle: dict[str, Any] = json.loads(self.raw)
