@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dynamod.errors import InvalidInputError
 
 MIB = 1024 * 1024
+MIN_PROCESS_MEMORY = 256 * MIB
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,11 @@ class TokenizerLimits:
         for name in ("bundle_bytes", "cache_bytes", "max_output", "process_memory"):
             if getattr(self, name) < 1:
                 raise InvalidInputError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.process_memory < MIN_PROCESS_MEMORY:
+            raise InvalidInputError(
+                f"process_memory must be at least {MIN_PROCESS_MEMORY // MIB} MiB (a Python "
+                f"process with the tokenizers library), got {self.process_memory // MIB} MiB"
+            )
         if self.cache_bytes < self.bundle_bytes:
             raise InvalidInputError(
                 f"cache_bytes ({self.cache_bytes}) must hold at least one bundle of "
