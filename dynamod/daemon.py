@@ -112,12 +112,16 @@ class Daemon:
         router, kv = self._router()
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
-        # Each model's workers' own tokenizer: the front and explain count and hash alike.
-        tokenizers = await stack.enter_async_context(TokenizerRegistry(view))
-        feeds = EngineStreams(view, router.report, kv=kv)
-        # Large bodies and explain prompts are read in child processes (prompts/reader.py).
-        workers = await stack.enter_async_context(PromptProcesses(PROMPT_PROCESSES))
+        # Large bodies, explain prompts and every model's own tokenizer and chat template
+        # run in child processes, within the tokenizer limits (prompts/reader.py).
+        limits = settings.tokenizer_limits
+        workers = await stack.enter_async_context(PromptProcesses(PROMPT_PROCESSES, limits=limits))
         reader = PromptReader(workers)
+        # Each model's workers' own tokenizer: the front and explain count and hash alike.
+        tokenizers = await stack.enter_async_context(
+            TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer)
+        )
+        feeds = EngineStreams(view, router.report, kv=kv)
         control = Control(
             store,
             view,

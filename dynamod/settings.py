@@ -45,6 +45,20 @@ max_answer_mb      64                                          MiB of a worker's
 max_event_mb       16                                          MiB of one SSE event of a
                                                                worker's stream
 =================  ==========================================  ==========================
+
+What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
+README's "Limits and threat model" says what each refusal is):
+
+========================  =======  =============================================
+setting                   default  meaning
+========================  =======  =============================================
+tokenizer_bundle_max_mb   128      MiB of a tokenizer bundle read from a worker
+tokenizer_cache_mb        256      MiB of bundles kept (daemon, each prompt process)
+template_cpu_seconds      2        CPU seconds of a model's template and tokenizer
+                                   for one request, plus as much per MiB of prompt
+template_max_output_mb    32       Mi characters a chat template may render
+prompt_process_memory_mb  4096     MiB of address space of one prompt process
+========================  =======  =============================================
 """
 
 from __future__ import annotations
@@ -68,6 +82,7 @@ from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
 from dynamod.store import check_url
 from dynamod.taints import TaintLimits
+from dynamod.tokenizers.limits import MIB, TokenizerLimits
 
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -100,6 +115,11 @@ class DaemonSettings:
     router: RouterKnobs = field(default_factory=RouterKnobs)
     max_answer_mb: float = AnswerLimits.whole / 1024 / 1024
     max_event_mb: float = AnswerLimits.event / 1024 / 1024
+    tokenizer_bundle_max_mb: float = TokenizerLimits.bundle_bytes / MIB
+    tokenizer_cache_mb: float = TokenizerLimits.cache_bytes / MIB
+    template_cpu_seconds: float = TokenizerLimits.cpu_seconds
+    template_max_output_mb: float = TokenizerLimits.max_output / MIB
+    prompt_process_memory_mb: float = TokenizerLimits.process_memory / MIB
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -130,6 +150,10 @@ class DaemonSettings:
             self.taint_limits  # noqa: B018 - built to check max_taints and max_taint_bytes
         except InvalidInputError as exc:
             raise ConfigError(f"max_taints / max_taint_bytes: {exc}") from None
+        try:
+            self.tokenizer_limits  # noqa: B018 - built to check the five tokenizer bounds
+        except InvalidInputError as exc:
+            raise ConfigError(f"tokenizer and template limits: {exc}") from None
         if not self.listen:
             raise ConfigError("listen needs at least one address")
         for address in self.listen:
@@ -154,6 +178,18 @@ class DaemonSettings:
     def taint_limits(self) -> TaintLimits:
         return TaintLimits(self.max_taints, self.max_taint_bytes)
 
+    @property
+    def tokenizer_limits(self) -> TokenizerLimits:
+        """What a model's own tokenizer may cost (``tokenizers.limits``), from the
+        ``tokenizer_*``, ``template_*`` and ``prompt_process_memory_mb`` settings."""
+        return TokenizerLimits(
+            bundle_bytes=_mib(self.tokenizer_bundle_max_mb, "tokenizer_bundle_max_mb"),
+            cache_bytes=_mib(self.tokenizer_cache_mb, "tokenizer_cache_mb"),
+            cpu_seconds=self.template_cpu_seconds,
+            max_output=_mib(self.template_max_output_mb, "template_max_output_mb"),
+            process_memory=_mib(self.prompt_process_memory_mb, "prompt_process_memory_mb"),
+        )
+
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
             if not address[len("unix://") :].startswith("/"):
@@ -174,6 +210,12 @@ def parse_hostport(text: str, name: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigError(f"{name} {text!r} must look like HOST:PORT (port 0-65535)")
     return host.strip("[]"), int(port)
+
+
+def _mib(value: float, name: str) -> int:
+    if not math.isfinite(value) or not 0 < value < 1e7:
+        raise InvalidInputError(f"{name} must be a number of MiB above 0, got {value!r}")
+    return int(value * MIB)
 
 
 def _path(value: object) -> Path | None:
@@ -222,6 +264,11 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "replica_id": str,
     "max_answer_mb": _number(float),
     "max_event_mb": _number(float),
+    "tokenizer_bundle_max_mb": _number(float),
+    "tokenizer_cache_mb": _number(float),
+    "template_cpu_seconds": _number(float),
+    "template_max_output_mb": _number(float),
+    "prompt_process_memory_mb": _number(float),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

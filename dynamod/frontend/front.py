@@ -86,7 +86,14 @@ from dynamod.frontend.relay import (
 from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
 from dynamod.http.inflight import Drains, InFlight
 from dynamod.http.limits import AnswerLimits
-from dynamod.http.openai import CHAT, COMPLETIONS, FieldError, OpenAIApi, error_response
+from dynamod.http.openai import (
+    CHAT,
+    COMPLETIONS,
+    FieldError,
+    ModelTemplateError,
+    OpenAIApi,
+    error_response,
+)
 from dynamod.http.sse import OpenStreams
 from dynamod.prompts.body import CardLimits, Routable
 from dynamod.prompts.reader import PromptReader, Read
@@ -416,7 +423,7 @@ def _limits(chosen: ModelReading) -> CardLimits:
     """What reading a body checks: the reading's block size and body checks, and the
     largest context of its workers (a request over it fits no worker: 400)."""
     reading = chosen.reading
-    return CardLimits(reading.block_size, chosen.context_length, reading.checked)
+    return CardLimits(reading.block_size, chosen.context_length, reading.checked, chosen.card.name)
 
 
 def _alone(card: ModelCard) -> ModelReading:
@@ -428,5 +435,6 @@ def _refused(exc: FieldError | PromptWorkerError) -> web.Response:
     """The answer to a body that could not be read: a 4xx naming the field, or a retryable
     503 while the prompt worker processes cannot take it."""
     if isinstance(exc, FieldError):
-        return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
+        code = exc.openai_code if isinstance(exc, ModelTemplateError) else "invalid_value"
+        return error_response(exc.status, str(exc), code, param=exc.param)
     return error_response(503, str(exc), "prompt_workers_busy", retry_after=RETRY_AFTER_SECONDS)

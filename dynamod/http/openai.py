@@ -32,6 +32,7 @@ from aiohttp import web
 from dynamod.errors import InvalidInputError
 from dynamod.http.limits import fits_body, load_json
 from dynamod.tokenizers import ChatMessage, Tokenizer
+from dynamod.tokenizers.base import TemplateRefusedError, TokenizerFailedError
 
 Json = dict[str, Any]
 WORKER_ID_HEADER = "x-dynamo-worker-id"
@@ -58,6 +59,24 @@ class FieldError(InvalidInputError):
 
     def fields(self) -> dict[str, object]:
         return {"param": self.param, "message": str(self), "status": self.status}
+
+
+class ModelTemplateError(FieldError):
+    """The model's own chat template or tokenizer failed on this request or ran past a
+    bound (``tokenizers.base.TokenizerFailedError``): the model is at fault, not the
+    request, so the answer is a 500 (``server_error``) whose message names the model;
+    ``openai_code`` is the OpenAI error code it is answered with. ``param`` is the prompt's
+    field (``messages`` or ``prompt``)."""
+
+    openai_code = "model_template_error"
+
+    def __init__(self, model: str, param: str, reason: str) -> None:
+        super().__init__(param, f"model {model!r}: {reason}" if model else reason, status=500)
+        self.model = model
+        self.reason = reason
+
+    def fields(self) -> dict[str, object]:
+        return {"model": self.model, "param": self.param, "reason": self.reason}
 
 
 def brief(value: object, limit: int = 80) -> str:
@@ -124,7 +143,12 @@ def completion_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         forwarded = forwarded_ids(body, tokenizer)
-        return forwarded if forwarded is not None else tuple(tokenizer.encode(prompt))
+        if forwarded is not None:
+            return forwarded
+        try:
+            return tuple(tokenizer.encode(prompt))
+        except TokenizerFailedError as exc:
+            raise ModelTemplateError(model_of(body), "prompt", str(exc)) from None
     if isinstance(prompt, list) and all(type(t) is int for t in prompt):
         return tuple(prompt)
     raise FieldError(
@@ -144,7 +168,11 @@ def chat_prompt(body: Json, tokenizer: Tokenizer) -> tuple[int, ...]:
         return forwarded
     try:
         return tuple(tokenizer.encode_chat(turns))
-    except InvalidInputError as exc:  # the model's template refused the messages
+    except TemplateRefusedError as exc:  # the template refused these messages: a 400
+        raise FieldError("messages", f"model {model_of(body)!r}: {exc}") from None
+    except TokenizerFailedError as exc:  # the model's template broke or overran: a 500
+        raise ModelTemplateError(model_of(body), "messages", str(exc)) from None
+    except InvalidInputError as exc:  # no chat template
         raise FieldError("messages", str(exc)) from None
 
 

@@ -60,11 +60,13 @@ class CardLimits:
     context_length: int
     checked: bool
     """Whether the model's workers check bodies themselves, so the front checks first."""
+    name: str = ""
+    """The model's name, for the messages that blame the model rather than the request."""
 
     @classmethod
     def of(cls, card: ModelCard) -> CardLimits:
         checked = card.engine not in FORWARDING_ENGINES
-        return cls(card.kv_block_size, card.context_length, checked)
+        return cls(card.kv_block_size, card.context_length, checked, card.name)
 
 
 @dataclass(frozen=True)

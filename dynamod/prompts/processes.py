@@ -17,10 +17,20 @@ Each process has one task in this object that owns it: it starts the process whe
 first job comes (``python -m dynamod.prompts.child``), sends it one job at a time from a
 shared queue, and restarts it after it died or overran ``job_timeout`` (that job fails
 with ``PromptWorkerError``, the request with a retryable 503). A caller that goes away
-leaves its job to finish; the answer is dropped. At most ``max_waiting`` jobs wait; one
-more is refused at once (``PromptWorkerError``). A tokenizer travels to a process the
-first time a job needs it (its bundle, ``tokenizers.bundle``). On exit the processes'
-stdin is closed, which ends them; one still busy after ``STOP_WITHIN`` is killed.
+leaves its job to finish; the answer is dropped. At most ``max_waiting`` jobs, and
+``max_waiting_bytes`` of their bodies, wait; one more is refused at once
+(``PromptWorkerError``). A tokenizer travels to a process the
+first time a job needs it (its bundle's bytes, ``tokenizers.bundle.published``). On exit
+the processes' stdin is closed, which ends them; one still busy after ``STOP_WITHIN`` is
+killed.
+
+Models' own tokenizers and chat templates run here, never on the daemon's loop, within
+``limits`` (``tokenizers.limits.TokenizerLimits``, enforced in the child: ``child.py``).
+What a model's tokenizer does wrong is the model's fault, answered as such
+(``ModelTemplateError``, a 500 naming the model): it raised or overran a bound, it does not
+build here, or the kernel ended the process for its CPU time (``SIGXCPU``: the process is
+replaced). ``check_tokenizer`` builds a fetched bundle in a process before the daemon uses
+it (``boundary.TokenizerRegistry``).
 """
 
 from __future__ import annotations
@@ -29,17 +39,21 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
 from dynamod.errors import InvalidInputError, PromptWorkerError
-from dynamod.http.openai import OpenAIApi
+from dynamod.http.openai import ModelTemplateError, OpenAIApi
 from dynamod.prompts import wire
 from dynamod.prompts.body import CardLimits, Head, Routable, Tokenized
+from dynamod.prompts.child import limits_arg
 from dynamod.tasks import cancel_and_wait
-from dynamod.tokenizers.bundle import Publishable
+from dynamod.tokenizers import SimpleTokenizer
+from dynamod.tokenizers.bundle import Publishable, TokenizerUnavailableError, published
+from dynamod.tokenizers.limits import TokenizerLimits
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +61,47 @@ PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
 """The daemon's prompt worker processes: half the CPUs (the event loop and the workers'
 own processes need the rest), at least one, at most four."""
 JOB_TIMEOUT = 60.0
-MAX_WAITING = 64
+MAX_WAITING = 1024
+"""Jobs that may wait: every request for a model with its own tokenizer comes here, so as
+many as the router's queue holds (``RouterKnobs.max_queue``)."""
+MAX_WAITING_BYTES = 512 * 1024 * 1024
+"""Bytes of bodies that may wait: 64 of the largest (8 MiB) bodies."""
 STOP_WITHIN = 2.0
+CHILD_ENV = {"TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1", "RUST_BACKTRACE": "0"}
+"""One job at a time per process: no thread pools (they would also count against the
+process's address space and CPU budget); a model's tokenizer that panics is one line on
+the daemon's stderr, not a backtrace."""
 
 
 @dataclass
 class _Job:
     message: tuple[Any, ...]
     tokenizer: Publishable | None
+    blame: _Blame | None = None
+    """Whom a failure of the tokenizer is answered as (None: the tokenizer is our own)."""
+    size: int = 0
     done: asyncio.Future[Any] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+@dataclass(frozen=True)
+class _Blame:
+    """The model a job runs the tokenizer of, and the prompt's field."""
+
+    model: str
+    param: str
+
+    def error(self, reason: str) -> ModelTemplateError:
+        return ModelTemplateError(self.model, self.param, reason)
+
+
+class _Died(PromptWorkerError):
+    """The process ended during a job; ``signal`` is the one that ended it, if any."""
+
+    def __init__(self, message: str, signum: int | None) -> None:
+        super().__init__(message)
+        self.signal = signum
 
 
 class PromptProcesses:
@@ -69,17 +113,22 @@ class PromptProcesses:
         *,
         job_timeout: float = JOB_TIMEOUT,
         max_waiting: int = MAX_WAITING,
+        max_waiting_bytes: int = MAX_WAITING_BYTES,
+        limits: TokenizerLimits | None = None,
     ) -> None:
         if processes < 1:
             raise InvalidInputError(f"prompt workers need at least 1 process, got {processes}")
         self._processes = processes
         self._timeout = job_timeout
-        self._queue: asyncio.Queue[_Job] = asyncio.Queue(max_waiting)
+        self.limits = limits if limits is not None else TokenizerLimits()
+        self._queue = _Waiting(max_waiting, max_waiting_bytes)
         self._owners: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> Self:
         self._owners = [
-            asyncio.create_task(_Owner(self._queue, self._timeout).run(), name=f"prompt worker {i}")
+            asyncio.create_task(
+                _Owner(self._queue, self._timeout, self.limits).run(), name=f"prompt worker {i}"
+            )
             for i in range(self._processes)
         ]
         return self
@@ -92,8 +141,7 @@ class PromptProcesses:
     ) -> None:
         for owner in self._owners:
             await cancel_and_wait(owner)
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
+        for job in self._queue.drain():
             if not job.done.done():
                 job.done.set_exception(PromptWorkerError("the daemon is stopping"))
 
@@ -105,32 +153,90 @@ class PromptProcesses:
         self, raw: bytes, api: OpenAIApi, tokenizer: Publishable, model: CardLimits
     ) -> Routable:
         job = ("prepare", raw, api.kind, tokenizer.checksum, model)
-        found: Routable = await self._run(job, tokenizer)
+        param = "messages" if api.kind == "chat" else "prompt"
+        found: Routable = await self._run(job, tokenizer, _blame(tokenizer, model.name, param))
         return found
 
-    async def tokenize_text(self, text: str, tokenizer: Publishable, block_size: int) -> Tokenized:
+    async def tokenize_text(
+        self, text: str, tokenizer: Publishable, block_size: int, model: str = ""
+    ) -> Tokenized:
         job = ("tokenize", text, tokenizer.checksum, block_size)
-        found: Tokenized = await self._run(job, tokenizer)
+        found: Tokenized = await self._run(job, tokenizer, _blame(tokenizer, model, "prompt"))
         return found
 
-    async def _run(self, message: tuple[Any, ...], tokenizer: Publishable | None) -> Any:
-        job = _Job(message, tokenizer)
+    async def check_tokenizer(self, raw: bytes, checksum: str) -> None:
+        """Build the bundle ``raw`` in a process, within the limits; raises
+        ``TokenizerUnavailableError`` when it does not build (or ``PromptWorkerError``
+        when no process can try now)."""
         try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            raise PromptWorkerError(
-                f"{self._queue.maxsize} large requests are already waiting for the prompt "
-                "workers; retry later"
+            await self._run(("tokenizer", checksum, raw), None)
+        except _Died as exc:
+            if exc.signal != signal.SIGXCPU:
+                raise
+            raise TokenizerUnavailableError(
+                f"building the tokenizer ran past its CPU-time bound of "
+                f"{self.limits.cpu_for(len(raw)):.3g} s"
             ) from None
+
+    async def _run(
+        self, message: tuple[Any, ...], tokenizer: Publishable | None, blame: _Blame | None = None
+    ) -> Any:
+        job = _Job(message, tokenizer, blame, _size(message))
+        self._queue.put(job)
         return await job.done
+
+
+def _size(message: tuple[Any, ...]) -> int:
+    """The bytes a job holds while it waits: its body or text."""
+    return sum(len(part) for part in message[1:] if isinstance(part, bytes | str))
+
+
+class _Waiting:
+    """The jobs waiting for a process, in order: at most ``jobs`` of them and ``size``
+    bytes (one job always fits an empty queue)."""
+
+    def __init__(self, jobs: int, size: int) -> None:
+        self._queue: asyncio.Queue[_Job] = asyncio.Queue(jobs)
+        self._size = size
+        self._bytes = 0
+
+    def put(self, job: _Job) -> None:
+        full = self._queue.full() or (
+            self._bytes + job.size > self._size and not self._queue.empty()
+        )
+        if full:
+            raise PromptWorkerError(
+                f"{self._queue.qsize()} requests ({self._bytes} bytes) are already waiting "
+                "for the prompt workers; retry later"
+            )
+        self._queue.put_nowait(job)
+        self._bytes += job.size
+
+    async def get(self) -> _Job:
+        job = await self._queue.get()
+        self._bytes -= job.size
+        return job
+
+    def drain(self) -> list[_Job]:
+        jobs = []
+        while not self._queue.empty():
+            jobs.append(self._queue.get_nowait())
+        self._bytes = 0
+        return jobs
+
+
+def _blame(tokenizer: Publishable, model: str, param: str) -> _Blame | None:
+    """Whom a job's tokenizer failures blame: the model, unless it is our own tokenizer."""
+    return None if isinstance(tokenizer, SimpleTokenizer) else _Blame(model, param)
 
 
 class _Owner:
     """One worker process and the task that feeds it."""
 
-    def __init__(self, queue: asyncio.Queue[_Job], timeout: float) -> None:
+    def __init__(self, queue: _Waiting, timeout: float, limits: TokenizerLimits) -> None:
         self._queue = queue
         self._timeout = timeout
+        self._limits = limits
         self._proc: asyncio.subprocess.Process | None = None
 
     async def run(self) -> None:
@@ -152,7 +258,7 @@ class _Owner:
             kind, value = await self._ask(job)
         except PromptWorkerError as exc:
             await self._kill()
-            kind, value = "error", exc
+            kind, value = "error", self._overrun(job, exc)
         if job.done.done():  # its caller went away: the answer is dropped
             return
         if kind == "ok":
@@ -160,11 +266,25 @@ class _Owner:
         else:
             job.done.set_exception(value)
 
+    def _overrun(self, job: _Job, exc: PromptWorkerError) -> Exception:
+        """The job's error once its process failed: the model's, when the kernel ended
+        the process for the CPU time of the model's tokenizer."""
+        if job.blame is None or not isinstance(exc, _Died) or exc.signal != signal.SIGXCPU:
+            return exc
+        return job.blame.error(
+            f"its chat template or tokenizer ran past its CPU-time bound "
+            f"(template_cpu_seconds: {self._limits.cpu_seconds:g} s, plus as much per MiB of "
+            "prompt); the prompt process was ended and replaced"
+        )
+
     async def _ask(self, job: _Job) -> tuple[str, Any]:
         """The job's answer; a tokenizer the process lacks is sent first."""
         answer = await self._exchange(job.message)
         if answer[0] == "need" and job.tokenizer is not None:
-            await self._exchange(("tokenizer", job.tokenizer.checksum, job.tokenizer.bundle()))
+            raw = published(job.tokenizer)
+            installed = await self._exchange(("tokenizer", job.tokenizer.checksum, raw))
+            if installed[0] == "error":
+                return ("error", _not_built(job, installed[1]))
             answer = await self._exchange(job.message)
         if answer[0] == "need":
             raise PromptWorkerError(f"the prompt worker lacks tokenizer {answer[1]}")
@@ -187,9 +307,10 @@ class _Owner:
             ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             code = await _exit_code(proc)
-            raise PromptWorkerError(
-                f"the prompt worker (pid {proc.pid}) exited ({code}) while preparing the "
-                f"request: {type(exc).__name__}"
+            raise _Died(
+                f"the prompt worker (pid {proc.pid}) exited ({_exit_text(code)}) while "
+                f"preparing the request: {type(exc).__name__}",
+                -code if code is not None and code < 0 else None,
             ) from None
         return answer
 
@@ -199,9 +320,11 @@ class _Owner:
                 sys.executable,
                 "-m",
                 "dynamod.prompts.child",
+                limits_arg(self._limits),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 limit=2**16,
+                env={**os.environ, **CHILD_ENV},
             )
             log.info("prompt worker started: pid %d", self._proc.pid)
         return self._proc
@@ -231,10 +354,28 @@ class _Owner:
                 await proc.stdin.wait_closed()
 
 
-async def _exit_code(proc: asyncio.subprocess.Process) -> str:
+def _not_built(job: _Job, error: Exception) -> Exception:
+    """The job's error when its tokenizer does not build in the process."""
+    if job.blame is None:
+        return PromptWorkerError(f"the prompt worker cannot build the tokenizer: {error}")
+    return job.blame.error(f"its tokenizer does not build in a prompt process: {error}")
+
+
+async def _exit_code(proc: asyncio.subprocess.Process) -> int | None:
+    """The process's exit code (negative: the signal that ended it); None while it runs."""
     try:
         async with asyncio.timeout(1.0):
-            code = await proc.wait()
+            return await proc.wait()
     except TimeoutError:
+        return None
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
         return "still running"
+    if code < 0:
+        try:
+            return f"ended by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"ended by signal {-code}"
     return f"exit code {code}"

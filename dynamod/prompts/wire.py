@@ -2,9 +2,11 @@
 stdin and stdout: frames of an 8-byte big-endian length and a pickle.
 
 A job is a tuple whose first item names it (``OPS``); the answer is ``("ok", value)``,
-``("error", exception)`` for a refusal the request gets (a ``FieldError`` or an
-``InvalidInputError``), or ``("need", checksum)`` when the worker does not hold that
-tokenizer yet: the daemon then sends ``("tokenizer", checksum, bundle)`` and the job again.
+``("error", exception)`` for a refusal the request gets (a ``FieldError``, a model's
+tokenizer that failed or does not build, a fault of the process's own), or
+``("need", checksum)`` when the worker does not hold that tokenizer yet: the daemon then
+sends ``("tokenizer", checksum, raw)`` (the bundle's bytes,
+``tokenizers.bundle.published``) and the job again.
 Both ends are this program, so pickle is safe here; nothing from outside is unpickled.
 """
 

@@ -13,7 +13,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dynamod.errors import DynamoError, InvalidInputError
 from dynamod.records import canonical_json
+
+
+class TemplateRefusedError(InvalidInputError):
+    """A model's chat template refused the messages on purpose (its ``raise_exception``,
+    as Hugging Face templates refuse roles out of order): the request's fault."""
+
+
+class TokenizerFailedError(DynamoError):
+    """A model's own tokenizer, its chat template included, failed on a request or ran past
+    a bound (the characters it may render, the CPU time it may take). Workers publish it
+    and the daemon runs it as untrusted code: the model is at fault, not the request, and
+    must be fixed where it is served."""
 
 
 @dataclass(frozen=True)

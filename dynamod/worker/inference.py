@@ -150,7 +150,7 @@ class InferenceRoutes(Drains):
             check_fits(len(prompt_ids), wanted, self._engine.model_card().context_length, api)
             chunks = self._engine.generate(_generate_request(request, reply_id, prompt_ids, wanted))
         except FieldError as exc:
-            return error_response(400, str(exc), "invalid_value", param=exc.param)
+            return error_response(exc.status, str(exc), "invalid_value", param=exc.param)
         except InvalidInputError as exc:
             return error_response(400, str(exc), "invalid_value")
         except _ModelNotFound as exc:

@@ -70,7 +70,7 @@ async def test_a_full_queue_refuses_at_once() -> None:
         # Both are queued before the owner task runs: the second finds the queue full.
         first = asyncio.ensure_future(workers.read_head(CHAT_BODY))
         second = asyncio.ensure_future(workers.read_head(CHAT_BODY))
-        with pytest.raises(PromptWorkerError, match="1 large requests are already waiting"):
+        with pytest.raises(PromptWorkerError, match=r"1 requests \(\d+ bytes\) are already"):
             await second
         assert (await first).model == "m"
 
@@ -86,3 +86,13 @@ async def test_the_reader_keeps_small_bodies_on_the_loop() -> None:
         assert await reader.read_prompt(small, CHAT, TOKENIZER, MODEL) == await reader.read_prompt(
             large, CHAT, TOKENIZER, MODEL
         )
+
+
+async def test_waiting_jobs_are_bounded_by_bytes_as_well_as_by_count() -> None:
+    async with PromptProcesses(1, max_waiting_bytes=len(CHAT_BODY) + 1) as workers:
+        # One job always fits an empty queue; the second would pass the byte bound.
+        first = asyncio.ensure_future(workers.read_head(CHAT_BODY))
+        second = asyncio.ensure_future(workers.read_head(CHAT_BODY))
+        with pytest.raises(PromptWorkerError, match=rf"\({len(CHAT_BODY)} bytes\) are already"):
+            await second
+        assert (await first).model == "m"
