@@ -116,7 +116,8 @@ def test_a_card_not_understood_leaves_its_worker_out_reported_once_per_revision(
     joined.apply(put(values.instance_key(W), values.instance(W), 4))
     with caplog.at_level(logging.ERROR):
         assert joined.apply(put(values.card_key(W), bad, 5)) == []
-        joined.load(registered(bad, at=5))
+        instance = Entry(values.instance_key(W), values.instance(W), 4)
+        joined.load([instance, Entry(values.card_key(W), bad, 5)])  # the same, read again
     assert kinds == ["card"]
     (line,) = [r.getMessage() for r in caplog.records]
     assert values.card_key(W) in line and '"type" is "ModelV2"' in line and "left out" in line
