@@ -43,8 +43,8 @@ def card(
     model: str = "lab-model",
 ) -> bytes:
     """A model card like the captured one, for worker ``instance``: ``taints`` (None: the
-    key absent, as at a registration without any), a topology zone, the system port its
-    file URLs name."""
+    key absent, as at a registration without any taint or topology), a topology zone, the
+    system port its file URLs name."""
     obj = captured_json("mdc.topology_zone_b.after_route_update.json")
     obj["instance_id"] = instance
     body = obj["card_json"]
@@ -58,8 +58,8 @@ def card(
         runtime |= {"topology_domains": {"zone": zone}, "kv_transfer_domain": "zone",
                     "kv_transfer_enforcement": "required"}  # fmt: skip
         generated = [f"dynamo.topology/zone={zone}"]
-    if taints is not None:
-        runtime["taints"] = sorted({*taints, *generated})
+    if taints is not None or generated:
+        runtime["taints"] = sorted({*(taints or ()), *generated})
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
