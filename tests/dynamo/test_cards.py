@@ -92,7 +92,7 @@ def test_a_card_url_on_every_interface_takes_the_request_plane_host() -> None:
 
 def test_lora_adapters_are_listed_with_their_base_worker() -> None:
     record = read(values.card(0x3B), loras=("lab-lora",))
-    assert record.extra["dynamo"]["loras"] == ["lab-lora"]
+    assert record.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
     assert record.model == "lab-model"
 
 

@@ -58,7 +58,7 @@ async def test_the_captured_tree_lists_both_workers_with_the_lora(store: DynamoS
     entries, _ = await store.list("v1/workers")
     assert ids(entries) == [BASE, OTHER]
     base = WorkerRecord.from_bytes(next(e for e in entries if BASE in e.key).value)
-    assert base.extra["dynamo"]["loras"] == ["lab-lora"]
+    assert base.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
     assert base.system_address.startswith("http://127.0.0.1:")
 
 

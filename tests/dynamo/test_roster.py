@@ -52,7 +52,7 @@ def test_the_captured_fleet_with_a_lora_and_a_stock_mocker_loads_as_two_workers(
     found = {WorkerRecord.from_bytes(e.value).instance_id: e for e in joined.entries()}
     assert sorted(found) == ["13b0a2323c3786f7", "13b0a2323c378709"]  # no KV-query endpoints
     base = WorkerRecord.from_bytes(found["13b0a2323c3786f7"].value)
-    assert base.extra["dynamo"]["loras"] == ["lab-lora"]
+    assert base.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
     assert found["13b0a2323c3786f7"].revision == 63  # its newest part: the card's update
 
 
@@ -90,9 +90,9 @@ def test_a_lora_card_shows_as_its_worker_leaving_and_coming_back() -> None:
     joined.load(registered(values.card(W)))
     gone, back = joined.apply(put(values.card_key(W, "lab-lora"), values.lora_card(W), 9))
     assert gone == Delete(SHOWN, 9) and isinstance(back, Put) and back.revision == 9
-    assert shown(back).extra["dynamo"]["loras"] == ["lab-lora"]
+    assert shown(back).model_card.extra["dynamo"]["loras"] == ["lab-lora"]
     gone, back = joined.apply(Delete(values.card_key(W, "lab-lora"), 12))
-    assert gone == Delete(SHOWN, 12) and shown(back).extra["dynamo"]["loras"] == []
+    assert gone == Delete(SHOWN, 12) and shown(back).model_card.extra["dynamo"]["loras"] == []
 
 
 def test_other_keys_change_nothing() -> None:

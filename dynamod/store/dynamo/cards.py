@@ -28,8 +28,9 @@ key's hex segment                      ``instance_id`` (and the key under ``v1/w
 ``kv_transfer_*``
 the card's file URLs                   ``system_address`` (``addresses``)
 ``v1/instances/...`` ``transport``     ``address`` (``tcp://host:port``), ``host``
-LoRA cards below the card              ``extra.dynamo.loras`` (their names): listed with
-                                       the base worker, never written
+LoRA cards below the card              ``model_card.dynamo.loras`` (their names): listed
+                                       with the base worker, never written; workers that
+                                       serve other adapters are not alike (mdcsum)
 =====================================  =====================================================
 """
 
@@ -52,7 +53,7 @@ RecordKind = Literal["card", "instance"]
 ENGINE = "dynamo"
 """``model_card.engine`` of every Dynamo worker."""
 MODEL_FIELDS = ("slug", "model_type", "model_input", "worker_type")
-"""What of the card describes the model (so workers serving it alike share an mdcsum)."""
+"""What of the card describes the model (workers serving it alike share an mdcsum)."""
 
 
 class NotUnderstood(Exception):
@@ -89,24 +90,13 @@ def worker_record(
     runtime = _Fields(model.get("runtime_config", dict) or {}, parts.card.key, "card",
                       "card_json.runtime_config")  # fmt: skip
     transport, address, host = _transport(parts.instance)
-    defaults = ModelCard(name="")
-    record = WorkerRecord(
+    return WorkerRecord(
         instance_id=ref.instance,
         namespace=ref.namespace,
         component=ref.component,
         endpoint=ref.endpoint,
         address=address,
-        model_card=ModelCard(
-            name=_name(model),
-            engine=ENGINE,
-            kv_block_size=model.need("kv_cache_block_size", int),
-            context_length=_context(model),
-            max_num_batched_tokens=runtime.get("max_num_batched_tokens", int)
-            or defaults.max_num_batched_tokens,
-            max_num_seqs=runtime.get("max_num_seqs", int) or defaults.max_num_seqs,
-            total_kv_blocks=runtime.get("total_kv_blocks", int) or defaults.total_kv_blocks,
-            extra={"dynamo": {k: model.obj[k] for k in MODEL_FIELDS if k in model.obj}},
-        ),
+        model_card=_model_card(model, runtime, loras),
         runtime_config=_runtime(runtime),
         system_address=addresses.of(ref.instance, host, model.obj),
         host=host,
@@ -114,12 +104,26 @@ def worker_record(
             "dynamo": {
                 "card_key": ref.card_key,
                 "instance_id": str(ref.number),
-                "loras": list(loras),
                 "transport": transport,
             }
         },
     )
-    return record
+
+
+def _model_card(model: _Fields, runtime: _Fields, loras: tuple[str, ...]) -> ModelCard:
+    defaults = ModelCard(name="")
+    described = {k: model.obj[k] for k in MODEL_FIELDS if k in model.obj}
+    return ModelCard(
+        name=_name(model),
+        engine=ENGINE,
+        kv_block_size=model.need("kv_cache_block_size", int),
+        context_length=_context(model),
+        max_num_batched_tokens=runtime.get("max_num_batched_tokens", int)
+        or defaults.max_num_batched_tokens,
+        max_num_seqs=runtime.get("max_num_seqs", int) or defaults.max_num_seqs,
+        total_kv_blocks=runtime.get("total_kv_blocks", int) or defaults.total_kv_blocks,
+        extra={"dynamo": {**described, "loras": list(loras)}},
+    )
 
 
 def _object(entry: Entry, kind: RecordKind) -> Json:

@@ -65,7 +65,7 @@ class Shown:
 
     @property
     def loras(self) -> object:
-        return self.record.extra.get("dynamo", {}).get("loras")
+        return self.record.model_card.extra.get("dynamo", {}).get("loras")
 
 
 class Roster:
