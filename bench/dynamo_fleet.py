@@ -11,7 +11,8 @@
    (``nvext.worker_id.decode_worker_id``). Three ways, interleaved sample by sample so
    background load falls on each alike:
 
-   * ``curl`` to the worker's route: the floor (what Dynamo alone offers);
+   * ``curl`` to the worker's route: the floor (what Dynamo alone offers), and the same
+     ``POST`` from this process (the floor of the Python client: no process to start);
    * ``dynamoctl taints set``: a fresh process, through dynamod, which posts the whole
      set to the same route and returns once the store shows it (its verification);
    * the Python client (``AsyncClient.update_model_taints``, one warm connection): the
@@ -25,8 +26,8 @@
    ones (``tests/dynamo/values.py``); a dynamod on ``dynamo+etcd://``: its start → ready
    (the first snapshot read and joined), then ``dynamoctl workers ls`` (table, ``-o
    json``, a selector), ``--runs`` fresh processes each. Floors, in the same run:
-   ``etcdctl get --prefix v1/mdc`` (a Go CLI reading the same cards raw) and
-   ``dynamoctl workers ls`` of as many of dynamod's own worker records, on the same etcd.
+   ``etcdctl get --prefix v1/mdc`` (a Go CLI reading the same cards raw), and a dynamod
+   on as many of its own worker records, on the same etcd: its start and its listing.
 
 Needs Dynamo's venv (``bench/peer/venv.py`` builds it when missing, ~60 s). Tables on
 stdout; ``--json`` writes the figures; ``--results`` writes the "Dynamo fleets" section
@@ -61,7 +62,7 @@ from dynamod.discovery.registration import register
 from dynamod.store import Store
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
-from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model
+from tests.dynamo.fleet import DynamoFleet, WorkerSpec, post_json, build_model
 from tests.procs import Started, daemon_argv, dynamoctl
 from tests.servers import EtcdServer, etcd_binary
 
@@ -140,6 +141,11 @@ def _ways(
         _run(["curl", "-sf", "-X", "POST", "-d", body,
               f"{systems[worker]}/engine/update/model_taints"], os.environ.copy())  # fmt: skip
 
+    def post(worker: str, taint: str) -> None:
+        status, _ = post_json(f"{systems[worker]}/engine/update/model_taints", {"taints": [taint]})
+        if status != 200:
+            raise RuntimeError(f"the route of {worker} answered {status}")
+
     def ctl(worker: str, taint: str) -> None:
         _run(dynamoctl("taints", "set", worker, taint), environ)
 
@@ -147,7 +153,7 @@ def _ways(
         runner.run(client.update_model_taints(worker, [taint]))
 
     return {"curl to the route (floor)": curl, "dynamoctl taints set": ctl,
-            "Python client": python}  # fmt: skip
+            "POST to the route, in process (floor)": post, "Python client": python}  # fmt: skip
 
 
 def _measure(dynamo: DynamoFleet, ways: dict[str, Way], samples: int) -> Json:
@@ -216,7 +222,9 @@ def listings(work: Path, cards: int, runs: int) -> Json:
         up = time.monotonic() - started
         rss = psutil.Process(watching.proc.pid).memory_info().rss
         argv = daemon_argv(etcd.url("native"), native / "d.sock")
+        started = time.monotonic()
         theirs = Started(argv, ready, native / "dynamod.log")
+        own = time.monotonic() - started
         try:
             rows = interleaved(_cases(etcd, dynamo, native, work), runs)
         finally:
@@ -224,7 +232,7 @@ def listings(work: Path, cards: int, runs: int) -> Json:
             theirs.stop()
     finally:
         etcd.stop()
-    return {"cards": cards, "ready_s": up, "daemon_rss_mb": rss / 2**20,
+    return {"cards": cards, "ready_s": up, "own_ready_s": own, "daemon_rss_mb": rss / 2**20,
             "rows": {row.name: vars(row.stats) for row in rows}}  # fmt: skip
 
 
@@ -280,7 +288,9 @@ def listing_table(found: Json) -> tuple[list[str], list[list[str]]]:
     headers = ["command", "p50 ms", "p99", "min"]
     rows = [[name, ms(s["p50_ms"]), ms(s["p99_ms"]), ms(s["min_ms"])]
             for name, s in found["rows"].items()]  # fmt: skip
-    rows.append([f"dynamod start → ready with {found['cards']} cards",
+    rows.append([f"dynamod start → ready with {found['cards']} of its own records (floor)",
+                 ms(found["own_ready_s"] * 1000), "—", "—"])  # fmt: skip
+    rows.append([f"dynamod start → ready with {found['cards']} Dynamo cards",
                  ms(found["ready_s"] * 1000), "—", "—"])  # fmt: skip
     return headers, rows
 

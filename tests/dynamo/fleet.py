@@ -250,7 +250,7 @@ class DynamoFleet:
         if required:
             extension["routing_constraints"] = {"required_taints": list(required)}
         body = {"model": MODEL, "prompt": "hello world", "max_tokens": 1, "nvext": extension}
-        return _post(f"{self.frontend_url}/v1/completions", body)
+        return post_json(f"{self.frontend_url}/v1/completions", body)
 
     def routed_to(self, required: Iterable[str]) -> int | None:
         """The instance id Dynamo's frontend sent a request requiring ``required`` to
@@ -307,7 +307,7 @@ def build_model(venv: Path, model_dir: Path) -> Path:
     return model_dir
 
 
-def _post(url: str, body: Json) -> tuple[int, Json]:
+def post_json(url: str, body: Json) -> tuple[int, Json]:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
@@ -329,7 +329,7 @@ def _etcd_range(endpoint: str, prefix: str) -> dict[str, str]:
     end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     body = {"key": base64.b64encode(prefix.encode()).decode(),
             "range_end": base64.b64encode(end.encode()).decode()}  # fmt: skip
-    status, found = _post(f"http://{endpoint}/v3/kv/range", body)
+    status, found = post_json(f"http://{endpoint}/v3/kv/range", body)
     return {
         base64.b64decode(kv["key"]).decode(): base64.b64decode(kv["value"]).decode()
         for kv in (found.get("kvs", []) if status == 200 else [])

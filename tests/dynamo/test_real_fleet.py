@@ -30,7 +30,7 @@ import pytest
 from bench.peer import venv as peer_venv
 from dynamod.client import AsyncClient
 from dynamod.store.dynamo.file_source import EXPIRY, TICK
-from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, until
+from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json, until
 from tests.procs import Started, daemon_argv, dynamoctl, env
 from tests.servers import require_servers
 
@@ -217,9 +217,7 @@ def test_the_cordon_is_refused_as_not_carrying_over(plane: Plane) -> None:
 
 
 def test_dynamods_front_sends_requests_to_dynamos_frontend(plane: Plane) -> None:
-    from tests.dynamo.fleet import _post
-
-    status, answer = _post(plane.daemon.field("http") + "/v1/completions",
+    status, answer = post_json(plane.daemon.field("http") + "/v1/completions",
                            {"model": "lab-model", "prompt": "hi", "max_tokens": 1})  # fmt: skip
     assert status == 501 and "Dynamo's frontend" in answer["error"]["message"]
 
