@@ -62,7 +62,7 @@ from dynamod.discovery.registration import register
 from dynamod.store import Store
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
-from tests.dynamo.fleet import DynamoFleet, WorkerSpec, post_json, build_model
+from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json
 from tests.procs import Started, daemon_argv, dynamoctl
 from tests.servers import EtcdServer, etcd_binary
 
