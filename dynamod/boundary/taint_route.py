@@ -63,7 +63,7 @@ async def post_taints(
     try:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=within)) as session,
-            session.post(url, json={"taints": list(taints)}) as response,
+            session.post(url, json={"taints": list(taints)}, allow_redirects=False) as response,
         ):
             body = await read_body(response, MAX_ANSWER, f"worker {worker}'s taint route answer")
             status = response.status

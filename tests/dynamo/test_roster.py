@@ -123,3 +123,13 @@ def test_a_card_not_understood_leaves_its_worker_out_reported_once_per_revision(
     assert values.card_key(W) in line and '"type" is "ModelV2"' in line and "left out" in line
     (fixed,) = joined.apply(put(values.card_key(W), values.card(W), 6))
     assert isinstance(fixed, Put)  # the next, readable card shows the worker
+
+
+def test_a_namespace_dynamods_keys_cannot_hold_is_reported_not_shown() -> None:
+    kinds: list[str] = []
+    joined = roster(Refusals(kinds.append))
+    key = f"v1/mdc/my ns/backend/generate/{W:x}"
+    card = values.mutated(values.card(W), top={"namespace": "my ns"})
+    joined.apply(put(f"v1/instances/my ns/backend/generate/{W:x}", values.instance(W), 4))
+    assert joined.apply(put(key, card, 5)) == []
+    assert kinds == ["card"]

@@ -23,8 +23,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from dynamod.errors import InvalidKeyError
 from dynamod.records import WorkerRecord
-from dynamod.store.base import Delete, Entry, Put, in_prefix
+from dynamod.store.base import Delete, Entry, Put, in_prefix, validate_key
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.cards import NotUnderstood, Parts, RecordKind, worker_record
 from dynamod.store.dynamo.keys import WorkerRef, parse_key
@@ -157,12 +158,22 @@ class Roster:
         adapters = self._loras.get(ref, {})
         parts = Parts(card, instance, tuple(adapters[name] for name in sorted(adapters)))
         try:
+            _check_key(ref)
             record = worker_record(ref, parts, self._addresses, tuple(sorted(adapters)))
         except NotUnderstood as exc:
             self._refusals.report(exc, parts.revision)
             return None
         at = parts.revision if revision is None else revision
         return Shown(Entry(ref.shown_key, record.to_bytes(), at), record)
+
+
+def _check_key(ref: WorkerRef) -> None:
+    try:
+        validate_key(ref.shown_key)
+    except InvalidKeyError as exc:
+        raise NotUnderstood(
+            ref.card_key, "card", f"its namespace, component or endpoint cannot be shown: {exc}"
+        ) from None
 
 
 def join_one(
