@@ -18,13 +18,16 @@ import pytest
 
 from dynamod.boundary.taint_writes import RouteWrites
 from dynamod.client import AsyncClient
+from dynamod.daemon import Daemon
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import (
+    PermissionDeniedError,
     RevisionMismatchError,
     TaintError,
     UnsupportedError,
     WorkerUnavailableError,
 )
+from dynamod.settings import DaemonSettings
 from dynamod.store.dynamo import DynamoStore
 from dynamod.store.etcd import EtcdStore
 from dynamod.taints import CORDONED, TaintLimits, TaintUpdate
@@ -39,24 +42,47 @@ class Fleet:
     def __init__(self, store: DynamoStore, client: AsyncClient, audit: Path, http: str) -> None:
         self.store, self.client, self.audit, self.http = store, client, audit, http
         self.workers: dict[str, FakeDynamoWorker] = {}
+        self.settings: DaemonSettings | None = None
+
+    def client_as(self, token: str) -> AsyncClient:
+        assert self.settings is not None
+        return client_for(self.settings, token=token)
 
     def audit_lines(self) -> list[dict[str, object]]:
         return [json.loads(line) for line in self.audit.read_text().splitlines()]
 
 
+TOKENS = """
+[[token]]
+name = "viewer"
+secret = "read-secret"
+role = "read"
+
+[[token]]
+name = "autoscaler"
+secret = "scale-secret"
+role = "write"
+prefixes = ["capacity/"]
+"""
+
+
 @pytest.fixture
 async def fleet(dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
+    """Two stand-in workers (one zoned with a taint, one plain) and a dynamod on them, with
+    a read-only token and a write token limited to ``capacity/`` besides the socket."""
     workers = [
         FakeDynamoWorker(dynamo_etcd, ZONED, taints=("pool=slow",), zone="b"),
         FakeDynamoWorker(dynamo_etcd, PLAIN),
     ]
-    for worker in workers:
-        await worker.start()
+    (tmp_path / "tokens.toml").write_text(TOKENS)
     store = await DynamoStore.open(dynamo_url)
-    settings = settings_for(store, tmp_path)
     try:
+        for worker in workers:
+            await worker.start()
+        settings = settings_for(store, tmp_path, tokens_file=tmp_path / "tokens.toml")
         async with running_daemon(store, settings) as daemon, client_for(settings) as client:
             found = Fleet(store, client, tmp_path / "audit.log", daemon.http_url)
+            found.settings = settings
             found.workers = {w.id: w for w in workers}
             yield found
             workers = list(found.workers.values())  # and those a test added
@@ -166,6 +192,63 @@ async def test_a_workers_answer_becomes_dynamods_error(
     with pytest.raises(error, match=words) as caught:
         await fleet.client.add_taints(other, ["pool=fast"])
     assert getattr(caught.value, "retryable", False) is (mode == "starting")
+
+
+async def test_tokens_and_roles_apply_as_for_dynamods_own_workers(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    async with fleet.client_as("read-secret") as viewer:
+        assert {w.id for w in await viewer.workers()} == set(fleet.workers)
+        with pytest.raises(PermissionDeniedError, match="read-only"):
+            await viewer.add_taints(zoned.id, ["capacity/fast"])
+    async with fleet.client_as("scale-secret") as autoscaler:
+        await autoscaler.add_taints(zoned.id, ["capacity/fast"])
+        with pytest.raises(PermissionDeniedError, match="'pool=fast' is outside them"):
+            await autoscaler.add_taints(zoned.id, ["pool=fast"])
+    assert zoned.requests == 1
+    lines = [(line["caller"], line["outcome"]) for line in fleet.audit_lines()]
+    assert lines == [
+        ("viewer", "PermissionDeniedError"), ("autoscaler", "ok"),
+        ("autoscaler", "PermissionDeniedError"),
+    ]  # fmt: skip
+
+
+async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
+    dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path
+) -> None:
+    """The daemon opens the store itself (as in production) and counts each record it
+    leaves out; the fleet's other workers are listed."""
+    from tests.dynamo import values
+
+    good, bad = 0x5A5A, 0x5B5B
+    lease = await dynamo_etcd.grant(30)
+    card = values.mutated(values.card(bad), card_json={"kv_cache_block_size": "64"})
+    for number, value in ((good, values.card(good)), (bad, card)):
+        await dynamo_etcd.put(values.card_key(number), value, lease=lease)
+        await dynamo_etcd.put(values.instance_key(number), values.instance(number), lease=lease)
+    settings = DaemonSettings(
+        store=dynamo_url,
+        listen=(f"unix://{tmp_path / 'dynamod.sock'}",),
+        http="127.0.0.1:0",
+        audit_log=tmp_path / "audit.log",
+    )
+    daemon = Daemon(settings)
+    running = asyncio.create_task(daemon.run())
+    try:
+        async with asyncio.timeout(20):
+            await daemon.ready.wait()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(daemon.http_url + "/metrics") as response,
+        ):
+            metrics = await response.text()
+        async with client_for(settings) as client:
+            listed = {w.id for w in await client.workers()}
+    finally:
+        daemon.stop()
+        async with asyncio.timeout(20):
+            await running
+    assert 'dynamod_dynamo_records_refused_total{kind="card"} 1.0' in metrics
+    assert listed == {f"{good:x}"}
 
 
 async def test_the_front_points_at_dynamos_frontend(fleet: Fleet) -> None:
