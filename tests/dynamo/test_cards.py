@@ -14,7 +14,7 @@ from dynamod.errors import ConfigError
 from dynamod.records import WorkerRecord
 from dynamod.store.base import Entry
 from dynamod.store.dynamo.addresses import SystemAddresses
-from dynamod.store.dynamo.cards import NotUnderstood, Parts, worker_record
+from dynamod.store.dynamo.cards import MAX_RECORD_BYTES, NotUnderstood, Parts, worker_record
 from dynamod.store.dynamo.keys import WorkerRef, parse_key, parse_shown
 from tests.dynamo import values
 
@@ -126,6 +126,12 @@ def test_a_shape_not_understood_names_the_key_and_the_field(
 def test_a_card_that_is_not_json_or_an_instance_without_transport_is_refused() -> None:
     with pytest.raises(NotUnderstood, match="not JSON"):
         read(b'{"type": "Model", ', number=0x44)
+    with pytest.raises(NotUnderstood, match="RecursionError"):
+        read(b"[" * 100_000 + b"]" * 100_000, number=0x44)
+    with pytest.raises(NotUnderstood, match="bytes long"):
+        read(b" " * (MAX_RECORD_BYTES + 1), number=0x44)
+    odd = values.card(0x44, system="[::1:29000")  # a URL that does not parse: no address
+    assert read(odd).system_address == ""
     number = 0x44
     broken = json.dumps({"type": "Endpoint", "instance_id": number}).encode()
     with pytest.raises(NotUnderstood, match="transport is missing") as caught:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import pytest
 
-from dynamod.errors import UnsupportedError
+from dynamod.errors import StoreUnavailableError, UnsupportedError
 from dynamod.records import WorkerRecord
 from dynamod.store import KEEP, Delete, Entry, Put, Resync
 from dynamod.store.dynamo import DynamoStore
@@ -135,3 +135,13 @@ async def test_a_directory_that_is_not_there_yet_is_an_empty_fleet(tmp_path: Pat
     async with await DynamoStore.open(f"dynamo+file://{tmp_path}/later") as store:
         assert (await store.list("v1/workers"))[0] == []
         assert await store.get("v1/workers/dynamo/backend/generate/1f") is None
+
+
+async def test_an_unreadable_store_is_unavailable_not_a_crash(
+    store: DynamoStore, root: Path
+) -> None:
+    bucket = root / "v1" / "mdc"
+    shutil.rmtree(bucket)
+    bucket.write_text("not a directory")  # listing it fails as a permission error would
+    with pytest.raises(StoreUnavailableError, match="cannot read Dynamo's file store"):
+        await store.list("v1/workers")

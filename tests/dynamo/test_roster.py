@@ -133,3 +133,12 @@ def test_a_namespace_dynamods_keys_cannot_hold_is_reported_not_shown() -> None:
     joined.apply(put(f"v1/instances/my ns/backend/generate/{W:x}", values.instance(W), 4))
     assert joined.apply(put(key, card, 5)) == []
     assert kinds == ["card"]
+
+
+def test_a_card_holding_nan_is_reported_not_shown() -> None:
+    kinds: list[str] = []
+    joined = roster(Refusals(kinds.append))
+    nan = values.card(W).replace(b'"slug":"lab-model"', b'"slug":NaN')
+    joined.apply(put(values.instance_key(W), values.instance(W), 4))
+    assert joined.apply(put(values.card_key(W), nan, 5)) == []
+    assert kinds == ["card"]

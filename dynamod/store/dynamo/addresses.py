@@ -55,12 +55,12 @@ class SystemAddresses:
 def from_card(card: Mapping[str, Any], host: str) -> str:
     """The origin of the card's first file URL on a system port, or ""."""
     for url in _urls(card):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or METADATA_PATH not in parts.path:
-            continue
         try:
+            parts = urlsplit(url)
             port = f":{parts.port}" if parts.port else ""
-        except ValueError:  # not a port number: not a URL the worker serves
+        except ValueError:  # not a URL, or no port number: not one the worker serves
+            continue
+        if parts.scheme not in ("http", "https") or METADATA_PATH not in parts.path:
             continue
         if (parts.hostname or "") in UNSPECIFIED and host:
             return f"{parts.scheme}://{_bracketed(host)}{port}"

@@ -52,6 +52,8 @@ Json = dict[str, Any]
 RecordKind = Literal["card", "instance"]
 ENGINE = "dynamo"
 """``model_card.engine`` of every Dynamo worker."""
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+"""A record larger than this is not read (a captured card is ~2 KB; etcd takes 1.5 MiB)."""
 MODEL_FIELDS = ("slug", "model_type", "model_input", "worker_type")
 """What of the card describes the model (workers serving it alike share an mdcsum)."""
 
@@ -127,10 +129,12 @@ def _model_card(model: _Fields, runtime: _Fields, loras: tuple[str, ...]) -> Mod
 
 
 def _object(entry: Entry, kind: RecordKind) -> Json:
+    if len(entry.value) > MAX_RECORD_BYTES:
+        raise NotUnderstood(entry.key, kind, f"over {MAX_RECORD_BYTES} bytes long")
     try:
         obj = json.loads(entry.value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotUnderstood(entry.key, kind, f"not JSON ({exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise NotUnderstood(entry.key, kind, f"not JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(obj, dict):
         raise NotUnderstood(entry.key, kind, f"a JSON {type(obj).__name__}, not an object")
     return obj
@@ -235,5 +239,8 @@ def _transport(instance: Entry) -> tuple[Mapping[str, str], str, str]:
     if kind != "tcp":
         return {kind: target}, f"{kind}://{target}", ""
     hostport = target.split("/", 1)[0]
-    host = urlsplit(f"//{hostport}").hostname or ""
+    try:
+        host = urlsplit(f"//{hostport}").hostname or ""
+    except ValueError:
+        raise fields.refuse(f"transport tcp {target[:80]!r} names no host:port") from None
     return {kind: target}, f"tcp://{hostport}", host

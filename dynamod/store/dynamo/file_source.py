@@ -37,6 +37,7 @@ from urllib.parse import unquote
 from dynamod.errors import StoreUnavailableError
 from dynamod.store.base import Delete, Entry, Put, Watch
 from dynamod.store.dynamo.addresses import SystemAddresses
+from dynamod.store.dynamo.cards import MAX_RECORD_BYTES
 from dynamod.store.dynamo.keys import WorkerRef
 from dynamod.store.dynamo.roster import Change, Refusals, Roster
 from dynamod.store.file.inotify import IN_CREATE, IN_DELETE, IN_MOVED_TO, Inotify
@@ -101,7 +102,8 @@ class Scanner:
                 return False, None  # dead by Dynamo's own rule, deleted or not
             if old is not None and (old.inode, old.size, old.mtime_ns) == _identity(stat):
                 return True, None
-            value = path.read_bytes()
+            with path.open("rb") as file:
+                value = file.read(MAX_RECORD_BYTES + 1)  # the reader refuses more
         except FileNotFoundError:
             return False, None  # removed between the listing and now
         if old is not None and old.entry.value == value:
@@ -197,7 +199,12 @@ class FileSource:
     async def scan(self) -> None:
         """Look at the files now and pass every change on to the watches."""
         async with self._lock:
-            changes = await asyncio.to_thread(self._scanner.scan)
+            try:
+                changes = await asyncio.to_thread(self._scanner.scan)
+            except OSError as exc:  # permissions, a vanished mount: retried like a store outage
+                raise StoreUnavailableError(
+                    f"cannot read Dynamo's file store {str(self.root)!r}: {exc}"
+                ) from None
             for change in changes:
                 for shown in self._roster.apply(change):
                     for watch in self._watches:
@@ -218,8 +225,8 @@ class FileSource:
             self._wakeup.clear()
             try:
                 await self.scan()
-            except OSError as exc:
-                log.warning("cannot read Dynamo's file store %s: %s", self.root, exc)
+            except StoreUnavailableError as exc:
+                log.warning("%s; scanning again in %g s", exc, self._tick)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._tick):
                     await self._wakeup.wait()

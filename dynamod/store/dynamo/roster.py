@@ -160,11 +160,19 @@ class Roster:
         try:
             _check_key(ref)
             record = worker_record(ref, parts, self._addresses, tuple(sorted(adapters)))
+            value = _shown_bytes(record, card.key)
         except NotUnderstood as exc:
             self._refusals.report(exc, parts.revision)
             return None
         at = parts.revision if revision is None else revision
-        return Shown(Entry(ref.shown_key, record.to_bytes(), at), record)
+        return Shown(Entry(ref.shown_key, value, at), record)
+
+
+def _shown_bytes(record: WorkerRecord, key: str) -> bytes:
+    try:
+        return record.to_bytes()
+    except ValueError as exc:  # NaN or infinity: JSON that Python reads but cannot write
+        raise NotUnderstood(key, "card", f"holds a number JSON cannot carry ({exc})") from None
 
 
 def _check_key(ref: WorkerRef) -> None:
