@@ -28,7 +28,6 @@ from dynamod.records import WORKERS_PREFIX, worker_key
 ROOT: Final = "v1"
 CARDS: Final = "v1/mdc"
 INSTANCES: Final = "v1/instances"
-MAX_ID: Final = 2**64 - 1
 _HEX = re.compile(r"[0-9a-fA-F]{1,16}")
 
 Kind = Literal["card", "lora", "instance"]
