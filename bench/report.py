@@ -41,6 +41,8 @@ from bench.peer import report as peer_report
 from bench.prefix import report as prefix_report
 
 BENCH = Path(__file__).resolve().parent
+DYNAMO_FLEETS = "Dynamo fleets (`bench.dynamo_fleet`)"
+"""The section ``python -m bench.dynamo_fleet --results`` writes (kept here, as the peer's)."""
 ROOT = BENCH.parent
 Json = dict[str, Any]
 
@@ -642,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_propagation(scale, plots / "propagation_cdf.png")
         plot_routing(scale, plots / "routing_vs_fleet.png")
     text = document(runs, chaos, args.quick)
-    for title in (peer_report.TITLE, prefix_report.TITLE):  # neither benchmark is rerun here
+    for title in (peer_report.TITLE, prefix_report.TITLE, DYNAMO_FLEETS):  # none is rerun here
         kept = kept_section(previous, title)
         text = text if kept is None else splice(text, title, kept)
     args.out.write_text(text)

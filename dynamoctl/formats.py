@@ -14,7 +14,7 @@ prefix marks the generated taints, since no caller can set one.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -176,7 +176,15 @@ def worker_object(
         },
         "model_card": record.model_card.to_json() if card is None else card,
         "engine": None if info.engine is None else info.engine.to_json(),
+        **_dynamo(record.extra),
     }
+
+
+def _dynamo(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """An NVIDIA Dynamo worker's own part of a record (its card's key, its instance id in
+    decimal) or of a model card (its LoRA adapters), when it is one."""
+    found = extra.get("dynamo")
+    return {"dynamo": found} if isinstance(found, dict) else {}
 
 
 def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
@@ -202,6 +210,19 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("KV blocks", f"{card.total_kv_blocks} of {card.kv_block_size} tokens"),
         ("Context length", str(card.context_length)),
         ("Mdcsum", info.mdcsum),
+        *_dynamo_details(record.extra, card.extra),
+    ]
+
+
+def _dynamo_details(extra: Mapping[str, Any], card: Mapping[str, Any]) -> list[tuple[str, str]]:
+    found = _dynamo(extra).get("dynamo")
+    if found is None:
+        return []
+    loras = _dynamo(card).get("dynamo", {}).get("loras") or []
+    return [
+        ("Dynamo card", str(found.get("card_key", NONE))),
+        ("Dynamo id", str(found.get("instance_id", NONE))),
+        ("LoRA adapters", joined([str(name) for name in loras])),
     ]
 
 

@@ -2,10 +2,12 @@
 worker or many, explain a routing decision, and describe the daemon. ``api/service.py``
 only converts around these.
 
-Taint updates go through ``discovery.records.update_taints`` (compare-and-swap at the read
-revision, bounded retries with jittered backoff), one at a time per worker in this daemon
-(a lock per worker key), are checked against the caller's rights on the taints they
-actually add or remove, and are written to the audit log, one line per worker. A bulk
+Taint updates go through the fleet's write strategy (``boundary.taint_writes``: for
+dynamod's own stores ``discovery.updates.update_taints``, compare-and-swap at the read
+revision with bounded retries; for an NVIDIA Dynamo fleet each worker's own taint route),
+one at a time per worker in this daemon (a lock per worker key), are checked against the
+caller's rights on the taints they actually add or remove, and are written to the audit
+log, one line per worker. A bulk
 update fans out here, and only here: 16 workers at a time, each outcome handed on as soon
 as it is known, so a client can show progress.
 """
@@ -22,14 +24,15 @@ from dataclasses import dataclass, field
 from dynamod import __version__
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
+from dynamod.boundary.taint_writes import TaintWrites, writes_for
 from dynamod.daemon_metrics import DaemonMetrics
-from dynamod.discovery.updates import update_taints
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
     PermissionDeniedError,
     StoreUnavailableError,
+    UnsupportedError,
 )
 from dynamod.http.limits import MAX_BODY
 from dynamod.prompts.body import Tokenized
@@ -110,6 +113,11 @@ class Control:
     worker's updates under its metadata lock: concurrent callers queue here instead of
     racing each other's compare-and-swap. Other processes are met by the CAS loop's
     jittered backoff."""
+    writes: TaintWrites | None = None
+    """How a worker's taints change; by default chosen by the store (``writes_for``)."""
+
+    def __post_init__(self) -> None:
+        self._writes = self.writes or writes_for(self.store, self.view)
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
         key = record.key
@@ -165,7 +173,8 @@ class Control:
         workers are meant, is settled before the first worker is touched."""
         try:
             caller.require_write()
-        except PermissionDeniedError as exc:
+            self._writes.admit(update)
+        except (PermissionDeniedError, UnsupportedError) as exc:
             self.audit_refused(caller.name, _asked(update, target), exc)
             raise
         records = self.targets(target)
@@ -203,13 +212,11 @@ class Control:
             return self._preview(record, update, caller)
         try:
             async with self.serial.hold(record.key):
-                change = await update_taints(
-                    self.store,
-                    record.key,
+                change = await self._writes.apply(
+                    record,
                     update,
                     expect_revision=target.expect_revision,
                     check=lambda before, after: caller.check_taints(_changed(before, after)),
-                    base=record,
                     limits=self.limits,
                 )
         except DynamoError as exc:

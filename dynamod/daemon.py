@@ -37,6 +37,7 @@ from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import ConfigError
 from dynamod.frontend import Frontend
+from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
@@ -48,6 +49,7 @@ from dynamod.results import DaemonState
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.store import Store, open_store
+from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class Daemon:
         self.audit = AuditLog(settings.audit_log, on_failure=self.metrics.audit_failures.inc)
         self.ready = asyncio.Event()
         self.http_url = ""
+        self._fleet: FleetFront | None = None
 
     def stop(self) -> None:
         """What SIGTERM does: start the graceful shutdown."""
@@ -102,8 +105,9 @@ class Daemon:
         stack.push_async_callback(grpc.stop, 0)
         store = self._store
         if store is None:
-            store = await open_store(settings.store)
+            store = await self._open_store()
             stack.push_async_callback(store.aclose)
+        self._fleet = FleetFront(store.url) if isinstance(store, DynamoStore) else None
         view = WorkerView(
             store,
             history=settings.event_history,
@@ -171,6 +175,23 @@ class Daemon:
                     task.cancel()
         return code
 
+    async def _open_store(self) -> Store:
+        url = self.settings.store
+        if not is_dynamo(url):
+            return await open_store(url)
+        log.warning(
+            "%s is an NVIDIA Dynamo fleet: dynamod lists, explains and re-taints its workers "
+            "(through each worker's own taint route) and never writes its store; its front "
+            "serves no requests (501: they go to Dynamo's frontend), and the cordon does not "
+            "carry over",
+            url,
+        )
+        return await DynamoStore.open(
+            url,
+            addresses=self.settings.dynamo_addresses,
+            on_refused=self.metrics.refused_dynamo_record,
+        )
+
     def _router(self) -> tuple[Router, KvIndexer | None]:
         """The router, and the feed of its KV index when engines' KV events are used
         (where none arrive, overlap stays approximate: ``router/kvindex.py``)."""
@@ -205,7 +226,7 @@ class Daemon:
         if listener is None:
             return ""
         app = web.Application(client_max_size=MAX_BODY)
-        front.add_to(app)
+        (self._fleet or front).add_to(app)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
         limits = self.settings.http_limits

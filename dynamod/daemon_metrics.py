@@ -7,7 +7,9 @@ daemon makes (a store event carries no commit time, so other writers' lag cannot
 known without polling); ``dynamod_view_events_total{kind}`` counts events by kind,
 resyncs included; ``dynamod_view_revision`` is the store revision the view has reached;
 ``dynamod_store_errors_total{operation}`` counts calls that failed on an unavailable
-store; ``dynamod_audit_failures_total`` counts audit lines that could not be written.
+store; ``dynamod_audit_failures_total`` counts audit lines that could not be written;
+``dynamod_dynamo_records_refused_total{kind}`` counts an NVIDIA Dynamo fleet's records
+(``card``, ``instance``) left out because their shape is not understood, once each.
 """
 
 from __future__ import annotations
@@ -65,7 +67,16 @@ class DaemonMetrics:
             "Audit lines that could not be written (the changes they describe were made).",
             registry=registry,
         )
+        self.dynamo_refused = Counter(
+            "dynamod_dynamo_records_refused",
+            "A Dynamo fleet's records left out because their shape is not understood, by kind.",
+            ["kind"],
+            registry=registry,
+        )
         self._written: dict[str, tuple[int, float]] = {}
+
+    def refused_dynamo_record(self, kind: str) -> None:
+        self.dynamo_refused.labels(kind).inc()
 
     def wrote(self, key: str, revision: int) -> None:
         """A taint change of ``key`` was stored at ``revision``; time its arrival."""

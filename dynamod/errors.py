@@ -39,7 +39,13 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │                                           the right
     ├── UpstreamError                           a worker or an upstream UNAVAILABLE
     │   │                                       sent what the boundary refuses
-    │   └── OversizeError                       more bytes than its budget
+    │   ├── OversizeError                       more bytes than its budget
+    │   └── WorkerUnavailableError              a worker's route did not answer, or
+    │                                           answered "not now"; retryable
+    ├── UnsupportedError                        this source or worker FAILED_PRECONDITION
+    │                                           cannot do that (a Dynamo fleet: writes to
+    │                                           its store, the cordon, a worker without
+    │                                           the taint route)
     ├── PromptWorkerError                       a large prompt could not UNAVAILABLE
     │                                           be prepared now (its workers are busy or
     │                                           one failed); retryable
@@ -376,6 +382,30 @@ class OversizeError(UpstreamError):
 
     def fields(self) -> dict[str, object]:
         return {"what": self.what, "limit": self.limit}
+
+
+class WorkerUnavailableError(UpstreamError):
+    """A worker's own route did not answer in time, or answered that it cannot act now
+    (starting or stopping), or its change did not show in the store in time. Retryable:
+    nothing is known to have changed, and the same update may be sent again."""
+
+    retryable = True
+
+    def __init__(self, worker: str, message: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+
+    def fields(self) -> dict[str, object]:
+        return {"worker": self.worker, "message": str(self)}
+
+
+class UnsupportedError(DynamoError):
+    """What was asked does not carry over to this source or worker: a write to the store
+    of an NVIDIA Dynamo fleet (dynamod only reads it), the operator's cordon there, a taint
+    update of a Dynamo worker that registers no taint route. Permanent: the message says
+    why and what to do instead."""
+
+    code = "FAILED_PRECONDITION"
 
 
 class PromptWorkerError(DynamoError):

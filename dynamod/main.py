@@ -46,7 +46,13 @@ def main_options(
         Path | None,
         typer.Option(help="TOML config file (default $DYNAMO_CONFIG, /etc/dynamod/dynamod.toml)."),
     ] = None,
-    store: Annotated[str | None, typer.Option(help="Discovery store URL.")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            help="Discovery store URL (file://, etcd://, nats://, memory://), or an NVIDIA "
+            "Dynamo fleet's, read only: dynamo+etcd://HOST:PORT, dynamo+file:///DIR."
+        ),
+    ] = None,
     listen: Annotated[
         list[str] | None,
         typer.Option(help="gRPC listener, unix:///PATH or HOST:PORT (repeatable)."),

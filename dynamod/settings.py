@@ -44,6 +44,15 @@ max_answer_mb      64                                          MiB of a worker's
                                                                answer the front reads
 max_event_mb       16                                          MiB of one SSE event of a
                                                                worker's stream
+dynamo_system_     (none: the card's URLs)                     an NVIDIA Dynamo fleet
+address                                                        (dynamo+etcd://, dynamo+
+                                                               file://): its workers'
+                                                               system port, a template:
+                                                               http://{host}:9090
+dynamo_system_     (none)                                      ... and per worker: a
+addresses                                                      table of instance id (hex)
+                                                               to base URL; env:
+                                                               "id=URL,id=URL"
 =================  ==========================================  ==========================
 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
@@ -81,6 +90,7 @@ from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
 from dynamod.store import check_url
+from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.taints import TaintLimits
 from dynamod.tokenizers.limits import MIB, TokenizerLimits
 
@@ -120,6 +130,8 @@ class DaemonSettings:
     template_cpu_seconds: float = TokenizerLimits.cpu_seconds
     template_max_output_mb: float = TokenizerLimits.max_output / MIB
     prompt_process_memory_mb: float = TokenizerLimits.process_memory / MIB
+    dynamo_system_address: str = ""
+    dynamo_system_addresses: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -164,6 +176,12 @@ class DaemonSettings:
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        self.dynamo_addresses  # noqa: B018 - built to check the template and the URLs
+
+    @property
+    def dynamo_addresses(self) -> SystemAddresses:
+        """Where an NVIDIA Dynamo fleet's workers have their system port."""
+        return SystemAddresses(self.dynamo_system_address, self.dynamo_system_addresses)
 
     @property
     def http_limits(self) -> HttpLimits:
@@ -230,6 +248,18 @@ def _listen(value: object) -> tuple[str, ...]:
     raise ConfigError(f"listen must be a string or a list of strings, got {value!r}")
 
 
+def _addresses(value: object) -> dict[str, str]:
+    """A table of instance id to URL (TOML), or ``"id=URL,id=URL"`` (the environment)."""
+    if isinstance(value, str):
+        pairs = [p.strip().partition("=") for p in value.split(",") if p.strip()]
+        if any(not sep or not k.strip() for k, sep, _ in pairs):
+            raise ConfigError(f"expected 'id=URL,id=URL', got {value!r}")
+        return {k.strip(): v.strip() for k, _, v in pairs}
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return {str(k): v for k, v in value.items()}
+    raise ConfigError(f"expected a table of instance id to URL, got {value!r}")
+
+
 def _number(kind: type) -> Callable[[object], Any]:
     def convert(value: object) -> Any:
         try:
@@ -269,6 +299,8 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "template_cpu_seconds": _number(float),
     "template_max_output_mb": _number(float),
     "prompt_process_memory_mb": _number(float),
+    "dynamo_system_address": str,
+    "dynamo_system_addresses": _addresses,
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

@@ -28,6 +28,9 @@ BACKENDS = {
     "file": "dynamod.store.file:FileStore",
     "etcd": "dynamod.store.etcd:EtcdStore",
     "nats": "dynamod.store.nats:NatsStore",
+    # An NVIDIA Dynamo fleet's discovery, read-only (``store/dynamo``).
+    "dynamo+etcd": "dynamod.store.dynamo:DynamoStore",
+    "dynamo+file": "dynamod.store.dynamo:DynamoStore",
 }
 
 __all__ = [
@@ -70,6 +73,8 @@ async def open_store(url: str) -> Store:
 
     ``memory://``, ``file:///path/to/dir``, ``etcd://host:2379[,host:2379...][/prefix]``,
     ``nats://host:4222[,host:4222...][/bucket]``; etcd and NATS URLs take parameters that
-    name TLS and credential files (README, "Stores in production").
+    name TLS and credential files (README, "Stores in production"). ``dynamo+etcd://...``
+    and ``dynamo+file:///dir`` read an NVIDIA Dynamo fleet (README, "Operating an NVIDIA
+    Dynamo fleet").
     """
     return await store_class(url).open(url)

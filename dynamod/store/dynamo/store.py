@@ -1,0 +1,119 @@
+"""``DynamoStore``: a Dynamo fleet's discovery as a read-only ``Store`` of worker records."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Protocol, Self
+
+from dynamod.errors import UnsupportedError
+from dynamod.store.base import Entry, Lease, LeaseArg, Store, Watch, validate_key
+from dynamod.store.dynamo.addresses import SystemAddresses
+from dynamod.store.dynamo.cards import RecordKind
+from dynamod.store.dynamo.keys import WorkerRef, parse_shown
+from dynamod.store.dynamo.roster import Refusals
+from dynamod.store.dynamo.url import check_url, parse_url
+
+
+class Source(Protocol):
+    """Where a fleet's records come from (etcd, Dynamo's file store; Kubernetes'
+    ``DynamoWorkerMetadata`` resources would be a third), joined into shown entries."""
+
+    async def list(self, prefix: str) -> tuple[list[Entry], int]:
+        """The shown entries under ``prefix`` and the revision they are at, read now."""
+
+    async def get(self, ref: WorkerRef) -> Entry | None:
+        """One worker's shown entry, read now (None: not there, or not understood)."""
+
+    async def ping(self) -> None:
+        """Return if the fleet's store answers, else raise ``StoreUnavailableError``."""
+
+    def stream(self, watch: Watch) -> contextlib.AbstractAsyncContextManager[None]:
+        """Feed ``watch`` (``Store._stream``'s contract, always from a ``Resync``)."""
+
+    async def aclose(self) -> None: ...
+
+
+class DynamoStore(Store):
+    """An NVIDIA Dynamo fleet's workers as worker records under ``v1/workers``; every
+    write is refused (see the package docstring)."""
+
+    def __init__(self, url: str, source: Source, refusals: Refusals) -> None:
+        super().__init__(url)
+        self.source = source
+        self.refusals = refusals
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        addresses: SystemAddresses | None = None,
+        on_refused: Callable[[RecordKind], None] | None = None,
+    ) -> Self:
+        """Open the fleet's store. ``addresses``: how to find each worker's system port
+        (the card's URLs by default); ``on_refused``: called once per record that is not
+        understood, with its kind (the daemon counts them)."""
+        target = parse_url(url)
+        addresses = addresses or SystemAddresses()
+        refusals = Refusals(on_refused)
+        source: Source
+        if target.root is not None:
+            from dynamod.store.dynamo.file_source import FileSource
+
+            source = await FileSource.open(target.root, addresses, refusals)
+        else:
+            from dynamod.store.dynamo.etcd_source import EtcdSource
+
+            source = await EtcdSource.open(target.etcd, addresses, refusals)
+        return cls(target.url, source, refusals)
+
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        check_url(url)
+
+    async def get(self, key: str) -> Entry | None:
+        self._check_open()
+        ref = parse_shown(validate_key(key))
+        if ref is None:
+            await self.source.ping()  # nothing else is here; but say if the store is down
+            return None
+        return await self.source.get(ref)
+
+    async def list(self, prefix: str) -> tuple[list[Entry], int]:
+        self._check_open()
+        return await self.source.list(validate_key(prefix, prefix=True))
+
+    async def put(
+        self, key: str, value: bytes, *, expect: int | None = None, lease: LeaseArg = None
+    ) -> int:
+        raise self._read_only(f"write {key!r}")
+
+    async def delete(self, key: str, *, expect: int | None = None) -> None:
+        raise self._read_only(f"delete {key!r}")
+
+    async def grant(self, ttl: float) -> Lease:
+        raise self._read_only("grant a lease")
+
+    async def refresh(self, lease: Lease) -> None:
+        raise self._read_only("refresh a lease")
+
+    async def revoke(self, lease: Lease) -> None:
+        raise self._read_only("revoke a lease")
+
+    def _stream(
+        self, watch: Watch, prefix: str, since: int | None
+    ) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.source.stream(watch)
+
+    async def _close(self) -> None:
+        await self.source.aclose()
+
+    def _read_only(self, what: str) -> UnsupportedError:
+        self._check_open()
+        return UnsupportedError(
+            f"cannot {what}: {self.url} is an NVIDIA Dynamo fleet, which dynamod reads and "
+            "never writes (Dynamo's frontend refuses card changes other than taints, and a "
+            "worker rewrites its card from the stored one); a worker's taints change "
+            "through its own route: dynamoctl taints set/add/rm/clear"
+        )

@@ -1,0 +1,281 @@
+"""dynamod and dynamoctl as the operator plane of a real NVIDIA Dynamo 1.6.1 fleet: its
+frontend (``--router-mode kv``) and mockers with Dynamo's own taint route (one with a
+topology zone and initial taints, one with a LoRA card, one stock mocker without a route),
+on etcd and on Dynamo's file store; dynamod a real process, dynamoctl run as an operator
+runs it, nothing of Dynamo changed.
+
+What Dynamo does is read from Dynamo: which worker its frontend sent a request to
+(``nvext.worker_id.decode_worker_id``), what its store holds. A change is waited for with
+a deadline, never a sleep; the one time bound asserted is the one the issue states: a
+killed worker leaves the listing within its TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import select
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.peer import venv as peer_venv
+from dynamod.client import AsyncClient
+from dynamod.store.dynamo.file_source import EXPIRY, TICK
+from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json, until
+from tests.procs import Started, daemon_argv, dynamoctl, env
+from tests.servers import require_servers
+
+pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(900)]
+
+SPECS = (
+    WorkerSpec("zoned", taints=("pool=slow",), zone="b"),
+    WorkerSpec("lora", lora="lab-lora"),
+    WorkerSpec("stock", stock=True),
+)
+ROUTED_WITHIN = 10.0
+LEASE_TTL = 3  # s: ETCD_LEASE_TTL of the worker that is killed (Dynamo's default is 30)
+SLACK = 2.0  # s: etcd's expiry sweep, the watch, a loaded machine
+
+
+@pytest.fixture(scope="session")
+def dynamo_venv() -> Path:
+    """Dynamo's venv, built through the same code as the peer benchmark when missing
+    (~60 s; a failure to build it fails CI and skips elsewhere)."""
+    venv = peer_venv.default_dir()
+    try:
+        peer_venv.ensure(venv)
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        if require_servers():
+            pytest.fail(f"CI needs NVIDIA Dynamo {peer_venv.DYNAMO_VERSION}: {exc}")
+        pytest.skip(f"no NVIDIA Dynamo {peer_venv.DYNAMO_VERSION} venv: {exc}")
+    return venv
+
+
+@pytest.fixture(scope="session")
+def dynamo_model(dynamo_venv: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(dynamo_venv, tmp_path_factory.mktemp("dynamo-model"))
+
+
+@dataclass
+class Plane:
+    """A Dynamo fleet and the dynamod that watches it; ``ctl`` runs dynamoctl."""
+
+    fleet: DynamoFleet
+    daemon: Started
+    socket: Path
+    home: Path
+
+    def ctl(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        environment = {k: v for k, v in env().items() if not k.startswith("DYNAMO")}
+        environment |= {"HOME": str(self.home), "XDG_CONFIG_HOME": str(self.home / "c")}
+        done = subprocess.run(
+            dynamoctl("--endpoint", f"unix://{self.socket}", *args),
+            capture_output=True, text=True, env=environment, timeout=120, check=False,
+        )  # fmt: skip
+        assert "Traceback" not in done.stderr, done.stderr
+        if ok:
+            assert done.returncode == 0, f"dynamoctl {' '.join(args)}: {done.stderr}"
+        return done
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        listed = json.loads(self.ctl("workers", "ls", "-o", "json").stdout)
+        return {w["id"]: w for w in listed}
+
+    def worker(self, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = json.loads(
+            self.ctl("workers", "get", self.id(name), "-o", "json").stdout
+        )
+        return found
+
+    def id(self, name: str) -> str:
+        return self.fleet.workers[name].id
+
+    def number(self, name: str) -> int:
+        return self.fleet.workers[name].instance_id
+
+    def routes(self, required: list[str], name: str | None) -> None:
+        """Dynamo's frontend sends requests requiring ``required`` to worker ``name``
+        (None: refuses them), within a deadline, and then every time (5 of 5)."""
+        wanted = None if name is None else self.number(name)
+        until(lambda: True if self.fleet.routed_to(required) == wanted else None,
+              f"Dynamo's frontend to route {required} to {name}", [], ROUTED_WITHIN)  # fmt: skip
+        assert [self.fleet.routed_to(required) for _ in range(5)] == [wanted] * 5
+
+
+@pytest.fixture(scope="module", params=["etcd", "file"])
+def plane(
+    request: pytest.FixtureRequest,
+    dynamo_venv: Path,
+    dynamo_model: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Plane]:
+    workdir = tmp_path_factory.mktemp(f"dynamo-{request.param}")
+    short = Path(tempfile.mkdtemp(prefix="dyn-"))  # a unix socket path has 108 bytes
+    fleet = DynamoFleet(dynamo_venv, dynamo_model, workdir, request.param, SPECS)
+    with fleet:
+        argv = daemon_argv(fleet.store_url, short / "d.sock", "--log-level", "info")
+        daemon = Started(argv, r"^dynamod ready:", workdir / "dynamod.log")
+        plane = Plane(fleet, daemon, short / "d.sock", workdir / "home")
+        try:
+            # The LoRA card comes a second after its base: listed with it once it is there.
+            lora = plane.id("lora")
+            until(lambda: plane.worker("lora")["model_card"]["dynamo"]["loras"] or None,
+                  f"dynamod to list {lora}'s LoRA", [], ROUTED_WITHIN)  # fmt: skip
+            yield plane
+        finally:
+            log = daemon.stop()
+            assert "is an NVIDIA Dynamo fleet" in log  # said at start
+            shutil.rmtree(short)
+
+
+def test_every_dynamo_worker_is_listed_with_its_taints_and_topology(plane: Plane) -> None:
+    listed = plane.workers()
+    assert sorted(listed) == sorted(w.id for w in plane.fleet.workers.values())
+    zoned = listed[plane.id("zoned")]
+    assert (zoned["model"], zoned["caller_taints"]) == ("lab-model", ["pool=slow"])
+    assert zoned["generated_taints"] == ["dynamo.topology/zone=b"]
+    assert zoned["topology"] == {"zone": "b"}
+    assert zoned["system_address"] == plane.fleet.workers["zoned"].system
+    assert listed[plane.id("stock")]["taints"] == []
+    assert listed[plane.id("lora")]["model_card"]["dynamo"]["loras"] == ["lab-lora"]
+    assert plane.worker("zoned")["dynamo"]["instance_id"] == str(plane.number("zoned"))
+    chosen = plane.ctl("workers", "ls", "-l", "pool=slow", "-o", "json").stdout
+    assert [w["id"] for w in json.loads(chosen)] == [plane.id("zoned")]
+
+
+def test_add_remove_set_and_clear_change_what_dynamos_frontend_routes(plane: Plane) -> None:
+    zoned, lora = plane.id("zoned"), plane.id("lora")
+    plane.routes(["pool=fast"], None)  # nobody holds it: Dynamo refuses the request
+    plane.ctl("taints", "add", lora, "pool=fast")
+    plane.routes(["pool=fast"], "lora")
+    plane.ctl("taints", "set", zoned, "pool=fast", "gpu")
+    plane.routes(["pool=slow"], None)
+    plane.routes(["pool=fast", "gpu"], "zoned")
+    plane.ctl("taints", "rm", lora, "pool=fast")
+    plane.routes(["pool=fast"], "zoned")
+    plane.ctl("taints", "clear", zoned)
+    plane.routes(["pool=fast"], None)
+    plane.routes(["dynamo.topology/zone=b"], "zoned")  # the generated taint stays
+    after = plane.worker("zoned")
+    assert (after["caller_taints"], after["generated_taints"]) == ([], ["dynamo.topology/zone=b"])
+    plane.ctl("taints", "set", zoned, "pool=slow")  # as the fleet started
+
+
+def test_route_explain_applies_dynamos_rule(plane: Plane) -> None:
+    asked = ("route", "explain", "--model", "lab-model", "--require", "pool=slow", "-o", "json")
+    explained = json.loads(plane.ctl(*asked).stdout)
+    assert explained["chosen"] == plane.id("zoned")
+    refused = {c["id"] for c in explained["candidates"] if not c["eligible"]}
+    assert refused == {plane.id("lora"), plane.id("stock")}
+    assert plane.fleet.routed_to(["pool=slow"]) == plane.number("zoned")  # Dynamo agrees
+
+
+def test_64_concurrent_adds_through_dynamod_are_all_kept(plane: Plane) -> None:
+    lora = plane.id("lora")
+    wanted = [f"batch={i}" for i in range(64)]
+
+    async def add_all() -> None:
+        async with AsyncClient(f"unix://{plane.socket}", timeout=60) as client:
+            await asyncio.gather(*(client.add_taints(lora, [t]) for t in wanted))
+
+    asyncio.run(add_all())
+    assert sorted(plane.worker("lora")["caller_taints"]) == sorted(wanted)
+    (card,) = [c for k, c in plane.fleet.records("v1/mdc/").items() if k.endswith(lora)]
+    assert sorted(card["card_json"]["runtime_config"]["taints"]) == sorted(wanted)
+    plane.routes(["batch=0", "batch=63"], "lora")
+    plane.ctl("taints", "clear", lora)
+
+
+def test_a_reserved_taint_is_refused_before_anything_is_sent(plane: Plane) -> None:
+    zoned = plane.id("zoned")
+    before = plane.worker("zoned")["revision"]
+    refused = plane.ctl("taints", "add", zoned, "dynamo.topology/zone=x", ok=False)
+    assert refused.returncode == 1
+    assert "uses reserved prefix 'dynamo.topology/'" in refused.stderr
+    assert plane.worker("zoned")["revision"] == before
+
+
+def test_a_worker_without_the_route_gets_a_clear_error(plane: Plane) -> None:
+    refused = plane.ctl("taints", "add", plane.id("stock"), "pool=fast", ok=False)
+    assert refused.returncode == 1
+    assert "has no taint route" in refused.stderr and "answered 404" in refused.stderr
+    assert plane.worker("stock")["taints"] == []
+
+
+def test_the_cordon_is_refused_as_not_carrying_over(plane: Plane) -> None:
+    refused = plane.ctl("workers", "cordon", plane.id("zoned"), ok=False)
+    assert refused.returncode == 1 and "does not carry over" in refused.stderr
+
+
+def test_dynamods_front_sends_requests_to_dynamos_frontend(plane: Plane) -> None:
+    status, answer = post_json(plane.daemon.field("http") + "/v1/completions",
+                           {"model": "lab-model", "prompt": "hi", "max_tokens": 1})  # fmt: skip
+    assert status == 501 and "Dynamo's frontend" in answer["error"]["message"]
+
+
+def test_a_killed_worker_leaves_within_its_ttl_and_events_tail_shows_its_life(
+    plane: Plane,
+) -> None:
+    """Added, its taints updated, SIGKILLed: removed from the listing within its lease's
+    TTL on etcd (``ETCD_LEASE_TTL``, honoured by Dynamo), within Dynamo's 10 s mtime
+    rule (plus one scan) on the file store."""
+    etcd = plane.fleet.etcd is not None
+    ttl = LEASE_TTL if etcd else EXPIRY + TICK
+    tail = subprocess.Popen(
+        dynamoctl("--endpoint", f"unix://{plane.socket}", "events", "tail", "-o", "json"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+    )  # fmt: skip
+    try:
+        assert json.loads(_line(tail))["event"] == "RESYNC"
+        spec = WorkerSpec("victim", env=(("ETCD_LEASE_TTL", str(LEASE_TTL)),))
+        victim = plane.fleet.start_worker(spec)
+        plane.fleet.wait_ready(victim)
+        plane.ctl("taints", "add", victim.id, "pool=victim")
+        plane.routes(["pool=victim"], "victim")
+        killed = asyncio.run(_removed_after_kill(plane, victim.id))
+        assert killed <= ttl + SLACK, f"left the listing {killed:.1f} s after SIGKILL"
+        assert victim.id not in plane.workers()
+    finally:
+        tail.send_signal(signal.SIGINT)  # Ctrl-C ends a tail: exit 0
+        tail.wait(30)
+        assert tail.stdout is not None and tail.stderr is not None
+        rest = tail.stdout.read()  # what readline buffered, and the rest: the process ended
+        tail.stdout.close()
+        tail.stderr.close()
+    seen = [json.loads(line) for line in rest.splitlines()]
+    mine = [(e["event"], e.get("added")) for e in seen if e["worker"] == victim.id]
+    assert mine == [("ADDED", None), ("TAINTS", ["pool=victim"]), ("REMOVED", None)]
+    assert tail.returncode == 0
+
+
+async def _removed_after_kill(plane: Plane, victim: str) -> float:
+    """SIGKILL the worker; seconds until dynamod's events say it is removed."""
+    async with AsyncClient(f"unix://{plane.socket}", timeout=60) as client:
+        events = client.tail_events()
+        await anext(events)  # the snapshot: the stream is established
+        plane.fleet.kill(plane.fleet.workers["victim"])
+        killed = time.monotonic()
+        async with asyncio.timeout(60):
+            async for event in events:
+                if event.kind == "REMOVED" and event.worker and event.worker.id == victim:
+                    return time.monotonic() - killed
+    raise AssertionError("the events stream ended")
+
+
+def _line(proc: subprocess.Popen[str], within: float = 60.0) -> str:
+    """The first line (select sees the pipe, not what readline buffers: once only)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], within)
+    assert ready, "dynamoctl events tail printed nothing"
+    line = proc.stdout.readline()
+    assert line, f"dynamoctl events tail ended: {proc.stderr.read() if proc.stderr else ''}"
+    return line

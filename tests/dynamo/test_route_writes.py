@@ -1,0 +1,294 @@
+"""Taint updates of a Dynamo fleet through an in-process dynamod, against stand-in
+workers that store their taints as Dynamo's route does (``fake_worker.py``): each update
+computed on the freshly read card, sent whole to the worker's own route, confirmed in
+the store; Dynamo's answers mapped to dynamod's errors; what does not carry over refused
+before anything is sent; one audit line per update. The real Dynamo is in
+``test_real_fleet.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from dynamod.boundary.taint_writes import RouteWrites
+from dynamod.client import AsyncClient
+from dynamod.daemon import Daemon
+from dynamod.discovery.view import WorkerView
+from dynamod.errors import (
+    PermissionDeniedError,
+    RevisionMismatchError,
+    TaintError,
+    UnsupportedError,
+    WorkerUnavailableError,
+)
+from dynamod.settings import DaemonSettings
+from dynamod.store.dynamo import DynamoStore
+from dynamod.store.etcd import EtcdStore
+from dynamod.taints import CORDONED, TaintLimits, TaintUpdate
+from dynamod.targets import Target
+from tests.daemon.helpers import client_for, running_daemon, settings_for
+from tests.dynamo.fake_worker import FakeDynamoWorker, Mode
+
+ZONED, PLAIN = 0x13B0A2323C378618, 0x13B0A2323C37860C
+
+
+class Fleet:
+    def __init__(self, store: DynamoStore, client: AsyncClient, audit: Path, http: str) -> None:
+        self.store, self.client, self.audit, self.http = store, client, audit, http
+        self.workers: dict[str, FakeDynamoWorker] = {}
+        self.settings: DaemonSettings | None = None
+
+    def client_as(self, token: str) -> AsyncClient:
+        assert self.settings is not None
+        return client_for(self.settings, token=token)
+
+    def audit_lines(self) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.audit.read_text().splitlines()]
+
+
+TOKENS = """
+[[token]]
+name = "viewer"
+secret = "read-secret"
+role = "read"
+
+[[token]]
+name = "autoscaler"
+secret = "scale-secret"
+role = "write"
+prefixes = ["capacity/"]
+"""
+
+
+@pytest.fixture
+async def fleet(dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
+    """Two stand-in workers (one zoned with a taint, one plain) and a dynamod on them, with
+    a read-only token and a write token limited to ``capacity/`` besides the socket."""
+    workers = [
+        FakeDynamoWorker(dynamo_etcd, ZONED, taints=("pool=slow",), zone="b"),
+        FakeDynamoWorker(dynamo_etcd, PLAIN),
+    ]
+    (tmp_path / "tokens.toml").write_text(TOKENS)
+    store = await DynamoStore.open(dynamo_url)
+    try:
+        for worker in workers:
+            await worker.start()
+        settings = settings_for(store, tmp_path, tokens_file=tmp_path / "tokens.toml")
+        async with running_daemon(store, settings) as daemon, client_for(settings) as client:
+            found = Fleet(store, client, tmp_path / "audit.log", daemon.http_url)
+            found.settings = settings
+            found.workers = {w.id: w for w in workers}
+            yield found
+            workers = list(found.workers.values())  # and those a test added
+    finally:
+        await store.aclose()
+        for worker in workers:
+            await worker.stop()
+
+
+async def add_worker(fleet: Fleet, etcd: EtcdStore, number: int, mode: Mode) -> str:
+    """Start one more stand-in worker; return once the daemon's view has it."""
+    events = fleet.client.events()
+    await anext(events)  # the snapshot: the stream is established
+    worker = await FakeDynamoWorker(etcd, number, mode=mode).start()
+    fleet.workers[worker.id] = worker
+    async with asyncio.timeout(10):
+        async for event in events:
+            if event.kind == "ADDED" and event.worker and event.worker.id == worker.id:
+                break
+    await events.aclose()
+    return worker.id
+
+
+async def test_listing_shows_dynamos_workers_with_their_split_taints(fleet: Fleet) -> None:
+    listed = {w.id: w for w in await fleet.client.workers()}
+    zoned = listed[f"{ZONED:x}"]
+    assert zoned.caller_taints == ("pool=slow",)
+    assert zoned.generated_taints == ("dynamo.topology/zone=b",)
+    assert dict(zoned.record.runtime_config.topology_domains) == {"zone": "b"}
+    assert listed[f"{PLAIN:x}"].taints == ()
+
+
+async def test_add_remove_set_and_clear_go_through_the_workers_route(fleet: Fleet) -> None:
+    client, zoned = fleet.client, fleet.workers[f"{ZONED:x}"]
+    assert await client.add_taints(zoned.id, ["pool=fast"]) == (
+        "dynamo.topology/zone=b", "pool=fast", "pool=slow",
+    )  # fmt: skip
+    assert await zoned.stored_taints() == ["pool=fast", "pool=slow"]
+    assert await client.remove_taints(zoned.id, [], keys=["pool"]) == ("dynamo.topology/zone=b",)
+    assert await client.update_model_taints(zoned.id, ["gpu"]) == ("dynamo.topology/zone=b", "gpu")
+    assert await client.clear_taints(zoned.id) == ("dynamo.topology/zone=b",)
+    assert await zoned.stored_taints() == []
+    assert zoned.requests == 4
+    lines = [line for line in fleet.audit_lines() if line["worker"] == zoned.id]
+    assert [(line["action"], line["outcome"]) for line in lines] == [
+        ("add", "ok"), ("remove", "ok"), ("replace", "ok"), ("clear", "ok"),
+    ]  # fmt: skip
+
+
+async def test_an_update_that_changes_nothing_sends_nothing(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    await fleet.client.add_taints(zoned.id, ["pool=slow"])
+    assert zoned.requests == 0
+
+
+async def test_64_concurrent_adds_through_dynamod_are_all_kept(fleet: Fleet) -> None:
+    """Dynamo's route replaces the whole set, with no compare-and-swap: only the daemon's
+    lock per worker keeps concurrent adds from losing each other."""
+    plain = fleet.workers[f"{PLAIN:x}"]
+    wanted = [f"batch={i}" for i in range(64)]
+    await asyncio.gather(*(fleet.client.add_taints(plain.id, [t]) for t in wanted))
+    assert await plain.stored_taints() == sorted(wanted)
+    assert set((await fleet.client.worker(plain.id)).taints) == set(wanted)
+
+
+async def test_a_reserved_taint_is_refused_before_anything_is_sent(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    with pytest.raises(TaintError, match=re.escape("reserved prefix 'dynamo.topology/'")):
+        await fleet.client.add_taints(zoned.id, ["dynamo.topology/zone=x"])
+    assert zoned.requests == 0
+
+
+async def test_the_cordon_is_refused_as_not_carrying_over(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    for update in (TaintUpdate.add([CORDONED]), TaintUpdate.remove([], keys=[CORDONED])):
+        with pytest.raises(UnsupportedError, match="ignores taints on requests that require none"):
+            await fleet.client.update_taints(update, Target(worker=zoned.id))
+    assert zoned.requests == 0
+    assert [line["outcome"] for line in fleet.audit_lines()] == ["UnsupportedError"] * 2
+
+
+async def test_if_revision_compares_the_cards_revision(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    revision = (await fleet.client.worker(zoned.id)).revision
+    with pytest.raises(RevisionMismatchError) as caught:
+        await fleet.client.update_taints(
+            TaintUpdate.add(["x"]), Target(worker=zoned.id, expect_revision=revision - 1)
+        )
+    assert (caught.value.expected, caught.value.actual) == (revision - 1, revision)
+    (done,) = await fleet.client.update_taints(
+        TaintUpdate.add(["x"]), Target(worker=zoned.id, expect_revision=revision)
+    )
+    assert done.revision > revision and zoned.requests == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "error", "words"),
+    [
+        ("stock", UnsupportedError, r"has no taint route: .* answered 404"),
+        ("starting", WorkerUnavailableError, "unavailable while the worker is starting"),
+    ],
+)
+async def test_a_workers_answer_becomes_dynamods_error(
+    fleet: Fleet, dynamo_etcd: EtcdStore, mode: Mode, error: type[Exception], words: str
+) -> None:
+    other = await add_worker(fleet, dynamo_etcd, 0x7F00 + len(mode), mode)
+    with pytest.raises(error, match=words) as caught:
+        await fleet.client.add_taints(other, ["pool=fast"])
+    assert getattr(caught.value, "retryable", False) is (mode == "starting")
+
+
+async def test_tokens_and_roles_apply_as_for_dynamods_own_workers(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    async with fleet.client_as("read-secret") as viewer:
+        assert {w.id for w in await viewer.workers()} == set(fleet.workers)
+        with pytest.raises(PermissionDeniedError, match="read-only"):
+            await viewer.add_taints(zoned.id, ["capacity/fast"])
+    async with fleet.client_as("scale-secret") as autoscaler:
+        await autoscaler.add_taints(zoned.id, ["capacity/fast"])
+        with pytest.raises(PermissionDeniedError, match="'pool=fast' is outside them"):
+            await autoscaler.add_taints(zoned.id, ["pool=fast"])
+    assert zoned.requests == 1
+    lines = [(line["caller"], line["outcome"]) for line in fleet.audit_lines()]
+    assert lines == [
+        ("viewer", "PermissionDeniedError"), ("autoscaler", "ok"),
+        ("autoscaler", "PermissionDeniedError"),
+    ]  # fmt: skip
+
+
+async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
+    dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path
+) -> None:
+    """The daemon opens the store itself (as in production) and counts each record it
+    leaves out; the fleet's other workers are listed."""
+    from tests.dynamo import values
+
+    good, bad = 0x5A5A, 0x5B5B
+    lease = await dynamo_etcd.grant(30)
+    card = values.mutated(values.card(bad), card_json={"kv_cache_block_size": "64"})
+    for number, value in ((good, values.card(good)), (bad, card)):
+        await dynamo_etcd.put(values.card_key(number), value, lease=lease)
+        await dynamo_etcd.put(values.instance_key(number), values.instance(number), lease=lease)
+    settings = DaemonSettings(
+        store=dynamo_url,
+        listen=(f"unix://{tmp_path / 'dynamod.sock'}",),
+        http="127.0.0.1:0",
+        audit_log=tmp_path / "audit.log",
+    )
+    daemon = Daemon(settings)
+    running = asyncio.create_task(daemon.run())
+    try:
+        async with asyncio.timeout(20):
+            await daemon.ready.wait()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(daemon.http_url + "/metrics") as response,
+        ):
+            metrics = await response.text()
+        async with client_for(settings) as client:
+            listed = {w.id for w in await client.workers()}
+    finally:
+        daemon.stop()
+        async with asyncio.timeout(20):
+            await running
+    assert 'dynamod_dynamo_records_refused_total{kind="card"} 1.0' in metrics
+    assert listed == {f"{good:x}"}
+
+
+async def test_the_front_points_at_dynamos_frontend(fleet: Fleet) -> None:
+    body = {"model": "lab-model", "prompt": "hello", "max_tokens": 1}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(fleet.http + "/v1/completions", json=body) as response:
+            answer = await response.json()
+        assert response.status == 501
+        async with http.get(fleet.http + "/health") as health:
+            assert health.status == 200
+    assert "Dynamo's frontend" in answer["error"]["message"]
+    assert answer["error"]["code"] == "dynamo_fleet"
+
+
+async def test_explain_follows_dynamos_rule_every_required_taint(fleet: Fleet) -> None:
+    explained = await fleet.client.explain("lab-model", required=["dynamo.topology/zone=b"])
+    assert explained.chosen == f"{ZONED:x}"
+    ineligible = [c for c in explained.candidates if not c.eligible]
+    assert [c.worker.id for c in ineligible] == [f"{PLAIN:x}"]
+
+
+async def test_a_change_that_never_shows_in_the_store_names_the_worker_and_the_store(
+    dynamo_etcd: EtcdStore, dynamo_url: str
+) -> None:
+    """The worker answers ok but stores nothing: the wait ends with what the store shows."""
+    worker = await FakeDynamoWorker(dynamo_etcd, PLAIN, mode="silent").start()
+    store = await DynamoStore.open(dynamo_url)
+    view = WorkerView(store)
+    watching = asyncio.create_task(view.run())
+    try:
+        await asyncio.wait_for(view.ready.wait(), 10)
+        (record,) = view.records()
+        writes = RouteWrites(store, view, settle_within=0.3)
+        with pytest.raises(WorkerUnavailableError) as caught:
+            await writes.apply(record, TaintUpdate.add(["gpu"]), expect_revision=None,
+                               check=lambda before, after: None, limits=TaintLimits())  # fmt: skip
+        assert caught.value.worker == worker.id
+        assert "accepted taints ['gpu'], but after 0.3 s the store shows []" in str(caught.value)
+    finally:
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+        await store.aclose()
+        await worker.stop()
