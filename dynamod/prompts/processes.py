@@ -103,6 +103,9 @@ class _Died(PromptWorkerError):
         super().__init__(message)
         self.signal = signum
 
+    def fields(self) -> dict[str, object]:
+        return {"message": str(self), "signum": self.signal}
+
 
 class PromptProcesses:
     """``processes`` prompt worker processes; see the module docstring."""
