@@ -40,6 +40,15 @@ model_gone_window  30                                          seconds after a m
                                                                its requests get a
                                                                retryable 503, not 404
 replica_id         <host>-<pid>                                this replica's name
+kv_blocks_total    4194304                                     KV blocks the router's
+                                                               index keeps, all workers
+                                                               (0: no bound); at start
+worker_events_per_second                                       lines a worker's engine
+  / _burst         1000 / 10000                                events may send a second
+                                                               / at once
+worker_event_bytes_per_second                                  ... and bytes of them (a
+  / _burst         2097152 / 67108864                          KV worker's burst: its
+                                                               whole snapshot if larger)
 =================  ==========================================  ==========================
 """
 
@@ -57,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamod.auth import Tokens
+from dynamod.engine_events import MAX_LINE
 from dynamod.errors import ConfigError, InvalidInputError
 from dynamod.http.limits import HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
@@ -94,6 +104,12 @@ class DaemonSettings:
     model_gone_window: float = 30.0
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     router: RouterKnobs = field(default_factory=RouterKnobs)
+    # The worker boundary (dynamod/boundary/): the defaults are boundary.budgets' own.
+    kv_blocks_total: int = 1 << 22
+    worker_events_per_second: float = 1000.0
+    worker_events_burst: int = 10_000
+    worker_event_bytes_per_second: float = float(2 << 20)
+    worker_event_bytes_burst: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -126,6 +142,7 @@ class DaemonSettings:
             self._check_listener(address)
         if self.http:
             parse_hostport(self.http, "http")
+        self._check_boundary()
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -138,6 +155,20 @@ class DaemonSettings:
     @property
     def taint_limits(self) -> TaintLimits:
         return TaintLimits(self.max_taints, self.max_taint_bytes)
+
+    def _check_boundary(self) -> None:
+        if self.kv_blocks_total < 0:
+            raise ConfigError(f"kv_blocks_total must be >= 0, got {self.kv_blocks_total}")
+        for name in ("worker_events_per_second", "worker_events_burst",
+                     "worker_event_bytes_per_second"):  # fmt: skip
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a number above 0, got {value!r}")
+        if self.worker_event_bytes_burst < MAX_LINE:
+            raise ConfigError(
+                f"worker_event_bytes_burst must be at least one line ({MAX_LINE} bytes), "
+                f"got {self.worker_event_bytes_burst}"
+            )
 
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
@@ -205,6 +236,11 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "http_idle_timeout": _number(float),
     "model_gone_window": _number(float),
     "replica_id": str,
+    "kv_blocks_total": _number(int),
+    "worker_events_per_second": _number(float),
+    "worker_events_burst": _number(int),
+    "worker_event_bytes_per_second": _number(float),
+    "worker_event_bytes_burst": _number(int),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 
