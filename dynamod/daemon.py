@@ -31,7 +31,7 @@ from dynamod.api import server as grpc_server
 from dynamod.api.service import ServiceContext
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
-from dynamod.boundary import EngineStreams, KvIndexer, TokenizerRegistry
+from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
 from dynamod.control import Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
@@ -125,7 +125,9 @@ class Daemon:
         tokenizers = await stack.enter_async_context(
             TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer)
         )
-        feeds = EngineStreams(view, router.report, kv=kv)
+        feeds = EngineStreams(
+            view, router.report, kv=kv, budgets=self._budgets(), registry=self.registry
+        )
         control = Control(
             store,
             view,
@@ -199,10 +201,20 @@ class Daemon:
         approximate = PrefixIndex(config.prefix_ttl, config.prefix_capacity)
         if config.kv_blocks_per_worker == 0:
             return Router(config, registry=self.registry, overlaps=approximate), None
-        index = KvIndex()
+        index = KvIndex(total=self.settings.kv_blocks_total)
         kv = KvIndexer(index, config.kv_blocks_per_worker, self.registry)
         overlaps = Overlaps(approximate, index)
         return Router(config, registry=self.registry, overlaps=overlaps), kv
+
+    def _budgets(self) -> Budgets:
+        """What each worker may cost this daemon (``boundary/budgets.py``)."""
+        s = self.settings
+        return Budgets(
+            events_per_second=s.worker_events_per_second,
+            events_burst=s.worker_events_burst,
+            bytes_per_second=s.worker_event_bytes_per_second,
+            bytes_burst=s.worker_event_bytes_burst,
+        )
 
     async def _first_snapshot(
         self, view: WorkerView, watcher: asyncio.Task[None], signals: Signals

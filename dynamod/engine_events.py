@@ -43,6 +43,20 @@ KINDS = ("load", "kv")
 the engine publishes them)."""
 HEARTBEAT = 2.0
 """Seconds of silence after which a worker sends a heartbeat."""
+MAX_LINE = 1 << 16
+"""The longest line (newline included) a reader of the stream accepts: a longer one breaks
+the protocol (the daemon drops that connection and marks the worker). A worker cuts every
+KV batch well under it (``worker/engines/kvevents.py``)."""
+MAX_REASON = 512
+"""Characters of an ``EngineLoad.reason`` kept; a longer one is cut (it is shown in listings)."""
+MAX_SOURCE = 64
+"""Characters an ``EngineLoad.source`` may have."""
+_INT32 = (1 << 31) - 1
+_INT64 = (1 << 63) - 1
+_COUNTS = {"running": _INT32, "waiting": _INT32, "kv_blocks_used": _INT64,
+           "kv_blocks_total": _INT64, "prefix_cache_hits": _INT64,
+           "prefix_cache_queries": _INT64}  # fmt: skip
+"""Each count's largest value: what the API's ``EngineLoad`` message can carry."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,28 @@ class EngineLoad:
     reason: str = ""
     source: str = "engine"
 
+    def __post_init__(self) -> None:
+        """Refuse what no engine can mean and the API could not carry (a negative or huge
+        count, a non-finite usage, text that is not UTF-8); clamp ``kv_usage`` into 0..1
+        and cut ``reason`` to ``MAX_REASON`` characters. Raises ``InvalidInputError``."""
+        for name, highest in _COUNTS.items():
+            value = getattr(self, name)
+            if not 0 <= value <= highest:
+                raise InvalidInputError(
+                    f"engine state field {name!r} must be from 0 to {highest}, got {value!r}"
+                )
+        if not math.isfinite(self.kv_usage):
+            raise InvalidInputError(
+                f"engine state field 'kv_usage' must be a finite number, got {self.kv_usage!r}"
+            )
+        object.__setattr__(self, "kv_usage", min(max(self.kv_usage, 0.0), 1.0))
+        object.__setattr__(self, "reason", _text("reason", self.reason)[:MAX_REASON])
+        if len(_text("source", self.source)) > MAX_SOURCE:
+            raise InvalidInputError(
+                f"engine state field 'source' must be at most {MAX_SOURCE} characters, "
+                f"got {len(self.source)}"
+            )
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -77,7 +113,7 @@ class EngineLoad:
     def from_json(cls, obj: object) -> EngineLoad:
         """Read a state; a field of the wrong type is refused, an unknown one ignored."""
         if not isinstance(obj, Mapping):
-            raise InvalidInputError(f"an engine state must be a JSON object, got {obj!r}")
+            raise InvalidInputError(f"an engine state must be a JSON object, got {obj!r:.80}")
         defaults = cls()
         values: dict[str, Any] = {}
         for name, default in asdict(defaults).items():
@@ -86,13 +122,26 @@ class EngineLoad:
         return cls(**values)
 
 
-def _typed(name: str, value: object, kind: type) -> object:
+def _typed(name: str, given: object, kind: type) -> object:
+    value = given
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if type(value) is not kind or (kind is float and not math.isfinite(float(str(value)))):
+        value = float(value) if abs(value) < 1 << 53 else math.inf
+    if type(value) is not kind or (isinstance(value, float) and not math.isfinite(value)):
         raise InvalidInputError(
-            f"engine state field {name!r} must be {kind.__name__}, got {value!r}"
+            f"engine state field {name!r} must be a finite {kind.__name__}, got {given!r:.80}"
+            if kind is float
+            else f"engine state field {name!r} must be {kind.__name__}, got {given!r:.80}"
         )
+    return value
+
+
+def _text(name: str, value: str) -> str:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidInputError(
+            f"engine state field {name!r} is not valid UTF-8: {value!r:.80}"
+        ) from None
     return value
 
 
@@ -183,9 +232,9 @@ class KvBatch:
         """A ``kv`` line's events; anything malformed is refused with the field named."""
         ts, events = obj.get("ts"), obj.get("events")
         if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-            raise InvalidInputError(f"a kv event line's ts must be a number, got {ts!r}")
+            raise InvalidInputError(f"a kv event line's ts must be a number, got {ts!r:.80}")
         if not isinstance(events, list):
-            raise InvalidInputError(f"a kv event line's events must be a list, got {events!r}")
+            raise InvalidInputError(f"a kv event line's events must be a list, got {events!r:.80}")
         return cls(tuple(_event_of(e) for e in events), float(ts))
 
 
@@ -205,7 +254,7 @@ def _event_json(event: KvEvent) -> dict[str, Any]:
 
 def _event_of(obj: object) -> KvEvent:
     if not isinstance(obj, Mapping):
-        raise InvalidInputError(f"a kv event must be a JSON object, got {obj!r}")
+        raise InvalidInputError(f"a kv event must be a JSON object, got {obj!r:.80}")
     kind = obj.get("kind")
     if kind == "stored":
         parent = None if obj.get("parent") is None else _int(obj, "parent")
@@ -215,13 +264,15 @@ def _event_of(obj: object) -> KvEvent:
         return BlockRemoved(_ints(obj, "hashes"))
     if kind == "cleared":
         return AllBlocksCleared()
-    raise InvalidInputError(f"unknown kv event kind {kind!r}; known: stored, removed, cleared")
+    raise InvalidInputError(f"unknown kv event kind {kind!r:.80}; known: stored, removed, cleared")
 
 
 def _int(obj: Mapping[str, Any], name: str) -> int:
     value = obj.get(name)
     if type(value) is not int or value < 0:
-        raise InvalidInputError(f"kv event field {name!r} must be an integer >= 0, got {value!r}")
+        raise InvalidInputError(
+            f"kv event field {name!r} must be an integer >= 0, got {value!r:.80}"
+        )
     return value
 
 
@@ -229,6 +280,6 @@ def _ints(obj: Mapping[str, Any], name: str) -> tuple[int, ...]:
     items = obj.get(name)
     if not isinstance(items, list) or not all(type(i) is int and i >= 0 for i in items):
         raise InvalidInputError(
-            f"kv event field {name!r} must be a list of integers >= 0, got {items!r}"
+            f"kv event field {name!r} must be a list of integers >= 0, got {items!r:.80}"
         )
     return tuple(items)

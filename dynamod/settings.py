@@ -53,6 +53,15 @@ dynamo_system_     (none)                                      ... and per worke
 addresses                                                      table of instance id (hex)
                                                                to base URL; env:
                                                                "id=URL,id=URL"
+kv_blocks_total    4194304                                     KV blocks the router's
+                                                               index keeps, all workers
+                                                               (0: no bound); at start
+worker_events_per_second                                       lines a worker's engine
+  / _burst         1000 / 10000                                events may send a second
+                                                               / at once
+worker_event_bytes_per_second                                  ... and bytes of them (a
+  / _burst         2097152 / 67108864                          KV worker's burst: its
+                                                               whole snapshot if larger)
 =================  ==========================================  ==========================
 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
@@ -84,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamod.auth import Tokens
+from dynamod.engine_events import MAX_LINE
 from dynamod.errors import ConfigError, InvalidInputError
 from dynamod.http.limits import AnswerLimits, HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
@@ -132,6 +142,12 @@ class DaemonSettings:
     prompt_process_memory_mb: float = TokenizerLimits.process_memory / MIB
     dynamo_system_address: str = ""
     dynamo_system_addresses: Mapping[str, str] = field(default_factory=dict)
+    # The worker boundary (dynamod/boundary/): the defaults are boundary.budgets' own.
+    kv_blocks_total: int = 1 << 22
+    worker_events_per_second: float = 1000.0
+    worker_events_burst: int = 10_000
+    worker_event_bytes_per_second: float = float(2 << 20)
+    worker_event_bytes_burst: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -172,6 +188,7 @@ class DaemonSettings:
             self._check_listener(address)
         if self.http:
             parse_hostport(self.http, "http")
+        self._check_boundary()
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -207,6 +224,20 @@ class DaemonSettings:
             max_output=_mib(self.template_max_output_mb, "template_max_output_mb"),
             process_memory=_mib(self.prompt_process_memory_mb, "prompt_process_memory_mb"),
         )
+
+    def _check_boundary(self) -> None:
+        if self.kv_blocks_total < 0:
+            raise ConfigError(f"kv_blocks_total must be >= 0, got {self.kv_blocks_total}")
+        for name in ("worker_events_per_second", "worker_events_burst",
+                     "worker_event_bytes_per_second"):  # fmt: skip
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{name} must be a number above 0, got {value!r}")
+        if self.worker_event_bytes_burst < MAX_LINE:
+            raise ConfigError(
+                f"worker_event_bytes_burst must be at least one line ({MAX_LINE} bytes), "
+                f"got {self.worker_event_bytes_burst}"
+            )
 
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
@@ -301,6 +332,11 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "prompt_process_memory_mb": _number(float),
     "dynamo_system_address": str,
     "dynamo_system_addresses": _addresses,
+    "kv_blocks_total": _number(int),
+    "worker_events_per_second": _number(float),
+    "worker_events_burst": _number(int),
+    "worker_event_bytes_per_second": _number(float),
+    "worker_event_bytes_burst": _number(int),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

@@ -1,19 +1,41 @@
 """Following every worker's engine events: one task per worker that offers them.
 
-``EngineStreams(view, report).run()`` owns one ``aiohttp`` session and one task group: a task per
-worker whose record offers an events stream (``reported.offered_path``), started when the
-view adds the worker and cancelled when it removes it. Each task connects to the
-worker's system address, hands every state it reads to ``report(key, state)`` and, when
-the stream breaks or stalls (``stall`` seconds without even a heartbeat), reports
-``None`` (nothing known: the router falls back on its own count) and reconnects after a
-back-off (``BACKOFF_MIN`` doubling to ``BACKOFF_MAX``, with jitter); the snapshot a
-worker sends on every connect makes a reconnect whole again. Memory is bounded: one
-task and one state per live worker, no queue (a state replaces the last).
+``EngineStreams(view, report).run()`` owns one ``aiohttp`` session and one task group: a task
+per worker whose record offers an events stream (``engine_events.offered_path``), started
+when the view adds the worker and cancelled when it removes it. Each task connects to the
+worker's system address and hands every state it reads to ``report(key, state)``, through
+``breaches`` (``boundary/breaches.py``), which holds them back while the worker is marked.
+
+**The boundary.** Every line is read within the worker's ``Budgets``
+(``boundary/budgets.py``): its length, its rate (a budget per worker that survives its
+reconnections), the time to connect and to each line. Whatever the worker's bytes do — a
+line too long, not JSON, a wrong type, too fast, too slow, a stream that ends before it made
+progress, or any exception at all while they are handled — costs that worker's connection
+and nothing else: the task logs it, marks the worker (a ``Breach``: unhealthy for the
+router, with the reason in listings) and reconnects after its back-off. Only
+``CancelledError`` leaves the task, so nothing a worker sends can end the task group, let
+alone the daemon. A worker that cannot be reached at all, or answers an error status, is
+not marked: the router falls back on its own count (``None``: nothing known).
+
+**A worker's KV snapshot.** A worker whose record offers KV events gets a byte burst that
+takes its whole KV snapshot — as many blocks as the KV index keeps for it
+(``KvIndexer.limit``), at ``SNAPSHOT_BLOCK_BYTES`` plus ``SNAPSHOT_TOKEN_BYTES`` a token —
+when that is larger than ``budgets.bytes_burst``: a large engine that reconnects is not
+flooding.
+
+**Back-off.** ``dynamod.backoff.Backoff(BACKOFF_FIRST, BACKOFF_CAP)`` per worker, reset only
+on *real progress*: a connection that stayed up ``budgets.progress`` seconds past its
+snapshot, every line within budget. Then the mark, if any, is lifted too. A snapshot alone
+is not progress: a worker that accepts and breaks every connection is retried at the
+back-off's pace (a delay drawn from up to ``BACKOFF_CAP`` seconds), not at full speed.
+
+Memory is bounded: one task, one rate budget and one state per live worker, one line
+(``budgets.line`` bytes) per connection, no queue (a state replaces the last).
 
 With a ``KvIndexer`` (``kv``), the KV lines of a worker that offers them go to the router's
-KV index (``feed/kv.py``): the first of each connection attaches the worker (its whole
-cache follows), every one is applied as it arrives, and the end of the connection
-detaches it. Without one, KV lines are read and dropped (approximate mode only).
+KV index (``boundary/kv_indexer.py``): the first of each connection attaches the worker
+(its whole cache follows), every one is applied as it arrives, and the end of the
+connection detaches it. Without one, KV lines are read and dropped (approximate mode only).
 """
 
 from __future__ import annotations
@@ -21,10 +43,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
+from prometheus_client import CollectorRegistry
 
+from dynamod.backoff import Backoff
+from dynamod.boundary.breaches import Breach, Breaches, BreachKind, kind_of
+from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.boundary.events_stream import events
 from dynamod.boundary.kv_indexer import KvIndexer
 from dynamod.discovery.view import WorkerView
@@ -35,35 +63,46 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
-from dynamod.engine_events import HEARTBEAT, EngineLoad, offered_path
-from dynamod.errors import InvalidInputError
+from dynamod.engine_events import EngineLoad, KvBatch, offered_path, offers_kv
+from dynamod.errors import DynamoError
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 
 Report = Callable[[str, EngineLoad | None], None]
-BACKOFF_MIN = 0.2
-BACKOFF_MAX = 5.0
-STALL = 3 * HEARTBEAT
+BACKOFF_FIRST = 0.2
+BACKOFF_CAP = 5.0
+SNAPSHOT_BLOCK_BYTES = 24
+SNAPSHOT_TOKEN_BYTES = 8
+SNAPSHOT_BLOCK_SIZE = 64
+"""A block of a KV snapshot line takes at most ``SNAPSHOT_BLOCK_BYTES`` (its hash) plus
+``SNAPSHOT_TOKEN_BYTES`` a token (ids of up to 7 digits); block sizes past
+``SNAPSHOT_BLOCK_SIZE`` count as that (a record's card is the worker's word)."""
 
 
 class EngineStreams:
-    """The daemon's subscriptions to its workers' engine events; see the module docstring."""
+    """The daemon's subscriptions to its workers' engine events; see the module docstring.
+
+    ``breaches``: the marks to share with the daemon's other readers of workers' bytes;
+    by default its own, reporting to ``report``, its metrics in ``registry``.
+    """
 
     def __init__(
         self,
         view: WorkerView,
         report: Report,
         *,
-        stall: float = STALL,
-        rng: random.Random | None = None,
+        budgets: Budgets | None = None,
         kv: KvIndexer | None = None,
+        registry: CollectorRegistry | None = None,
+        breaches: Breaches | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self._view = view
-        self._report = report
         self._kv = kv
-        self._stall = stall
+        self._budgets = budgets or Budgets()
         self._rng = rng or random.Random()
+        self.breaches = breaches or Breaches(report, registry)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -75,7 +114,11 @@ class EngineStreams:
 
     async def run(self) -> None:
         """Follow the workers until cancelled; every task ends with this call."""
-        async with aiohttp.ClientSession() as session, asyncio.TaskGroup() as group:
+        # No decompression: a worker's bytes are read as sent, within the line budget.
+        session = aiohttp.ClientSession(
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+        )
+        async with session, asyncio.TaskGroup() as group:
             self._session, self._group = session, group
             unlisten = self._view.listen(self._on_event)
             try:
@@ -114,42 +157,94 @@ class EngineStreams:
     def _stop(self, key: str) -> None:
         task = self._tasks.pop(key, None)
         if task is not None:
-            task.cancel()  # the group awaits it; _follow reports None on the way out
+            task.cancel()  # the group awaits it; _follow forgets the worker on the way out
 
     async def _follow(self, record: WorkerRecord, path: str) -> None:
-        key, url = record.key, record.system_address.rstrip("/") + path
-        delay = BACKOFF_MIN
+        url = record.system_address.rstrip("/") + path
+        feed = _Feed(record, url, worker_budgets(self._budgets, record, self._kv), self._rng)
         try:
             while True:
-                if await self._read(record, url):
-                    delay = BACKOFF_MIN
-                await asyncio.sleep(delay * self._rng.uniform(0.5, 1.0))
-                delay = min(delay * 2, BACKOFF_MAX)
+                await self._connection(feed)
+                await feed.backoff.wait()
         finally:
-            self.connected.discard(key)
-            self._report(key, None)
+            self.connected.discard(record.key)
+            self.breaches.forget(record.key)
 
-    async def _read(self, record: WorkerRecord, url: str) -> bool:
-        """Follow one connection to its end; whether it delivered any state."""
+    async def _connection(self, feed: _Feed) -> None:
+        """Follow one connection to its end; mark the worker if its bytes broke the
+        boundary. Raises nothing but ``CancelledError``."""
         assert self._session is not None
-        key, kv = record.key, self._kv
-        delivered = False
+        key = feed.record.key
+        feed.opened, feed.progressed = None, False
         try:
-            async for event in events(self._session, url, stall=self._stall):
-                self.connected.add(key)
-                delivered = True
-                if isinstance(event, EngineLoad):
-                    self._report(key, event)
-                elif kv is not None:
-                    if not kv.index.follows(key):
-                        kv.connected(record)
-                    kv.batch(key, event)
-            log.debug("engine events of %s ended; reconnecting", url)
-        except (aiohttp.ClientError, TimeoutError, InvalidInputError, OSError) as exc:
-            log.debug("engine events of %s broke (%s); reconnecting", url, exc or type(exc))
+            async for event in events(self._session, feed.url, self._budgets, feed.rate):
+                self._deliver(feed, event)
+            self._ended(feed, None)
+        except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
+            self._ended(feed, exc)
         finally:
-            if kv is not None:
-                kv.gone(key)
-        self.connected.discard(key)
-        self._report(key, None)
-        return delivered
+            if self._kv is not None:
+                self._kv.gone(key)
+            self.connected.discard(key)
+
+    def _deliver(self, feed: _Feed, event: EngineLoad | KvBatch) -> None:
+        key, now = feed.record.key, time.monotonic()
+        if feed.opened is None:
+            feed.opened = now
+            self.connected.add(key)
+        elif not feed.progressed and now - feed.opened >= self._budgets.progress:
+            feed.progressed = True
+            feed.backoff.reset()
+            self.breaches.clear(key)
+        if isinstance(event, EngineLoad):
+            self.breaches.report(key, event)
+        elif self._kv is not None:
+            if not self._kv.index.follows(key):
+                self._kv.connected(feed.record)
+            self._kv.batch(key, event)
+
+    def _ended(self, feed: _Feed, error: Exception | None) -> None:
+        """Judge how a connection ended: a breach, or nothing known."""
+        key = feed.record.key
+        if isinstance(error, TimeoutError):
+            message = f"it sent no whole line within {self._budgets.stall:g} s"
+            self.breaches.breach(Breach(key, BreachKind.TIMEOUT, message))
+        elif isinstance(error, DynamoError):
+            self.breaches.breach(Breach(key, kind_of(error), str(error)))
+        elif error is not None and not isinstance(error, aiohttp.ClientError | OSError):
+            log.warning("engine events of %s raised %r", feed.url, error, exc_info=error)
+            message = f"handling its events raised {error!r}"
+            self.breaches.breach(Breach(key, BreachKind.MALFORMED, message))
+        elif feed.opened is not None and not feed.progressed:
+            lasted = time.monotonic() - feed.opened
+            message = f"its events stream ended {lasted:.1f} s after it opened"
+            self.breaches.breach(Breach(key, BreachKind.UNSTABLE, message))
+        else:
+            log.debug("engine events of %s ended (%r); reconnecting", feed.url, error)
+            self.breaches.report(key, None)
+
+
+def worker_budgets(budgets: Budgets, record: WorkerRecord, kv: KvIndexer | None) -> Budgets:
+    """The budgets of ``record``'s worker: ``budgets``, with a byte burst that takes its
+    whole KV snapshot when that is larger (see the module docstring)."""
+    if kv is None or not offers_kv(record):
+        return budgets
+    size = min(max(record.model_card.kv_block_size, 1), SNAPSHOT_BLOCK_SIZE)
+    snapshot = kv.limit(record) * (SNAPSHOT_BLOCK_BYTES + SNAPSHOT_TOKEN_BYTES * size)
+    return replace(budgets, bytes_burst=max(budgets.bytes_burst, snapshot))
+
+
+class _Feed:
+    """One worker's feed across its reconnections: its back-off and rate budget, and how
+    far the current connection got."""
+
+    def __init__(
+        self, record: WorkerRecord, url: str, budgets: Budgets, rng: random.Random
+    ) -> None:
+        self.record = record
+        self.url = url
+        self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP, rng=rng)
+        self.rate = RateBudget(budgets)
+        self.opened: float | None = None
+        """When the current connection's snapshot came (monotonic); None before."""
+        self.progressed = False

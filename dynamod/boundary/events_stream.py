@@ -1,66 +1,95 @@
-"""Reading one worker's engine events stream (the wire format: ``dynamod.engine_events``)."""
+"""Reading one worker's engine events stream (the wire format: ``dynamod.engine_events``),
+within that worker's budgets (``boundary/budgets.py``)."""
 
 from __future__ import annotations
 
-import json
+import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
 
+from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.engine_events import EngineLoad, KvBatch
 from dynamod.errors import InvalidInputError
+from dynamod.http.bounded import LineReader
+from dynamod.http.limits import load_json
 
-MAX_LINE = 1 << 16
-"""Longest event line accepted (aiohttp's reader limit); a longer one is a protocol
-error."""
+YIELD_LINES = 16
+YIELD_BYTES = 32 << 10
+"""A reader lets the event loop run other tasks after this many lines or bytes: lines a
+worker sent at once are already buffered, and reading them would otherwise hold the loop
+(and ``/health``, and the front) for a whole burst."""
 
 
 class FeedError(InvalidInputError):
-    """A worker's stream broke the protocol: not JSON, a bad state, a line too long, a gap
-    in its KV lines."""
+    """A worker's stream broke the protocol: not JSON, a bad state, a gap in its KV lines."""
 
 
 async def events(
-    session: aiohttp.ClientSession, url: str, *, stall: float
+    session: aiohttp.ClientSession, url: str, budgets: Budgets, rate: RateBudget
 ) -> AsyncIterator[EngineLoad | KvBatch]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
-    carry its whole cache, then whatever changes.
+    carry its whole cache, then whatever changes. Every line is paid for from ``rate``.
 
-    Raises ``aiohttp.ClientError`` when it cannot be reached or answers anything but 200,
-    ``TimeoutError`` when it stays silent ``stall`` seconds (heartbeats count), and
-    ``FeedError`` when what it sends breaks the protocol (a KV line out of sequence
-    included: the caller reconnects, and the new connection starts whole). Types it does
-    not know are skipped (a newer worker's).
+    Raises ``aiohttp.ClientError`` (or ``OSError``) when it cannot be reached, answers
+    anything but 200 or breaks the connection; ``TimeoutError`` when it does not answer,
+    or send a whole line, within ``budgets.stall`` seconds (heartbeats count);
+    ``OversizeError`` for a line over ``budgets.line`` bytes; ``TooFastError`` past its
+    rate budget; ``FeedError`` (an ``InvalidInputError``) when what it sends breaks the
+    protocol (a KV line out of sequence included: the caller reconnects, and the new
+    connection starts whole). Types it does not know are skipped (a newer worker's).
     """
+    stall = budgets.stall
+    # No total: a stream lasts as long as the worker; each read is bounded instead.
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall, sock_read=stall)
-    async with session.get(url, timeout=timeout, raise_for_status=True) as response:
-        reader = response.content
-        kv_seq = 0
+    async with asyncio.timeout(stall):
+        response = await session.get(url, timeout=timeout, raise_for_status=True)
+    async with response:
+        lines = LineReader(response.content, budgets.line, f"the engine events of {url}")
+        kv_seq = since_yield = lines_since = 0
         while True:
-            try:
-                line = await reader.readuntil(b"\n")
-            except ValueError:  # aiohttp's "Chunk too big": over the reader's limit
-                raise FeedError(f"an event from {url} is over {MAX_LINE} bytes") from None
-            if not line:
+            async with asyncio.timeout(stall):
+                line = await lines.next_line()
+            if line is None:
                 return
+            rate.spend(len(line))
+            since_yield, lines_since = since_yield + len(line), lines_since + 1
+            if since_yield >= YIELD_BYTES or lines_since >= YIELD_LINES:
+                await asyncio.sleep(0)
+                since_yield = lines_since = 0
             event = _event_of(line, url)
-            if event.get("type") in ("snapshot", "state"):
-                yield EngineLoad.from_json(event.get("state"))
-            elif event.get("type") == "kv":
+            kind = event.get("type")
+            if kind in ("snapshot", "state"):
+                yield _load_of(event, url)
+            elif kind == "kv":
                 if event.get("seq") != kv_seq:
                     raise FeedError(
-                        f"{url} sent KV line {event.get('seq')!r} where {kv_seq} was due"
+                        f"{url} sent KV line {event.get('seq')!r:.40} where {kv_seq} was due"
                     )
                 kv_seq += 1
-                yield KvBatch.from_json(event)
+                yield _batch_of(event, url)
 
 
 def _event_of(line: bytes, url: str) -> dict[str, object]:
     try:
-        event = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FeedError(f"{url} sent a line that is not JSON: {exc}") from None
+        event = load_json(line, f"a line from {url}")
+    except InvalidInputError as exc:
+        raise FeedError(str(exc)) from None
     if not isinstance(event, dict):
         raise FeedError(f"{url} sent an event that is not a JSON object")
     return event
+
+
+def _load_of(event: dict[str, object], url: str) -> EngineLoad:
+    try:
+        return EngineLoad.from_json(event.get("state"))
+    except InvalidInputError as exc:
+        raise FeedError(f"{url} sent a bad state: {exc}") from None
+
+
+def _batch_of(event: dict[str, object], url: str) -> KvBatch:
+    try:
+        return KvBatch.from_json(event)
+    except InvalidInputError as exc:
+        raise FeedError(f"{url} sent a bad KV line: {exc}") from None

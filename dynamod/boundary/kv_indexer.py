@@ -7,9 +7,12 @@ falls back on approximate overlap until a new connection rebuilds it).
 
 Metrics: ``dynamod_kv_event_lag_seconds`` (engine publishing a batch → this daemon's index
 holding it, on the worker's and the daemon's wall clocks: one machine, or synchronized
-ones), ``dynamod_kv_blocks`` (blocks indexed, all workers), ``dynamod_kv_workers``
-(workers whose overlap comes from their KV events), ``dynamod_kv_dropped_blocks_total``
-(stored blocks not indexed: parent unknown, or over a worker's limit).
+ones), ``dynamod_kv_blocks`` (blocks indexed, all workers), ``dynamod_kv_blocks_bound``
+(the most the index keeps, all workers: ``KvIndex.total``; 0: no bound),
+``dynamod_kv_workers`` (workers whose overlap comes from their KV events),
+``dynamod_kv_dropped_blocks_total`` (stored blocks not indexed: parent unknown, or over a
+worker's limit), ``dynamod_kv_evicted_blocks_total`` (blocks pushed out because the whole
+index was at its bound: from the worker holding the most beyond its share).
 """
 
 from __future__ import annotations
@@ -45,9 +48,20 @@ class KvIndexer:
             registry=registry,
         )
         workers.set_function(lambda: index.workers)
+        bound = Gauge(
+            "dynamod_kv_blocks_bound",
+            "KV blocks the index keeps at most, all workers (0: no bound).",
+            registry=registry,
+        )
+        bound.set(index.total)
         self._dropped = Counter(
             "dynamod_kv_dropped_blocks",
             "Stored KV blocks not indexed: parent unknown, or over a worker's limit.",
+            registry=registry,
+        )
+        self._evicted = Counter(
+            "dynamod_kv_evicted_blocks",
+            "KV blocks forgotten because the whole index was at its bound.",
             registry=registry,
         )
 
@@ -61,11 +75,14 @@ class KvIndexer:
         self.index.attach(record.key, self.limit(record))
 
     def batch(self, key: str, batch: KvBatch) -> None:
-        dropped = self.index.dropped
-        self.index.apply(key, batch.events)
+        index = self.index
+        dropped, evicted = index.dropped, index.evicted
+        index.apply(key, batch.events)
         self._lag.observe(max(0.0, time.time() - batch.ts))
-        if self.index.dropped > dropped:
-            self._dropped.inc(self.index.dropped - dropped)
+        if index.dropped > dropped:
+            self._dropped.inc(index.dropped - dropped)
+        if index.evicted > evicted:
+            self._evicted.inc(index.evicted - evicted)
 
     def gone(self, key: str) -> None:
         self.index.detach(key)

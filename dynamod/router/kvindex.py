@@ -16,8 +16,13 @@ events stream, ``dynamod.boundary`` follows it and calls ``attach`` / ``apply`` 
   the shared holders dict (the worker's key, or a set when several workers hold it). Each
   worker keeps at most ``limit`` blocks (``attach``: the smaller of the router's
   ``kv_blocks_per_worker`` and the engine's own KV blocks); past it the oldest stored are
-  forgotten first (an engine that holds more than its cache missed removals). ``python
-  -m bench.prefix --memory`` measures the bytes per block.
+  forgotten first (an engine that holds more than its cache missed removals). The index
+  as a whole keeps at most ``total`` (worker, block) entries (0: no bound): a block
+  stored while it is full pushes out the oldest block of the worker that holds the most
+  beyond its fair share (``total`` / workers followed) — the storing worker itself when
+  it already holds its share — so workers that flood it evict their own blocks, never
+  those of workers within their share (``evicted`` counts them). ``python -m
+  bench.prefix --memory`` measures the bytes per block.
 * A worker the index does not follow has no KV overlap here: ``Overlaps`` asks the
   approximate ``PrefixIndex`` about it instead, so approximate mode stays where no
   events arrive.
@@ -52,15 +57,23 @@ class _Cache:
 class KvIndex:
     """The blocks each followed worker's engine holds; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int = 0) -> None:
+        if total < 0:
+            raise ValueError(f"a KV index's total bound must be >= 0 blocks, got {total}")
+        self.total = total
+        """(Worker, block) entries kept at most, all workers; 0: no bound."""
         self._caches: dict[str, _Cache] = {}
         self._holders: dict[int, str | set[str]] = {}
+        self._size = 0
+        self._victim = ""  # the worker that held the most the last time one was sought
         self.dropped = 0
         """Stored blocks not indexed: parent unknown, or pushed out by a worker's limit."""
+        self.evicted = 0
+        """Blocks pushed out because the index as a whole held ``total``."""
 
     def __len__(self) -> int:
-        """Blocks indexed, all workers."""
-        return sum(len(c.blocks) for c in self._caches.values())
+        """Blocks indexed, all workers (a block two workers hold counts twice)."""
+        return self._size
 
     @property
     def workers(self) -> int:
@@ -85,6 +98,7 @@ class KvIndex:
         """Stop following ``worker`` and forget its blocks."""
         cache = self._caches.pop(worker, None)
         if cache is not None:
+            self._size -= len(cache.blocks)
             for block in cache.blocks.values():
                 self._unhold(block, worker)
 
@@ -136,8 +150,29 @@ class KvIndex:
             if len(cache.blocks) >= cache.limit:
                 self._remove(worker, cache, next(iter(cache.blocks)), every=True)
                 self.dropped += 1
+            elif self.total and self._size >= self.total:
+                self._make_room(worker, cache)
             cache.blocks[engine_hash] = block
+            self._size += 1
             self._hold(block, worker)
+
+    def _make_room(self, worker: str, cache: _Cache) -> None:
+        """Forget one block for ``total``'s sake: the oldest of ``worker`` when it holds
+        its share already, else the oldest of the worker holding the most."""
+        share = self.total // len(self._caches)
+        if not cache.blocks or len(cache.blocks) < share:
+            worker, cache = self._largest(share)
+        self._remove(worker, cache, next(iter(cache.blocks)), every=True)
+        self.evicted += 1
+
+    def _largest(self, share: int) -> tuple[str, _Cache]:
+        """The worker holding the most; the last one found while it is still over its
+        share (a search is a pass over every worker)."""
+        cache = self._caches.get(self._victim)
+        if cache is None or len(cache.blocks) <= share:
+            self._victim = max(self._caches, key=lambda k: len(self._caches[k].blocks))
+            cache = self._caches[self._victim]
+        return self._victim, cache
 
     def _remove(self, worker: str, cache: _Cache, engine_hash: int, every: bool = False) -> None:
         copies = cache.extra.get(engine_hash, 0)
@@ -150,6 +185,7 @@ class KvIndex:
         cache.extra.pop(engine_hash, None)
         block = cache.blocks.pop(engine_hash, None)
         if block is not None:
+            self._size -= 1
             self._unhold(block, worker)
 
     def _hold(self, block: int, worker: str) -> None:

@@ -44,12 +44,13 @@ Authorize = Callable[[web.Request], web.Response | None]
 
 
 def engine_load(stats: EngineStats) -> EngineLoad:
-    """An engine's stats as the value a worker reports."""
+    """An engine's stats as the value a worker reports; ``InvalidInputError`` when they are
+    not a load at all (a negative or huge count: ``EngineLoad`` says which)."""
     total = stats.kv_blocks_total
     return EngineLoad(
         running=stats.active_requests,
         waiting=stats.waiting_requests,
-        kv_usage=stats.kv_blocks_used / total if total else 0.0,
+        kv_usage=stats.kv_blocks_used / total if total > 0 else 0.0,
         kv_blocks_used=stats.kv_blocks_used,
         kv_blocks_total=total,
         prefix_cache_hits=stats.prefix_cache_hits,
@@ -80,6 +81,7 @@ class EnginePublisher:
         self._authorize = authorize
         self._tokenizer = published(engine.tokenizer)
         self._stop = asyncio.Event()
+        self._fault = ""
 
     def close(self) -> None:
         """End every events stream now (the worker is shutting down; its record is gone, so
@@ -94,7 +96,17 @@ class EnginePublisher:
         app.router.add_post(RESET_PATH, self._reset)
 
     def state(self) -> EngineLoad:
-        return engine_load(self._engine.stats())
+        """The engine's load; when its stats cannot be read or are no load (an upstream's
+        metrics said ``+Inf``), an unhealthy state that says so: a daemon learns why, and
+        the stream goes on."""
+        try:
+            return engine_load(self._engine.stats())
+        except (ArithmeticError, ValueError) as exc:
+            reason = f"its engine's stats are not a load: {exc}"
+            if reason != self._fault:  # one line per fault, not one per state sent
+                log.warning("%s", reason)
+                self._fault = reason
+            return EngineLoad(healthy=False, reason=reason, source="worker")
 
     async def _tokenizer_bundle(self, request: web.Request) -> web.Response:
         return web.Response(body=self._tokenizer, content_type="application/json")
@@ -154,7 +166,9 @@ class EnginePublisher:
 
 
 async def _send(response: web.StreamResponse, event: dict[str, object]) -> None:
-    await response.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+    # NaN and Infinity are not JSON: EngineLoad refuses them, and nothing else may send one.
+    line = json.dumps(event, separators=(",", ":"), allow_nan=False)
+    await response.write(line.encode() + b"\n")
 
 
 async def _send_kv(response: web.StreamResponse, seq: int, batch: KvBatch) -> None:

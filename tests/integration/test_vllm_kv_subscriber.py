@@ -19,7 +19,7 @@ import zmq.asyncio
 from dynamod.engine_events import AllBlocksCleared, KvBatch, KvEvent
 from dynamod.tasks import cancel_and_wait
 from dynamod.worker.engines.kvevents import KvPublisher, KvSubscription
-from dynamod.worker.engines.vllm_events import END_SEQ, VllmSubscriber, decode
+from dynamod.worker.engines.vllm_events import END_SEQ, MAX_MESSAGE, VllmSubscriber, decode
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kv_events"
 PAYLOADS = [
@@ -199,3 +199,45 @@ async def test_a_sequence_that_starts_over_is_an_engine_restart(
         events = await events_until(subscription, 4)
         assert events == [*recorded(0, 1), AllBlocksCleared(), *recorded(0)]
         assert len(publisher) == 9
+
+
+async def test_a_malformed_stored_event_is_cleared_in_its_place_and_the_subscriber_lives_on(
+    context: zmq.asyncio.Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``BlockStored`` with string token ids (it once ended the subscriber silently, and
+    the index went stale): one log line, a clear where it stood, and the next batch
+    follows."""
+    bad = {"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+           "token_ids": ["a"] * 64, "block_size": 32}  # fmt: skip
+    async with (
+        watched(context, replay=False) as (fake, publisher, subscription),
+        following(fake, publisher) as subscriber,
+    ):
+        await fake.send(0, PAYLOADS[0])
+        await fake.send(1, msgspec.msgpack.encode([1.7e9, [bad], 0]))
+        await fake.send(2, PAYLOADS[2])
+        events = await events_until(subscription, 3)
+        assert events == [*recorded(0), AllBlocksCleared(), *recorded(2)]
+        assert subscriber.gaps == 0
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1 and "token_ids must be integers" in refused[0].getMessage()
+
+
+async def test_a_message_over_the_size_limit_is_not_taken_and_its_gap_is_cleared(
+    context: zmq.asyncio.Context,
+) -> None:
+    """ZMQ refuses a message over ``MAX_MESSAGE`` bytes by dropping the connection for
+    good: the subscriber clears (that batch is lost), connects again and goes on."""
+    async with (
+        watched(context, replay=False) as (fake, publisher, subscription),
+        following(fake, publisher) as subscriber,
+    ):
+        await fake.send(0, PAYLOADS[0])
+        assert await events_until(subscription, 1) == recorded(0)
+        await fake.send(1, b"\x00" * (MAX_MESSAGE + 1))
+        async with asyncio.timeout(10):
+            while (await fake.pub.recv())[0] != 1:
+                pass  # its unsubscription as it was dropped, then its subscription again
+        await fake.send(2, PAYLOADS[2])
+        assert await events_until(subscription, 2) == [AllBlocksCleared(), *recorded(2)]
+        assert subscriber.gaps == 0

@@ -6,6 +6,7 @@ limits that bound its memory."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,7 +17,7 @@ from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, K
 from dynamod.router.kvindex import KvIndex, Overlaps
 from dynamod.router.prefix import PrefixIndex, prefix_hashes
 from dynamod.worker.engines.kvcache import cache_keys
-from dynamod.worker.engines.kvevents import MAX_TOKENS, KvPublisher, batched
+from dynamod.worker.engines.kvevents import LINE_BYTES, KvPublisher, batched
 
 BLOCK = 2
 WORKERS = ("a", "b", "c")
@@ -208,14 +209,13 @@ def test_overlap_is_approximate_for_workers_without_events_and_kv_for_the_rest()
 
 
 def test_forwarded_batches_stay_under_the_line_limit_and_keep_the_chain() -> None:
-    prompt = tuple(itertools.islice(itertools.cycle(range(7)), 3 * MAX_TOKENS))
+    prompt = tuple(itertools.islice(itertools.cycle(range(10**6, 10**6 + 7)), 4096))
     event = stored(prompt, 0, len(prompt) // BLOCK)
     batches = list(batched([BlockRemoved((1,)), event, AllBlocksCleared()], ts=2.0))
-    assert all(
-        sum(len(getattr(e, "token_ids", ())) for e in b.events) <= MAX_TOKENS for b in batches
-    )
+    lines = [json.dumps(b.to_json(seq=1 << 62), separators=(",", ":")) for b in batches]
+    assert all(len(line) + 1 <= LINE_BYTES for line in lines)
     pieces = [e for b in batches for e in b.events if isinstance(e, BlockStored)]
-    assert len(pieces) == 3
+    assert len(pieces) == 3, "2,048 blocks of 7-digit tokens: some 80 KB of JSON"
     assert [p.parent for p in pieces[1:]] == [p.hashes[-1] for p in pieces[:-1]]
     index = KvIndex()
     index.attach("a", limit=100_000)

@@ -31,7 +31,7 @@ def test_every_recording_decodes_with_whole_blocks_and_its_sequence_number() -> 
     files = sorted(DATA.glob("*.bin"))
     assert len(files) >= 17
     for path in files:
-        seq, batch = decode(recorded(path.name))
+        seq, batch, _ = decode(recorded(path.name))
         assert seq == int(path.stem.rsplit("_", 1)[1]), path.name
         assert batch.ts > 1.7e9, "vLLM stamps a batch with its wall clock"
         for event in batch.events:
@@ -41,8 +41,8 @@ def test_every_recording_decodes_with_whole_blocks_and_its_sequence_number() -> 
 
 
 def test_a_prompt_is_one_multi_block_event_and_decode_blocks_chain_onto_it() -> None:
-    _, first = decode(recorded("inproc_loop_000.bin"))
-    _, second = decode(recorded("inproc_loop_001.bin"))
+    _, first, _ = decode(recorded("inproc_loop_000.bin"))
+    _, second, _ = decode(recorded("inproc_loop_001.bin"))
     (prompt,) = first.events
     (decoded,) = second.events
     assert isinstance(prompt, BlockStored) and isinstance(decoded, BlockStored)
@@ -52,18 +52,18 @@ def test_a_prompt_is_one_multi_block_event_and_decode_blocks_chain_onto_it() -> 
 
 
 def test_removals_stores_and_clears_keep_their_order() -> None:
-    _, batch = decode(recorded("serve_drain30_025.bin"))
+    _, batch, _ = decode(recorded("serve_drain30_025.bin"))
     kinds = [type(e).__name__ for e in batch.events]
     assert kinds == ["BlockRemoved", "BlockRemoved", "BlockStored", "BlockStored"]
     assert batch.events[0] == BlockRemoved((4792888050312944436,))
-    _, cleared = decode(recorded("kinds_021.bin"))
+    _, cleared, _ = decode(recorded("kinds_021.bin"))
     assert cleared.events == (AllBlocksCleared(),)
 
 
 def test_the_older_tagged_array_form_decodes_to_the_same_events() -> None:
     stored = ["BlockStored", [7, 8], None, list(range(64)), 32, None, "GPU"]
     removed = ["BlockRemoved", [7], "GPU"]
-    seq, batch = decode(message([stored, removed, ["AllBlocksCleared"]], seq=9))
+    seq, batch, _ = decode(message([stored, removed, ["AllBlocksCleared"]], seq=9))
     assert seq == 9
     assert batch.events == (
         BlockStored((7, 8), None, tuple(range(64)), 32),
@@ -106,10 +106,7 @@ SHORT_STORED = {"type": "BlockStored", "block_hashes": [1], "token_ids": [1, 2, 
         ([b"kv", b"\x00" * 4, b""], "8 bytes"),
         ([b"kv", b"\x00" * 8, b"\xc1"], "not msgpack"),
         ([b"kv", b"\x00" * 8, msgspec.msgpack.encode({"a": 1})], "[ts, events"),
-        (message([{"type": "BlockMoved"}]), "unknown KV event type 'BlockMoved'"),
-        (message([["BlockStored", [1], None, [1, 2], "4"]]), "block_size must be an integer"),
-        (message([SHORT_STORED]), "carries 3 tokens"),
-        (message([42]), "a map or a tagged array"),
+        ([b"kv", b"\x00" * 8, msgspec.msgpack.encode([float("inf"), [], 0])], "no timestamp"),
     ],
 )
 def test_malformed_messages_are_refused_naming_the_fault(
@@ -117,3 +114,30 @@ def test_malformed_messages_are_refused_naming_the_fault(
 ) -> None:
     with pytest.raises(InvalidInputError, match=message_part.replace("[", r"\[")):
         decode(frames)
+
+
+GOOD = ["BlockStored", [7], None, [1, 2], 2, None, "GPU"]
+
+
+@pytest.mark.parametrize(
+    ("event", "message_part"),
+    [
+        ({"type": "BlockMoved"}, "unknown KV event type 'BlockMoved'"),
+        (["BlockStored", [1], None, [1, 2], "4"], "block_size must be an integer"),
+        (SHORT_STORED, "carries 3 tokens"),
+        (42, "a map or a tagged array"),
+        (["BlockStored", [1], None, ["1", "2"], 2], "token_ids must be integers"),
+        (["BlockStored", [1], None, [1, 1 << 63], 2], "token_ids must be integers"),
+        (["BlockRemoved", [b"\x01" * 65]], "at most 64 bytes"),
+    ],
+)
+def test_a_malformed_event_is_refused_alone_and_cleared_in_its_place(
+    event: object, message_part: str
+) -> None:
+    """The events before it stand, a clear takes its place, the ones after it follow: a
+    consumer never keeps blocks that a refused removal would have taken away."""
+    seq, batch, refused = decode(message([GOOD, event, event, GOOD], seq=4))
+    assert seq == 4
+    assert len(refused) == 2 and message_part in refused[0]
+    stored = BlockStored((7,), None, (1, 2), 2)
+    assert batch.events == (stored, AllBlocksCleared(), stored)

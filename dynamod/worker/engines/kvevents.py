@@ -11,9 +11,11 @@ each subscriber, i.e. each daemon's events stream (``worker/publish.py``):
 * a subscriber that falls ``backlog`` batches behind (a stalled daemon) has its queue
   replaced by a fresh snapshot of the mirror: memory stays bounded, and what it gets
   still adds up to the engine's cache (clear and rebuild, never a gap);
-* every batch is cut so that its JSON line stays well under the reader's line limit
-  (``MAX_TOKENS`` tokens per line; a long prompt's stored event is split along its
-  chain).
+* every batch is cut so that its JSON line stays well under the readers' line limit
+  (``LINE_BYTES``, half of ``engine_events.MAX_LINE``): a long prompt's stored event is
+  split along its chain, a removal of many blocks into several removals, and events are
+  packed into a line only while it has room. A reader applies the lines in order, so it
+  ends with the same cache whatever the cut.
 
 Why the mirror and not a replay log: the engine's whole cache is bounded (its KV blocks),
 a log of everything since start is not, and a snapshot of the mirror is exactly what a
@@ -32,10 +34,23 @@ from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
+from dynamod.engine_events import (
+    MAX_LINE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvBatch,
+    KvEvent,
+)
 
-MAX_TOKENS = 4096
-"""Tokens one forwarded batch carries at most (a line of ~30 KB at worst)."""
+LINE_BYTES = MAX_LINE // 2
+"""Bytes of JSON one forwarded batch's line has at most (a block too big for it alone, of
+some 1,500 tokens of 20 digits, would still be under ``MAX_LINE``)."""
+_LINE_OVERHEAD = 100
+"""``{"seq":N,"type":"kv","ts":T,"events":[]}`` and the newline, at their longest."""
+_EVENT_OVERHEAD = {BlockStored: 120, BlockRemoved: 40, AllBlocksCleared: 20}
+"""An event's JSON less its lists of numbers (the parent and block size included), and
+the comma after it."""
 BACKLOG = 1024
 """Batches a subscriber may fall behind before it is given a fresh snapshot instead."""
 
@@ -189,31 +204,58 @@ class KvPublisher:
 
 
 def batched(events: Sequence[KvEvent], ts: float) -> Iterator[KvBatch]:
-    """``events`` cut into batches of at most ``MAX_TOKENS`` tokens (a stored event
-    longer than that split along its chain), in order."""
+    """``events`` cut into batches whose JSON lines have at most ``LINE_BYTES`` bytes (an
+    event too big for one split: a stored one along its chain, a removal by its blocks),
+    in order."""
     out: list[KvEvent] = []
-    tokens = 0
+    size = _LINE_OVERHEAD
     for event in events:
-        for piece in _pieces(event):
-            size = len(piece.token_ids) if isinstance(piece, BlockStored) else 0
-            if out and tokens + size > MAX_TOKENS:
+        for piece, cost in _pieces(event):
+            if out and size + cost > LINE_BYTES:
                 yield KvBatch(tuple(out), ts)
-                out, tokens = [], 0
+                out, size = [], _LINE_OVERHEAD
             out.append(piece)
-            tokens += size
+            size += cost
     if out:
         yield KvBatch(tuple(out), ts)
 
 
-def _pieces(event: KvEvent) -> Iterator[KvEvent]:
-    if not isinstance(event, BlockStored) or len(event.token_ids) <= MAX_TOKENS:
-        yield event
+def _pieces(event: KvEvent) -> Iterator[tuple[KvEvent, int]]:
+    """``event`` as pieces that each fit a line, with a bound on their JSON sizes."""
+    overhead = _EVENT_OVERHEAD[type(event)]
+    room = LINE_BYTES - _LINE_OVERHEAD - overhead
+    if isinstance(event, BlockRemoved):
+        each = _widest(event.hashes)
+        per = max(1, room // each)
+        for start in range(0, len(event.hashes), per):
+            hashes = event.hashes[start : start + per]
+            yield BlockRemoved(hashes), overhead + each * len(hashes)
+    elif isinstance(event, BlockStored):
+        yield from _stored_pieces(event, overhead, room)
+    else:
+        yield event, overhead
+
+
+def _stored_pieces(
+    event: BlockStored, overhead: int, room: int
+) -> Iterator[tuple[BlockStored, int]]:
+    size, count = event.block_size, len(event.hashes)
+    each = _widest(event.hashes) + size * _widest(event.token_ids)
+    per = max(1, room // each)
+    if count <= per:
+        yield event, overhead + each * count
         return
-    size = event.block_size
-    per = max(1, MAX_TOKENS // size)
     parent = event.parent
-    for start in range(0, len(event.hashes), per):
+    for start in range(0, count, per):
         hashes = event.hashes[start : start + per]
         tokens = event.token_ids[start * size : (start + len(hashes)) * size]
-        yield BlockStored(hashes, parent, tokens, size)
+        yield BlockStored(hashes, parent, tokens, size), overhead + each * len(hashes)
         parent = hashes[-1]
+
+
+def _widest(values: Sequence[int]) -> int:
+    """Bytes each of ``values`` takes at most in a JSON list: the widest one's digits and
+    a comma (at least 1)."""
+    if not values:
+        return 1
+    return max(len(str(max(values))), len(str(min(values)))) + 1

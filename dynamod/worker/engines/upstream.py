@@ -68,6 +68,7 @@ from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Publishable, with_tokenizer
 from dynamod.worker.engines.base import Changes, EngineStats
+from dynamod.worker.engines.kv_sources import followable
 from dynamod.worker.engines.kvevents import KvPublisher
 from dynamod.worker.engines.scrape import Scraped, parse
 from dynamod.worker.engines.upstream_answers import read_json, read_page, served_context
@@ -468,7 +469,7 @@ def _logged(why: str) -> None:
 def kv_sources(body: object, host: str) -> list[tuple[str, str | None]]:
     """vLLM's ``/kv_event_sources`` answer (rank → its ``KVEventsConfig``) as the
     endpoints a subscriber connects to: a wildcard host (``*``, ``0.0.0.0``, ``::``)
-    is the server's own, ``host``."""
+    is the server's own, ``host``; only those ``kv_sources.followable`` allows."""
     found: list[tuple[str, str | None]] = []
     for config in body.values() if isinstance(body, dict) else ():
         if not isinstance(config, dict) or not config.get("enable_kv_cache_events"):
@@ -476,12 +477,13 @@ def kv_sources(body: object, host: str) -> list[tuple[str, str | None]]:
         if config.get("publisher") != "zmq" or not isinstance(config.get("endpoint"), str):
             continue
         replay = config.get("replay_endpoint")
-        found.append(
-            (
-                _reachable(config["endpoint"], host),
-                _reachable(replay, host) if isinstance(replay, str) else None,
-            )
-        )
+        try:
+            endpoint = followable(_reachable(config["endpoint"], host), host)
+            again = followable(_reachable(replay, host), host) if isinstance(replay, str) else None
+        except InvalidInputError as exc:
+            log.warning("not following a KV event publisher the upstream names: %s", exc)
+            continue
+        found.append((endpoint, again))
     return found
 
 

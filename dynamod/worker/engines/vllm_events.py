@@ -25,19 +25,34 @@ under-counts until those blocks are stored again: safe, never a phantom hit). A 
 number that goes back on the live stream means the engine restarted: its cache is empty,
 so the same clear (a live batch a replay already delivered is a duplicate, skipped).
 At start the subscriber replays from 0, so blocks stored before it connected are known.
+
+**Malformed input** (the publisher is another process, possibly another machine): a
+message that is not one is dropped with a log line (the next one reveals the gap and is
+handled as one); an event that is not one (string token ids, an unknown type) becomes an
+``AllBlocksCleared`` where it stood, with one log line per message: the events before it
+stand, what follows rebuilds, and no consumer is left holding blocks a lost removal should
+have taken away. Nothing a publisher sends ends the subscriber: any other failure while
+applying a message is logged and answered with a clear too. ZMQ refuses a message over
+``MAX_MESSAGE`` bytes (``MAXMSGSIZE``) by dropping the connection for good; the
+subscriber sees the drop, clears (what the message said is lost) and connects again after
+a back-off that resets once a connection delivers. ZMQ queues at most ``QUEUED`` messages
+(``RCVHWM``), so a publisher holds at most their product of the worker's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from dynamod.backoff import Backoff
 from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from dynamod.errors import InvalidInputError
 from dynamod.worker.engines.kvevents import KvPublisher
@@ -46,8 +61,22 @@ log = logging.getLogger(__name__)
 
 END_SEQ = -1
 """The sequence number that ends a replay."""
+_END = END_SEQ.to_bytes(8, "big", signed=True)
 REPLAY_TIMEOUT = 2.0
 """Seconds a replay may take before the subscriber clears and rebuilds instead."""
+MAX_MESSAGE = 16 << 20
+"""Bytes one message may have (vLLM's largest: a long prompt's blocks, ~5 bytes a token)."""
+QUEUED = 64
+"""Messages ZMQ holds for the subscriber at most before it drops new ones (a gap)."""
+RECONNECT_FIRST = 0.1
+RECONNECT_CAP = 5.0
+"""Bounds of the back-off between connections to a publisher that keeps dropping them."""
+PROGRESS = 5.0
+"""Seconds a connection must last, delivering, for the back-off to start over: a publisher
+that sends one good message and then one too big each time is not progress."""
+MAX_HASH_BYTES = 64
+"""Bytes a block hash sent as bytes may have (vLLM's sha256 ones have 32)."""
+_TOKEN_LIMIT = 1 << 63
 
 _FIELDS = {
     "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
@@ -59,10 +88,20 @@ _FIELDS = {
 _DECODER = msgspec.msgpack.Decoder()
 
 
-def decode(frames: Sequence[bytes]) -> tuple[int, KvBatch]:
-    """One ZMQ message: its sequence number and the events this router can use.
+class Decoded(NamedTuple):
+    """One message: its sequence number, the events a router can use, and why any event
+    was refused (each one replaced by an ``AllBlocksCleared`` in ``batch``)."""
 
-    Raises ``InvalidInputError`` naming what is malformed.
+    seq: int
+    batch: KvBatch
+    refused: tuple[str, ...] = ()
+
+
+def decode(frames: Sequence[bytes]) -> Decoded:
+    """One ZMQ message: its sequence number and the events this router can use; an event
+    that is malformed is refused on its own (see the module docstring).
+
+    Raises ``InvalidInputError`` naming what is malformed when the message itself is.
     """
     if len(frames) != 3:
         raise InvalidInputError(f"a KV event message has 3 frames, got {len(frames)}")
@@ -77,10 +116,21 @@ def decode(frames: Sequence[bytes]) -> tuple[int, KvBatch]:
     if not isinstance(body, list) or len(body) < 2 or not isinstance(body[1], list):
         raise InvalidInputError(f"KV event batch {seq} is not [ts, events, ...]: {body!r:.200}")
     ts = body[0]
-    if isinstance(ts, bool) or not isinstance(ts, int | float):
-        raise InvalidInputError(f"KV event batch {seq} has no timestamp: {ts!r}")
-    events = [e for e in (decode_event(raw) for raw in body[1]) if e is not None]
-    return seq, KvBatch(tuple(events), float(ts))
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise InvalidInputError(f"KV event batch {seq} has no timestamp: {ts!r:.80}")
+    events: list[KvEvent] = []
+    refused: list[str] = []
+    for raw in body[1]:
+        try:
+            event = decode_event(raw)
+        except InvalidInputError as exc:
+            refused.append(str(exc))
+            if not events or not isinstance(events[-1], AllBlocksCleared):
+                events.append(AllBlocksCleared())
+            continue
+        if event is not None:
+            events.append(event)
+    return Decoded(seq, KvBatch(tuple(events), float(ts)), tuple(refused))
 
 
 def decode_event(raw: object) -> KvEvent | None:
@@ -105,6 +155,10 @@ def decode_event(raw: object) -> KvEvent | None:
     if type(size) is not int:
         raise InvalidInputError(f"BlockStored block_size must be an integer, got {size!r}")
     tokens = tuple(_list(fields, "token_ids"))
+    if not all(type(t) is int and 0 <= t < _TOKEN_LIMIT for t in tokens):
+        raise InvalidInputError(
+            f"BlockStored token_ids must be integers from 0 to 2**63 - 1, got {tokens!r:.80}"
+        )
     return BlockStored(hashes, None if parent is None else _hash(parent), tokens, size)
 
 
@@ -127,13 +181,15 @@ def _list(fields: Mapping[str, Any], name: str) -> list[Any]:
 
 
 def _hash(value: object) -> int:
-    if isinstance(value, bytes):
+    if isinstance(value, bytes) and len(value) <= MAX_HASH_BYTES:
         return int.from_bytes(value, "big")
     if type(value) is int and value >= 0:
         return value
     if type(value) is int:  # a signed 64-bit hash: the same block name as unsigned
         return value & ((1 << 64) - 1)
-    raise InvalidInputError(f"a block hash is an integer or bytes, got {value!r}")
+    raise InvalidInputError(
+        f"a block hash is an integer or at most {MAX_HASH_BYTES} bytes, got {value!r:.80}"
+    )
 
 
 class VllmSubscriber:
@@ -161,30 +217,80 @@ class VllmSubscriber:
         self._held: tuple[int, KvBatch] | None = None
         self.gaps = 0
         """Gaps the replay could not fill (each one cleared the mirror)."""
+        # Cleared after a dropped connection: the next live batch starts over, whatever
+        # its number (what came between was lost with the rest).
+        self._fresh = False
 
     async def run(self) -> None:
+        """Follow the publisher until cancelled; nothing it sends ends this (see the module
+        docstring)."""
         context = zmq.asyncio.Context()
-        socket = context.socket(zmq.SUB)
+        backoff = Backoff(RECONNECT_FIRST, RECONNECT_CAP)
+        log.info("following vLLM KV events at %s (replay: %s)", self.endpoint, self.replay)
+        try:
+            while True:
+                if await self._connection(context):
+                    backoff.reset()
+                log.warning(
+                    "vLLM KV events: the connection to %s dropped (a message over %d bytes, "
+                    "or the publisher went away): clearing and connecting again",
+                    self.endpoint, MAX_MESSAGE,
+                )  # fmt: skip
+                self._publisher.publish([AllBlocksCleared()])
+                self._fresh = True
+                await backoff.wait()
+        finally:
+            context.term()
+
+    async def _connection(self, context: zmq.asyncio.Context) -> bool:
+        """Follow one connection until ZMQ drops it (which, after a message over
+        ``MAX_MESSAGE``, it never makes again by itself); whether it made progress: took a
+        message and lasted ``PROGRESS`` seconds."""
+        socket = _bounded(context.socket(zmq.SUB))
+        dropped = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(socket, zmq.POLLIN)
+        poller.register(dropped, zmq.POLLIN)
+        took, opened = False, time.monotonic()
         try:
             socket.setsockopt(zmq.SUBSCRIBE, b"")
             socket.connect(self.endpoint)
-            log.info("following vLLM KV events at %s (replay: %s)", self.endpoint, self.replay)
-            if self.replay is not None and self.catch_up:
+            if self.replay is not None and self.catch_up and self._last < 0:
                 await self._catch_up(context, 0)
             while True:
+                ready = dict(await poller.poll())
+                if dropped in ready:
+                    return took and time.monotonic() - opened >= PROGRESS
                 self._take(await socket.recv_multipart(), live=True)
+                took = True
                 if self._held is not None:
                     await self._catch_up(context, self._last + 1)
         finally:
+            socket.disable_monitor()
+            dropped.close(linger=0)
             socket.close(linger=0)
-            context.term()
 
     def _take(self, frames: list[bytes], *, live: bool) -> None:
         try:
-            seq, batch = decode(frames)
+            self._apply(frames, live=live)
+        except Exception as exc:  # noqa: BLE001 - a publisher's bytes end no subscriber
+            log.warning("vLLM KV events from %s: %r; clearing and rebuilding", self.endpoint, exc)
+            self._publisher.publish([AllBlocksCleared()])
+
+    def _apply(self, frames: list[bytes], *, live: bool) -> None:
+        try:
+            seq, batch, refused = decode(frames)
         except InvalidInputError as exc:
             log.warning("vLLM KV event dropped: %s", exc)
             return
+        if self._fresh and live:
+            self._fresh = False
+            self._last = self._live = seq - 1
+        if refused:
+            log.warning(
+                "vLLM KV events of batch %d refused (%d, cleared in their place): %s",
+                seq, len(refused), refused[0],
+            )  # fmt: skip
         if seq <= self._live and live:
             # The live stream itself went back: a new engine numbering from 0 again.
             log.warning("vLLM KV events restarted at %d (after %d): clearing", seq, self._live)
@@ -213,14 +319,14 @@ class VllmSubscriber:
     async def _catch_up(self, context: zmq.asyncio.Context, start: int) -> None:
         """Replay from ``start``; then the live batch that revealed the gap, if any."""
         assert self.replay is not None
-        dealer = context.socket(zmq.DEALER)
+        dealer = _bounded(context.socket(zmq.DEALER))
         try:
             dealer.connect(self.replay)
             async with asyncio.timeout(REPLAY_TIMEOUT):
                 await dealer.send_multipart([b"", start.to_bytes(8, "big")])
                 while True:
                     frames = await dealer.recv_multipart()
-                    if int.from_bytes(frames[-2], "big", signed=True) == END_SEQ:
+                    if len(frames) >= 2 and frames[-2] == _END:
                         break
                     self._take(frames[1:], live=False)
         except TimeoutError:
@@ -236,3 +342,10 @@ class VllmSubscriber:
                 self._gap(seq)
             self._last = seq
             self._publisher.publish(batch.events, batch.ts)
+
+
+def _bounded(socket: zmq.asyncio.Socket) -> zmq.asyncio.Socket:
+    """``socket`` refusing messages over ``MAX_MESSAGE`` bytes, queueing at most ``QUEUED``."""
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE)
+    socket.setsockopt(zmq.RCVHWM, QUEUED)
+    return socket
