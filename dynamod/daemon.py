@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from dynamod import __version__, logs, systemd
 from dynamod.api import server as grpc_server
 from dynamod.api.service import ServiceContext
+from dynamod.api.stream_slots import StreamSlots
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
 from dynamod.boundary import EngineStreams, KvIndexer, TokenizerRegistry
@@ -108,6 +109,7 @@ class Daemon:
             store,
             history=settings.event_history,
             history_bytes=int(settings.event_history_mb * 1024 * 1024),
+            queues_budget=int(settings.event_queues_mb * 1024 * 1024),
         )
         router, kv = self._router()
         view.listen(router.apply)
@@ -129,8 +131,9 @@ class Daemon:
             prompts=reader,
             limits=settings.taint_limits,
         )
+        slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         self.api = ServiceContext(
-            control, Tokens.load(settings.tokens_file), self.registry, self.metrics
+            control, Tokens.load(settings.tokens_file), self.registry, self.metrics, slots
         )
         self.router = router
         async with asyncio.TaskGroup() as group:

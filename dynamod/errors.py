@@ -32,6 +32,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   ├── QueueTimeoutError (TimeoutError)    waited too long      DEADLINE_EXCEEDED
     │   ├── QueueFullError                      the queue is full    RESOURCE_EXHAUSTED
     │   └── ShuttingDownError                   draining; retryable  UNAVAILABLE
+    ├── StreamLimitError                        too many API streams RESOURCE_EXHAUSTED
+    │                                           open; retryable
     ├── AccessError (PermissionError)
     │   ├── UnauthenticatedError                no or unknown        UNAUTHENTICATED
     │   │                                       credentials
@@ -339,6 +341,14 @@ class ShuttingDownError(RoutingError):
     """The process is draining and takes no new work."""
 
     code = "UNAVAILABLE"
+    retryable = True
+
+
+class StreamLimitError(DynamoError):
+    """The daemon, or this caller, already has as many API streams open as allowed
+    (``max_streams``, ``max_streams_per_caller``); retry once one has ended."""
+
+    code = "RESOURCE_EXHAUSTED"
     retryable = True
 
 

@@ -28,6 +28,10 @@ from dynamod.taints import validate
 
 FIELDS = ("model", "namespace", "component", "endpoint", "id", "host")
 QUOTE = '"'
+MAX_SELECTOR = 64 * 1024
+"""The longest selector (characters) ``parse`` reads, checked before anything is parsed: a
+selector comes from any caller of the API and is parsed on the daemon's event loop. 64
+terms of the longest taint fit."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,13 @@ class Selector:
 
 
 def parse(text: str) -> Selector:
-    """Parse a selector; ``SelectorError`` names the term and what is wrong with it."""
+    """Parse a selector; ``SelectorError`` names the term and what is wrong with it, or the
+    length limit (``MAX_SELECTOR``) for a selector over it."""
+    if len(text) > MAX_SELECTOR:
+        raise SelectorError(
+            f"selector {shown(text, 60)} is over the limit of {MAX_SELECTOR} characters; "
+            "select with fewer or shorter terms"
+        )
     if not text.strip():
         return Selector()
     return Selector(tuple(_term(raw.strip(), text) for raw in _terms(text)), text)
