@@ -133,7 +133,7 @@ class Daemon:
         )
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         self.api = ServiceContext(
-            control, Tokens.load(settings.tokens_file), self.registry, self.metrics, slots
+            control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics
         )
         self.router = router
         async with asyncio.TaskGroup() as group:

@@ -345,11 +345,20 @@ class ShuttingDownError(RoutingError):
 
 
 class StreamLimitError(DynamoError):
-    """The daemon, or this caller, already has as many API streams open as allowed
-    (``max_streams``, ``max_streams_per_caller``); retry once one has ended."""
+    """The daemon, or this caller, already has as many API streams open as ``setting``
+    allows (``max_streams``, ``max_streams_per_caller``: ``limit``); retry once one has
+    ended."""
 
     code = "RESOURCE_EXHAUSTED"
     retryable = True
+
+    def __init__(self, message: str, setting: str = "", limit: int = 0) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.limit = limit
+
+    def fields(self) -> dict[str, object]:
+        return {"message": str(self), "setting": self.setting, "limit": self.limit}
 
 
 class AccessError(DynamoError, PermissionError):

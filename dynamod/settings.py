@@ -28,8 +28,8 @@ grace              30                                          seconds for in-fl
 drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
 event_history_mb   64                                          ... and at most this many MB
-max_streams        128                                         API streams open at once
-max_streams_per    32                                          ... for one caller (token,
+max_streams        64                                          API streams open at once
+max_streams_per    16                                          ... for one caller (token,
 _caller                                                        certificate, unix socket)
 event_queues_mb    64                                          events queued for all
                                                                streams together, in MB
@@ -112,8 +112,8 @@ class DaemonSettings:
     drain: float = DRAIN_SECONDS
     event_history: int = 10_000
     event_history_mb: float = 64.0
-    max_streams: int = 128
-    max_streams_per_caller: int = 32
+    max_streams: int = 64
+    max_streams_per_caller: int = 16
     event_queues_mb: float = 64.0
     max_taints: int = TaintLimits.count
     max_taint_bytes: int = TaintLimits.bytes

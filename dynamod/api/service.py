@@ -69,13 +69,13 @@ class ServiceContext:
         control: Control,
         tokens: Tokens,
         registry: CollectorRegistry,
+        slots: StreamSlots,
         metrics: DaemonMetrics | None = None,
-        slots: StreamSlots | None = None,
     ) -> None:
         self.control = control
         self.metrics = metrics
         self.tokens = tokens
-        self.slots = StreamSlots() if slots is None else slots
+        self.slots = slots
         self.calls = Counter(
             "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
             registry=registry,

@@ -21,14 +21,13 @@ from collections.abc import Iterator
 from dynamod.auth import Principal
 from dynamod.errors import StreamLimitError
 
-MAX_STREAMS = 128
-MAX_STREAMS_PER_CALLER = 32
-
 
 class StreamSlots:
     """Open streams, counted in all and by caller; see the module docstring."""
 
-    def __init__(self, limit: int = MAX_STREAMS, per_caller: int = MAX_STREAMS_PER_CALLER):
+    def __init__(self, limit: int, per_caller: int) -> None:
+        """``limit`` streams in all, ``per_caller`` for one principal (the settings
+        ``max_streams`` and ``max_streams_per_caller``)."""
         self.limit = limit
         self.per_caller = per_caller
         self._open: Counter[str] = Counter()
@@ -54,11 +53,15 @@ class StreamSlots:
             raise StreamLimitError(
                 f"dynamod already has {len(self)} API streams open (event tails, watches, "
                 f"streamed listings and updates), its limit (max_streams = {self.limit}); "
-                "retry when one has ended"
+                "retry when one has ended",
+                "max_streams",
+                self.limit,
             )
         if self._open[name] >= self.per_caller:
             raise StreamLimitError(
                 f"{name!r} already has {self._open[name]} API streams open, the limit for one "
                 f"caller (max_streams_per_caller = {self.per_caller}); end one (an events tail "
-                "or a watch) and retry"
+                "or a watch) and retry",
+                "max_streams_per_caller",
+                self.per_caller,
             )

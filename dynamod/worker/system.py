@@ -114,8 +114,9 @@ class SystemServer:
             return error(400, "Bad request", str(exc))
         try:
             update = TaintUpdate.replace(_taints_of(await _json(request)))
-        except InvalidInputError as exc:
+        except InvalidInputError as exc:  # a refused attempt: audited too
             self._updates.labels("invalid").inc()
+            self.writer.refused(None, peer=peer, caller=caller, error=exc)
             return error(400, "Bad request", str(exc))
         return await self._apply(update, peer, caller)
 

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 
 from dynamod.discovery.registration import register
 from dynamod.discovery.updates import update_taints
-from dynamod.discovery.view import Subscription, WorkerView
+from dynamod.discovery.view import QUEUE_BYTES, QUEUES_BUDGET, Subscription, WorkerView
 from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerModified
+from dynamod.store import Store
 from dynamod.store.memory import MemoryStore
 from dynamod.taints import TaintUpdate
 from tests.factories import make_record
@@ -44,11 +45,13 @@ async def test_the_event_history_keeps_within_its_byte_budget() -> None:
 
 
 @contextlib.asynccontextmanager
-async def watched(store: MemoryStore, **limits: int) -> AsyncIterator[tuple[WorkerView, str]]:
-    """A view with ``limits`` of one registered worker's store, watched; and its key."""
+async def watched(
+    store: Store, *, queue_bytes: int = QUEUE_BYTES, queues_budget: int = QUEUES_BUDGET
+) -> AsyncIterator[tuple[WorkerView, str]]:
+    """A view with these bounds of one registered worker's store, watched; and its key."""
     record = make_record()
     await register(store, record, await store.grant(30))
-    view = WorkerView(store, **limits)
+    view = WorkerView(store, queue_bytes=queue_bytes, queues_budget=queues_budget)
     async with asyncio.TaskGroup() as group:
         task = group.create_task(view.run())
         async with asyncio.timeout(10):
@@ -57,7 +60,7 @@ async def watched(store: MemoryStore, **limits: int) -> AsyncIterator[tuple[Work
         task.cancel()
 
 
-async def churn(store: MemoryStore, key: str, view: WorkerView, rounds: int) -> list[int]:
+async def churn(store: Store, key: str, view: WorkerView, rounds: int) -> list[int]:
     """``rounds`` replacements of ``BIG`` taints, once the view has seen them all; their
     revisions. Waits through a listener, which queues nothing of its own."""
     revisions = []
