@@ -61,11 +61,13 @@ class Subscription:
         """Queue ``event`` (``size``: its ``footprint``), or, when that would take the queue
         past its bounds, fall behind: a ``ViewResync`` comes next instead."""
         maxsize, maxbytes = self._limits
-        if len(self._queue) >= maxsize or self.queued_bytes + size > maxbytes:
+        if self._behind:
+            pass  # the coming ViewResync, taken when it is read, covers this event too
+        elif len(self._queue) >= maxsize or self.queued_bytes + size > maxbytes:
             self.fall_behind()
-            return
-        self._queue.append((event, size))
-        self.queued_bytes += size
+        else:
+            self._queue.append((event, size))
+            self.queued_bytes += size
         self._wakeup.set()
 
     def fall_behind(self) -> None:
@@ -88,10 +90,7 @@ class Subscription:
     async def __anext__(self) -> DiscoveryEvent:
         while not self._closed:
             if self._behind:
-                # The snapshot covers everything queued since the overflow: drop those.
                 self._behind = False
-                self._queue.clear()
-                self.queued_bytes = 0
                 return self._view.snapshot()
             if self._queue:
                 event, size = self._queue.popleft()
@@ -188,6 +187,7 @@ class WorkerView:
         if self._stopped:
             subscription.close()
         self._subscriptions.add(subscription)
+        self._keep_queues_in_budget()
         try:
             yield subscription
         finally:

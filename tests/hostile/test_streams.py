@@ -5,8 +5,8 @@ A client with a read-only token opens 500 ``TailEvents`` streams and never reads
 with ``RESOURCE_EXHAUSTED`` naming the limit, stays small, and keeps answering honest
 callers; a stream past the daemon-wide limit is refused the same way. A stuck ``events
 tail`` is sent back to a resync once its queue passes its byte bound, long before its
-count bound. A selector over its limit is refused before it is parsed, over gRPC and in
-dynamoctl.
+count bound. A selector over its limits (characters, terms) is refused before it is
+parsed, over gRPC and in dynamoctl.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dynamod.discovery.registration import register
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import SelectorError, StreamLimitError
 from dynamod.results import EventInfo
-from dynamod.selectors import MAX_SELECTOR
+from dynamod.selectors import MAX_SELECTOR, MAX_TERMS
 from dynamod.store import Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
@@ -241,6 +241,9 @@ async def test_a_selector_over_its_limit_is_refused_before_it_is_parsed(
             await anext(aiter(client.tail_events(selector=over)))
         with pytest.raises(SelectorError, match=said):
             await client.update_taints(TaintUpdate.add(["x"]), Target(selector=over))
+        many = ",".join(f"t{i}" for i in range(MAX_TERMS + 1))
+        with pytest.raises(SelectorError, match=f"has 257 terms, over the limit of {MAX_TERMS}"):
+            await client.list_workers(selector=many)
         # Larger than any request the API takes: gRPC refuses it before the daemon reads it.
         with pytest.raises(Exception, match="RESOURCE_EXHAUSTED"):
             await client.list_workers(selector="a" * (40 * 2**20))
