@@ -1,10 +1,12 @@
 """The audit log: one JSON line per mutation, appended and flushed at once.
 
-Each line: ``time`` (RFC 3339, UTC), ``caller``, ``action``, ``taints``, ``keys``, ``worker``,
-``before``, ``after``, ``revision``, ``outcome`` (``ok``, ``unchanged``, or the error
-code) and, on failure, ``error``. A dry run is not a mutation and is not logged. A
-refused attempt (no or a wrong token, no right, invalid input) is one line too, with the
-caller as far as known, what was asked and why it was refused.
+Each line: ``time`` (RFC 3339, UTC), ``caller``, ``peer`` (where the call came from, as
+the transport names it: ``ipv4:10.0.0.7:51234`` on TCP, ``unix:`` on the socket),
+``action``, ``taints``, ``keys``, ``worker``, ``before``, ``after``, ``revision``,
+``outcome`` (``ok``, ``unchanged``, or the error code) and, on failure, ``error``. A dry
+run is not a mutation and is not logged. A refused attempt (no or a wrong token, no
+right, invalid input) is one line too, with the caller as far as known, what was asked
+and why it was refused.
 
 The audit line is written after the store has committed the change: a line that cannot be
 written (a full disk, a removed directory) does not undo it, and the caller is told what

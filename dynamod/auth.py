@@ -37,6 +37,9 @@ class Principal:
     name: str
     role: Role
     prefixes: tuple[str, ...] = ()
+    peer: str = ""
+    """Where this call came from, as the transport says (``ipv4:10.0.0.7:51234``,
+    ``unix:``): set per call by the API, written on every audit line."""
 
     def require_write(self) -> None:
         if self.role != "write":

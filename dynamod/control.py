@@ -175,7 +175,7 @@ class Control:
             caller.require_write()
             self._writes.admit(update)
         except (PermissionDeniedError, UnsupportedError) as exc:
-            self.audit_refused(caller.name, _asked(update, target), exc)
+            self.audit_refused(caller.name, _asked(update, target), exc, peer=caller.peer)
             raise
         records = self.targets(target)
         single = target.worker is not None
@@ -257,6 +257,7 @@ class Control:
                 self.metrics.wrote(record.key, revision)
         self.audit.record(
             caller=caller.name,
+            peer=caller.peer,
             action=update.action,
             taints=list(update.taints),
             keys=list(update.keys),
@@ -269,12 +270,16 @@ class Control:
             **({"error": str(error)} if error is not None else {}),
         )
 
-    def audit_refused(self, caller: str, asked: Mapping[str, object], error: DynamoError) -> None:
+    def audit_refused(
+        self, caller: str, asked: Mapping[str, object], error: DynamoError, *, peer: str = ""
+    ) -> None:
         """One audit line for a taint update refused as a whole: who (as far as known),
-        what was asked, and why (no or a wrong token, no right, invalid input)."""
+        from where, what was asked, and why (no or a wrong token, no right, invalid input)."""
         if self.metrics is not None:
             self.metrics.taint_updates.labels(type(error).__name__).inc()
-        self.audit.record(caller=caller, **asked, outcome=type(error).__name__, error=str(error))
+        self.audit.record(
+            caller=caller, peer=peer, **asked, outcome=type(error).__name__, error=str(error)
+        )
 
     async def explain(
         self, model: str, constraints: RoutingConstraints, prompt: str

@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from dynamod import __version__, logs, systemd
 from dynamod.api import server as grpc_server
 from dynamod.api.service import ServiceContext
+from dynamod.api.stream_slots import StreamSlots
 from dynamod.audit import AuditLog
 from dynamod.auth import Tokens
 from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
@@ -112,6 +113,7 @@ class Daemon:
             store,
             history=settings.event_history,
             history_bytes=int(settings.event_history_mb * 1024 * 1024),
+            queues_budget=int(settings.event_queues_mb * 1024 * 1024),
         )
         router, kv = self._router()
         view.listen(router.apply)
@@ -139,8 +141,9 @@ class Daemon:
             prompts=reader,
             limits=settings.taint_limits,
         )
+        slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         self.api = ServiceContext(
-            control, Tokens.load(settings.tokens_file), self.registry, self.metrics
+            control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics
         )
         self.router = router
         async with asyncio.TaskGroup() as group:

@@ -32,6 +32,8 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   ├── QueueTimeoutError (TimeoutError)    waited too long      DEADLINE_EXCEEDED
     │   ├── QueueFullError                      the queue is full    RESOURCE_EXHAUSTED
     │   └── ShuttingDownError                   draining; retryable  UNAVAILABLE
+    ├── StreamLimitError                        too many API streams RESOURCE_EXHAUSTED
+    │                                           open; retryable
     ├── AccessError (PermissionError)
     │   ├── UnauthenticatedError                no or unknown        UNAUTHENTICATED
     │   │                                       credentials
@@ -346,6 +348,23 @@ class ShuttingDownError(RoutingError):
 
     code = "UNAVAILABLE"
     retryable = True
+
+
+class StreamLimitError(DynamoError):
+    """The daemon, or this caller, already has as many API streams open as ``setting``
+    allows (``max_streams``, ``max_streams_per_caller``: ``limit``); retry once one has
+    ended."""
+
+    code = "RESOURCE_EXHAUSTED"
+    retryable = True
+
+    def __init__(self, message: str, setting: str = "", limit: int = 0) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.limit = limit
+
+    def fields(self) -> dict[str, object]:
+        return {"message": str(self), "setting": self.setting, "limit": self.limit}
 
 
 class AccessError(DynamoError, PermissionError):

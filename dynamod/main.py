@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from dynamod import __version__
-from dynamod.errors import ConfigError
+from dynamod.errors import ConfigError, ListenError
+from dynamod.lifecycle import EX_UNAVAILABLE
 
 if TYPE_CHECKING:
     from dynamod.settings import DaemonSettings
@@ -109,12 +110,22 @@ def _load(config: Path | None, flags: dict[str, object]) -> DaemonSettings:
     return settings_module.load(path=config, flags=flags)
 
 
-def _checked(config: Path | None, flags: dict[str, object]) -> DaemonSettings:
-    """The settings, and everything a start needs from them verified (``config.verify``)."""
+def _checked(config: Path | None, flags: dict[str, object]) -> DaemonSettings | int:
+    """The settings, with everything a start needs from them verified
+    (``settings.verify``); else the exit code, the reason said in one line on stderr:
+    ``EX_CONFIG`` for a configuration error, ``EX_UNAVAILABLE`` for a listener that cannot
+    be bound now. check-config and the start call this one function."""
     from dynamod.settings import verify
 
-    settings = _load(config, flags)
-    verify(settings)
+    try:
+        settings = _load(config, flags)
+        verify(settings)
+    except ConfigError as exc:
+        print(f"dynamod: configuration error: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    except ListenError as exc:
+        print(f"dynamod: {exc}", file=sys.stderr)
+        return EX_UNAVAILABLE
     return settings
 
 
@@ -123,11 +134,9 @@ def _serve(config: Path | None, flags: dict[str, object]) -> int:
     from dynamod.daemon import run_daemon
     from dynamod.lifecycle import guarded, run
 
-    try:
-        settings = _checked(config, flags)
-    except ConfigError as exc:
-        print(f"dynamod: configuration error: {exc}", file=sys.stderr)
-        return EX_CONFIG
+    settings = _checked(config, flags)
+    if isinstance(settings, int):
+        return settings
     logs.configure(settings.log_level, settings.log_format)
     return run(
         lambda: guarded(run_daemon(settings, lambda: _load(config, flags)), "dynamod"),
@@ -142,11 +151,9 @@ def check_config(
 ) -> None:
     """Validate the settings (file, environment, flags) and print them; start nothing."""
     parent_config, flags = ctx.obj
-    try:
-        settings = _checked(config or parent_config, flags)
-    except ConfigError as exc:
-        print(f"dynamod: configuration error: {exc}", file=sys.stderr)
-        raise typer.Exit(EX_CONFIG) from None
+    settings = _checked(config or parent_config, flags)
+    if isinstance(settings, int):
+        raise typer.Exit(settings)
     for name, value in asdict(settings).items():
         print(f"{name} = {value!r}")
     print("configuration OK", file=sys.stderr)

@@ -19,7 +19,6 @@ Spaces around terms are ignored; the empty selector matches every worker.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from dynamod.errors import SelectorError, TaintError, shown
@@ -28,6 +27,13 @@ from dynamod.taints import validate
 
 FIELDS = ("model", "namespace", "component", "endpoint", "id", "host")
 QUOTE = '"'
+MAX_SELECTOR = 64 * 1024
+"""The longest selector (characters) ``parse`` reads, checked before anything is parsed: a
+selector comes from any caller of the API and is parsed on the daemon's event loop. 64
+terms of the longest taint fit."""
+MAX_TERMS = 256
+"""The most terms a selector may have, counted before any is checked: each costs the
+taint checks (tens of microseconds), and a selector's terms all hold at once."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,22 @@ class Selector:
 
 
 def parse(text: str) -> Selector:
-    """Parse a selector; ``SelectorError`` names the term and what is wrong with it."""
+    """Parse a selector; ``SelectorError`` names the term and what is wrong with it, or the
+    length limit (``MAX_SELECTOR``) for a selector over it."""
+    if len(text) > MAX_SELECTOR:
+        raise SelectorError(
+            f"selector {shown(text, 60)} is over the limit of {MAX_SELECTOR} characters; "
+            "select with fewer or shorter terms"
+        )
     if not text.strip():
         return Selector()
-    return Selector(tuple(_term(raw.strip(), text) for raw in _terms(text)), text)
+    raws = _terms(text)
+    if len(raws) > MAX_TERMS:
+        raise SelectorError(
+            f"selector {shown(text, 60)} has {len(raws)} terms, over the limit of {MAX_TERMS}; "
+            "select with fewer terms"
+        )
+    return Selector(tuple(_term(raw.strip(), text) for raw in raws), text)
 
 
 def quote(taint: str) -> str:
@@ -77,8 +95,11 @@ def _bare_safe(taint: str) -> bool:
     return key not in FIELDS
 
 
-def _terms(text: str) -> Iterator[str]:
+def _terms(text: str) -> list[str]:
     """The raw terms of ``text``: split at each ``,`` outside double quotes."""
+    if QUOTE not in text:
+        return text.split(",")
+    terms: list[str] = []
     start, inside, escaped = 0, False, False
     for at, char in enumerate(text):
         if escaped:
@@ -88,11 +109,12 @@ def _terms(text: str) -> Iterator[str]:
         elif char == QUOTE:
             inside = not inside
         elif char == "," and not inside:
-            yield text[start:at]
+            terms.append(text[start:at])
             start = at + 1
     if inside:
         raise SelectorError(f"selector {shown(text)} has a '\"' that is never closed")
-    yield text[start:]
+    terms.append(text[start:])
+    return terms
 
 
 def _term(raw: str, text: str) -> Term:

@@ -28,6 +28,11 @@ grace              30                                          seconds for in-fl
 drain              0.25                                        the bounded drain at exit
 event_history      10000                                       events kept for tail --since
 event_history_mb   64                                          ... and at most this many MB
+max_streams        64                                          API streams open at once
+max_streams_per    16                                          ... for one caller (token,
+_caller                                                        certificate, unix socket)
+event_queues_mb    64                                          events queued for all
+                                                               streams together, in MB
 max_taints         4096                                        taints an update may leave
                                                                one worker
 max_taint_bytes    262144                                      ... and bytes of them
@@ -40,6 +45,7 @@ model_gone_window  30                                          seconds after a m
                                                                its requests get a
                                                                retryable 503, not 404
 replica_id         <host>-<pid>                                this replica's name
+                                                               (printable, no spaces)
 max_answer_mb      64                                          MiB of a worker's whole
                                                                answer the front reads
 max_event_mb       16                                          MiB of one SSE event of a
@@ -67,7 +73,7 @@ worker_event_bytes_per_second                                  ... and bytes of 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
 README's "Limits and threat model" says what each refusal is):
 
-========================  =======  =============================================
+========================  =======  ======================================
 setting                   default  meaning
 ========================  =======  =============================================
 tokenizer_bundle_max_mb   128      MiB of a tokenizer bundle read from a worker
@@ -77,15 +83,26 @@ template_cpu_seconds      2        CPU seconds of a model's template and tokeniz
 template_max_output_mb    32       Mi characters a chat template may render
 prompt_process_memory_mb  4096     MiB of address space of one prompt process
 ========================  =======  =============================================
+=======
+``verify`` checks what a start needs beyond the values themselves, and ``dynamod
+check-config`` and every start run it alike: files, the store URL, and every listener —
+each TCP address (the front's and gRPC's) is bound and released, all of them held at
+once in the order a start binds them, and each unix socket path is looked at. A listener
+that cannot be bound (the port is taken, or the address is not this host's) is a
+``ListenError`` (exit 69 at start and in check-config alike); everything else is a
+``ConfigError`` (exit 78). So a start refuses nothing check-config approved, unless a
+port was taken in between (the start then says so in one line, exit 69).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import socket
 import ssl
+import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -94,8 +111,9 @@ from typing import Any
 
 from dynamod.auth import Tokens
 from dynamod.engine_events import MAX_LINE
-from dynamod.errors import ConfigError, InvalidInputError
+from dynamod.errors import ConfigError, InvalidInputError, ListenError, shown
 from dynamod.http.limits import AnswerLimits, HttpLimits
+from dynamod.http.server import listen as bind_tcp
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
@@ -107,6 +125,10 @@ from dynamod.tokenizers.limits import MIB, TokenizerLimits
 SYSTEM_CONFIG = Path("/etc/dynamod/dynamod.toml")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "plain", "json")
+MAX_SOCKET_PATH = 107
+"""Bytes of a unix socket's path: ``sun_path`` holds 108, the last one a NUL."""
+MAX_REPLICA_ID = 256
+WILDCARDS = ("", "0.0.0.0", "::")
 
 
 @dataclass(frozen=True)
@@ -125,6 +147,9 @@ class DaemonSettings:
     drain: float = DRAIN_SECONDS
     event_history: int = 10_000
     event_history_mb: float = 64.0
+    max_streams: int = 64
+    max_streams_per_caller: int = 16
+    event_queues_mb: float = 64.0
     max_taints: int = TaintLimits.count
     max_taint_bytes: int = TaintLimits.bytes
     http_head_timeout: float = HttpLimits.head_timeout
@@ -166,6 +191,8 @@ class DaemonSettings:
             raise ConfigError(
                 f"event_history_mb must be above 0 (megabytes), got {self.event_history_mb!r}"
             )
+        self._check_streams()
+        _check_replica_id(self.replica_id)
         try:
             self.http_limits  # noqa: B018 - built to check the three timeouts
         except InvalidInputError as exc:
@@ -189,6 +216,7 @@ class DaemonSettings:
         if self.http:
             parse_hostport(self.http, "http")
         self._check_boundary()
+        _check_distinct(self.listen, self.http)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("tls_cert and tls_key must be set together")
         if self.tls_client_ca is not None and self.tls_cert is None:
@@ -239,11 +267,31 @@ class DaemonSettings:
                 f"got {self.worker_event_bytes_burst}"
             )
 
+    def _check_streams(self) -> None:
+        if not 1 <= self.max_streams_per_caller <= self.max_streams:
+            raise ConfigError(
+                f"max_streams ({self.max_streams}) and max_streams_per_caller "
+                f"({self.max_streams_per_caller}) must be at least 1, the second no larger "
+                "than the first"
+            )
+        if not 0 < self.event_queues_mb < 1e6:
+            raise ConfigError(
+                f"event_queues_mb must be above 0 (megabytes), got {self.event_queues_mb!r}"
+            )
+
     def _check_listener(self, address: str) -> None:
         if address.startswith("unix://"):
-            if not address[len("unix://") :].startswith("/"):
+            path = address[len("unix://") :]
+            if not path.startswith("/"):
                 raise ConfigError(
                     f"listen address {address!r} needs an absolute path: unix:///PATH"
+                )
+            size = len(os.fsencode(path))
+            if size > MAX_SOCKET_PATH:
+                raise ConfigError(
+                    f"listen address {shown(address, 80)} is a path of {size} bytes; a unix "
+                    f"socket path holds at most {MAX_SOCKET_PATH}: choose a shorter one, such as "
+                    "/run/dynamod/dynamod.sock"
                 )
             return
         parse_hostport(address, "listen")
@@ -265,6 +313,49 @@ def _mib(value: float, name: str) -> int:
     if not math.isfinite(value) or not 0 < value < 1e7:
         raise InvalidInputError(f"{name} must be a number of MiB above 0, got {value!r}")
     return int(value * MIB)
+
+
+def _check_replica_id(replica_id: str) -> None:
+    """The replica id is one word of the ready line, the logs and ``status``: printable,
+    without spaces, so nothing can split or forge a line."""
+    bad = next((c for c in replica_id if not c.isprintable() or c.isspace()), None)
+    if replica_id and bad is None and len(replica_id) <= MAX_REPLICA_ID:
+        return
+    why = f"holds {bad!r}" if bad is not None else f"is {len(replica_id)} characters long"
+    raise ConfigError(
+        f"replica_id {shown(replica_id, 80)} {why}; a replica id is 1 to {MAX_REPLICA_ID} "
+        "printable characters without spaces"
+    )
+
+
+def _check_distinct(listen: tuple[str, ...], http: str) -> None:
+    """No address may be taken twice: a unix socket path listed twice (after
+    normalization), or two TCP addresses on one port whose hosts overlap (equal, or one
+    a wildcard), the front's included."""
+    seen: dict[object, str] = {}
+    for address in (*listen, *([f"http {http}"] if http else [])):
+        for other_key, other in seen.items():
+            if _overlap(_place(address), other_key):
+                raise ConfigError(
+                    f"{other!r} and {address!r} are the same listener; list each address once "
+                    "(the front's http address may not be a gRPC listen address)"
+                )
+        seen[_place(address)] = address
+
+
+def _place(address: str) -> object:
+    """What an address binds: a normalized socket path, or (host, port)."""
+    if address.startswith("unix://"):
+        return os.path.normpath(address[len("unix://") :])
+    return parse_hostport(address.removeprefix("http "), "listen")
+
+
+def _overlap(a: object, b: object) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        (host_a, port_a), (host_b, port_b) = a, b
+        same_host = host_a == host_b or host_a in WILDCARDS or host_b in WILDCARDS
+        return port_a == port_b != 0 and same_host
+    return a == b
 
 
 def _path(value: object) -> Path | None:
@@ -316,6 +407,9 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "drain": _number(float),
     "event_history": _number(int),
     "event_history_mb": _number(float),
+    "max_streams": _number(int),
+    "max_streams_per_caller": _number(int),
+    "event_queues_mb": _number(float),
     "max_taints": _number(int),
     "max_taint_bytes": _number(int),
     "http_head_timeout": _number(float),
@@ -426,14 +520,57 @@ def load(
 def verify(settings: DaemonSettings) -> None:
     """Check what ``DaemonSettings`` alone cannot: the files and names a start would use — the
     tokens file parses, the store URL and the files it names check out (without connecting:
-    ``store.check_url``), the TLS files load, the audit log can be written.
-    ``dynamod check-config`` and every start run this same check, so a configuration
-    check-config passes does not fail at start for these reasons."""
+    ``store.check_url``), the TLS files load, the audit log can be written — and the
+    listeners (``verify_listeners``). ``dynamod check-config`` and every start run this same
+    check, so a configuration check-config passes does not fail at start for these reasons
+    (but for a port taken in between)."""
     Tokens.load(settings.tokens_file)
     check_url(settings.store)
     _verify_tls(settings)
     if settings.audit_log is not None:
         _verify_writable(settings.audit_log, "audit_log")
+    verify_listeners(settings)
+
+
+def verify_listeners(settings: DaemonSettings) -> None:
+    """Bind every TCP listener as a start does — the front first, then gRPC's, all held at
+    once — and release them; check every unix socket path (``check_socket_path``).
+    ``ListenError`` when one is taken or not this host's; nothing is left behind."""
+    for address in settings.listen:
+        if address.startswith("unix://"):
+            check_socket_path(Path(address[len("unix://") :]))
+    tcp = [(settings.http, "http")] if settings.http else []
+    tcp += [(a, "gRPC") for a in settings.listen if not a.startswith("unix://")]
+    with contextlib.ExitStack() as held:
+        for address, what in tcp:
+            held.enter_context(bind_tcp(*parse_hostport(address, what), what))
+
+
+def check_socket_path(path: Path) -> bool:
+    """Whether a start can make its unix socket at ``path``; True when a stale socket is
+    there (no process listens on it: the start replaces it). ``ListenError`` when a
+    process listens there; ``ConfigError`` when something else is in the way: a file that
+    is not a socket (never replaced), or a directory that cannot be written."""
+    where = f"unix://{path}"
+    try:
+        mode = path.lstat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        _verify_directory(path.parent, where)
+        return False
+    except OSError as exc:
+        raise ConfigError(f"listen address {where!r} cannot be looked at: {exc.strerror}") from None
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(
+            f"listen address {where!r} names a file that is not a socket; dynamod does not "
+            "replace it: choose another path or remove it"
+        )
+    _verify_directory(path.parent, where)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return True
+    raise ListenError(f"cannot listen on {where}: another process is listening there")
 
 
 def _verify_tls(settings: DaemonSettings) -> None:
@@ -456,4 +593,16 @@ def _verify_writable(path: Path, name: str) -> None:
     if not os.access(existing, os.W_OK):
         raise ConfigError(
             f"{name} {str(path)!r} cannot be written (no write access to {str(existing)!r})"
+        )
+
+
+def _verify_directory(directory: Path, where: str) -> None:
+    """``directory`` can take a new socket: it is a writable directory, or can be made
+    (with its missing parents) in the nearest one that exists."""
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"listen address {where!r}: {str(existing)!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"listen address {where!r} cannot be made: no write access to {str(existing)!r}"
         )

@@ -16,7 +16,11 @@ taint is refused when it
   that prefix: in another case, in a Unicode compatibility form (fullwidth letters,
   mathematical alphanumerics, ``U+2024`` one dot leader) or with look-alike characters
   from other scripts (Cyrillic ``U+0430`` a, Greek ``U+03BF`` omicron, the division slash
-  ``U+2215``, ...).
+  ``U+2215``, ...);
+* reads as the operator's cordon ``dynamo.io/cordoned`` without being it, by the same
+  reading (``DYNAMO.IO/cordoned``, a Cyrillic ``U+0441`` c), or is the cordon with a
+  value (``dynamo.io/cordoned=no``): routers match the cordon exactly, so a taint an
+  operator would read as it must not exist.
 
 Conventional shapes such as ``capacity/fast``, ``pool=batch`` or
 ``dynamo.policy/version=run%2Fa:step%3A17`` are nothing special to the grammar; ``key_of``
@@ -61,10 +65,14 @@ _INVISIBLE = frozenset(
     + "".join(map(chr, range(0xFE00, 0xFE10)))
     + "".join(map(chr, range(0xE0100, 0xE01F0)))
 )
-# Characters that read as one of the reserved prefix's own ("dynamo.topology/") and that
-# NFKC does not already fold into it: a subset of Unicode's confusables.txt for exactly
-# those characters, plus the digits 0 and 1 (for o and l).
+# Characters that read as one of the reserved prefix's own ("dynamo.topology/") or the
+# cordon's ("dynamo.io/cordoned") and that NFKC does not already fold into it: a subset of
+# Unicode's confusables.txt for exactly those characters, plus the digits 0 and 1 (for o
+# and l; i reads as l too, so both names are compared in that reading).
 _LOOK_ALIKES = {
+    **dict.fromkeys("\u0441\u03f2\u1d04\u2ca5", "c"),  # Cyrillic es, lunate sigma, ...
+    **dict.fromkeys("\u0435\u04bd\u212e", "e"),  # Cyrillic ie, abkhasian che, estimated
+    **dict.fromkeys("\u0433\u1d26\u2c85", "r"),  # Cyrillic ghe, small capital gamma, ...
     **dict.fromkeys("\u0501", "d"),  # Cyrillic komi de
     **dict.fromkeys("\u0443\u04af\u03b3\u028f", "y"),  # Cyrillic u, straight u; gamma
     **dict.fromkeys("\u0578\u057c", "n"),  # Armenian vo, ra
@@ -81,6 +89,7 @@ _LOOK_ALIKES = {
 _RESERVED_LOOK = 2 * len(TOPOLOGY_PREFIX)
 """How much of a taint the look-alike check reads: enough for the prefix, NFKC's changes
 in length included (it may compose two characters into one)."""
+_CORDON_LOOK = 2 * len(CORDONED)
 
 
 def validate(taint: str, *, allow_reserved: bool = False) -> str:
@@ -105,7 +114,21 @@ def validate(taint: str, *, allow_reserved: bool = False) -> str:
             "compatibility form or a look-alike character); topology taints are generated "
             "from the worker's topology_domains",
         )
+    _refuse_cordon_look_alike(taint)
     return taint
+
+
+def _refuse_cordon_look_alike(taint: str) -> None:
+    key = key_of(taint)
+    if taint == CORDONED or len(key) > _CORDON_LOOK:
+        return
+    if _skeleton(key) == _CORDON_SKELETON:
+        raise TaintError(
+            taint,
+            f"reads as the operator's cordon '{CORDONED}' (another case, a Unicode "
+            "compatibility form, a look-alike character or a value) without being it; the "
+            "cordon is set only as itself, through dynamod (dynamoctl workers cordon)",
+        )
 
 
 def _checked(taint: str) -> str:
@@ -130,6 +153,9 @@ def _skeleton(text: str) -> str:
     """``text`` as it reads: compatibility forms folded, case folded, look-alikes mapped."""
     folded = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
     return "".join(_LOOK_ALIKES.get(c, c) for c in folded)
+
+
+_CORDON_SKELETON = _skeleton(CORDONED)
 
 
 def key_of(taint: str) -> str:

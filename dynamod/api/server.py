@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +23,20 @@ from grpc_reflection.v1alpha import reflection
 
 from dynamod.api.service import ServiceContext, add_services
 from dynamod.api.status import fit, status_of, trailers
+from dynamod.control import MAX_EXPLAIN_PROMPT
 from dynamod.errors import ConfigError, DynamoError, ListenError
-from dynamod.settings import DaemonSettings, parse_hostport
+from dynamod.settings import DaemonSettings, check_socket_path, parse_hostport
 
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
-MAX_MESSAGE = 64 * 1024 * 1024
+MAX_REQUEST = 4 * MAX_EXPLAIN_PROMPT + 1024 * 1024
+"""The largest request the API takes: an explain prompt of the most characters allowed,
+each of up to 4 bytes of UTF-8, and a MiB for the rest (a taint update of 4096 taints of
+1 KiB fits too). A larger one is refused by gRPC itself (``RESOURCE_EXHAUSTED``) before
+the daemon reads it."""
+MAX_ANSWER = 64 * 1024 * 1024
+"""The largest answer: a listing or a ``RESYNC`` of 10,000 workers is about 7 MB."""
 
 
 class _ClientGone(logging.Filter):
@@ -114,8 +120,8 @@ async def bind(settings: DaemonSettings) -> GrpcServer:
     server = aio.server(
         interceptors=[guard],
         options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE),
-            ("grpc.max_send_message_length", MAX_MESSAGE),
+            ("grpc.max_receive_message_length", MAX_REQUEST),
+            ("grpc.max_send_message_length", MAX_ANSWER),
             ("grpc.so_reuseport", 0),
         ],
     )
@@ -149,7 +155,10 @@ def _bind(result: GrpcServer, address: str, settings: DaemonSettings) -> None:
     if address.startswith("unix://"):
         path = Path(address[len("unix://") :])
         _prepare_socket(path)
-        result.server.add_insecure_port(f"unix:{path}")
+        try:
+            result.server.add_insecure_port(f"unix:{path}")
+        except RuntimeError:  # grpc: "Failed to bind to address"
+            raise ListenError(f"cannot listen on {address}: grpc could not bind it") from None
         result.sockets.append(path)
         result.addresses.append(f"unix://{path}")
         return
@@ -170,16 +179,12 @@ def _bind(result: GrpcServer, address: str, settings: DaemonSettings) -> None:
 
 
 def _prepare_socket(path: Path) -> None:
+    """Make way for the socket at ``path`` as ``settings.check_socket_path`` allows: its
+    directory made, a stale socket removed; never another kind of file."""
+    stale = check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    if not path.exists():
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # a stale socket from a process that is gone
-            return
-    raise ListenError(f"cannot listen on unix://{path}: another process is listening there")
+    if stale:
+        path.unlink(missing_ok=True)  # a socket from a process that is gone
 
 
 def _tls(settings: DaemonSettings) -> grpc.ServerCredentials | None:

@@ -5,7 +5,9 @@ method and status code, and every ``DynamoError`` leaves as its status code (the
 tree in ``dynamod/errors.py``) with the domain message and the error class in trailing
 metadata. Requests become our values here (``TaintUpdate``, ``Target``,
 ``RoutingConstraints``), whose constructors check them: that is the server side's one
-check of each rule.
+check of each rule. Every server stream holds one of the ``StreamSlots`` while it is open
+(``stream_slots.py``): a client that opens streams and never reads them is refused
+``RESOURCE_EXHAUSTED`` past the limits instead of growing the daemon.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dynamod.api import convert, worker_pages
 from dynamod.api.status import fit, status_of, trailers
+from dynamod.api.stream_slots import StreamSlots
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal, Tokens
@@ -42,6 +45,7 @@ from dynamod.errors import (
     InvalidInputError,
     ShuttingDownError,
     StoreUnavailableError,
+    StreamLimitError,
     UnauthenticatedError,
 )
 from dynamod.results import EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
@@ -65,11 +69,13 @@ class ServiceContext:
         control: Control,
         tokens: Tokens,
         registry: CollectorRegistry,
+        slots: StreamSlots,
         metrics: DaemonMetrics | None = None,
     ) -> None:
         self.control = control
         self.metrics = metrics
         self.tokens = tokens
+        self.slots = slots
         self.calls = Counter(
             "dynamod_api_calls", "API calls by method and status code.", ["method", "code"],
             registry=registry,
@@ -87,6 +93,7 @@ class ServiceContext:
         self.draining = False
 
     def identify(self, context: Context) -> Principal:
+        """Who is calling (``auth.Tokens.identify``), with where from (``peer``)."""
         metadata = context.invocation_metadata() or ()
         presented = [str(value) for key, value in metadata if key == "authorization"]
         if len(presented) > 1:
@@ -96,10 +103,12 @@ class ServiceContext:
         scheme, _, token = (presented[0] if presented else "").partition(" ")
         names = list(context.auth_context().get("x509_common_name") or [])
         cert = names[0].decode() if names else None
-        return self.tokens.identify(
-            peer=context.peer(), token=token.strip() if scheme.lower() == "bearer" else None,
+        peer = context.peer()
+        caller = self.tokens.identify(
+            peer=peer, token=token.strip() if scheme.lower() == "bearer" else None,
             cert_name=cert,
         )  # fmt: skip
+        return replace(caller, peer=peer)
 
     async def call(
         self,
@@ -115,7 +124,8 @@ class ServiceContext:
             caller = self.identify(context)
         except DynamoError as exc:
             if asked is not None:
-                self.control.audit_refused(f"unauthenticated {context.peer()}", asked, exc)
+                peer = context.peer()
+                self.control.audit_refused(f"unauthenticated {peer}", asked, exc, peer=peer)
             await self.fail(method, context, exc)
         try:
             result = await body(caller)
@@ -170,20 +180,24 @@ class WorkerService(rpc.WorkerServiceServicer):
         self, request: pb.ListWorkersRequest, context: Context
     ) -> AsyncIterator[bytes]:
         started = time.perf_counter()
-        try:
-            self.api.identify(context)
-            fields = worker_pages.worker_fields(request.fields)
-            size = _page_size(request.page_size)
-            workers, revision = self._select(request)
-        except DynamoError as exc:
-            await self.api.fail("StreamWorkers", context, exc)
-        workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
-        prefix = id_prefix_length(w.id for w in workers)
-        for start in range(0, max(len(workers), 1), size):
-            page = self.messages.response(workers[start : start + size], fields, revision, prefix)
-            if start == 0:  # the first page is ready
-                self.api.listing.labels("StreamWorkers").observe(time.perf_counter() - started)
-            yield page
+        with contextlib.ExitStack() as slot:
+            try:
+                caller = self.api.identify(context)
+                fields = worker_pages.worker_fields(request.fields)
+                size = _page_size(request.page_size)
+                slot.enter_context(self.api.slots.hold(caller))
+                workers, revision = self._select(request)
+            except DynamoError as exc:
+                await self.api.fail("StreamWorkers", context, exc)
+            workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
+            prefix = id_prefix_length(w.id for w in workers)
+            for start in range(0, max(len(workers), 1), size):
+                page = self.messages.response(
+                    workers[start : start + size], fields, revision, prefix
+                )
+                if start == 0:  # the first page is ready
+                    self.api.listing.labels("StreamWorkers").observe(time.perf_counter() - started)
+                yield page
         self.api.calls.labels("StreamWorkers", "OK").inc()
 
     def _select(self, request: pb.ListWorkersRequest) -> tuple[list[WorkerInfo], int]:
@@ -224,7 +238,12 @@ class TaintService(rpc.TaintServiceServicer):
                 await context.write(convert.change_to_pb(change))
 
         async def body(caller: Principal) -> None:
-            await self._update(request, caller, progress=sent)
+            try:
+                with self.api.slots.hold(caller):
+                    await self._update(request, caller, progress=sent)
+            except StreamLimitError as exc:  # no slot: a refused attempt, audited
+                self.api.control.audit_refused(caller.name, _asked(request), exc, peer=caller.peer)
+                raise
 
         await self.api.call("StreamUpdateTaints", context, body, asked=_asked(request))
 
@@ -245,7 +264,7 @@ class TaintService(rpc.TaintServiceServicer):
             )
             target = convert.target_from_pb(request)
         except InvalidInputError as exc:
-            control.audit_refused(caller.name, _asked(request), exc)
+            control.audit_refused(caller.name, _asked(request), exc, peer=caller.peer)
             raise
         return await control.update_taints(
             target, update, caller=caller, dry_run=request.dry_run, progress=progress
@@ -280,20 +299,22 @@ class EventService(rpc.EventServiceServicer):
         self.api = api
 
     async def TailEvents(self, request: pb.TailEventsRequest, context: Context) -> Any:
-        try:
-            self.api.identify(context)
-            selector = parse(request.selector)
-        except DynamoError as exc:
-            await self.api.fail("TailEvents", context, exc)
-        since = request.since if request.HasField("since") else None
-        view = self.api.control.view
-        if request.no_follow:
-            for event in view.backlog(since):
-                for info in _infos(self.api.control, event, selector):
-                    yield convert.event_to_pb(info)
-        else:
-            async for message in self._follow(since, selector):
-                yield message
+        with contextlib.ExitStack() as slot:
+            try:
+                caller = self.api.identify(context)
+                selector = parse(request.selector)
+                slot.enter_context(self.api.slots.hold(caller))
+            except DynamoError as exc:
+                await self.api.fail("TailEvents", context, exc)
+            since = request.since if request.HasField("since") else None
+            view = self.api.control.view
+            if request.no_follow:
+                for event in view.backlog(since):
+                    for info in _infos(self.api.control, event, selector):
+                        yield convert.event_to_pb(info)
+            else:
+                async for message in self._follow(since, selector):
+                    yield message
         self.api.calls.labels("TailEvents", "OK").inc()
 
     async def _follow(self, since: int | None, selector: Selector) -> AsyncIterator[pb.Event]:

@@ -7,11 +7,17 @@ kinds of consumers hear about each change:
   after the map changed, in order. The router uses one: applying an event to its table
   and re-checking its queue is quick and must not lag the view.
 * *subscriptions* (``subscribe(since=...)``): async iterators for slow consumers such as
-  an operator's ``events tail``. Each has a bounded queue; one that falls behind gets a
-  ``ViewResync`` of the current view instead of the events it missed, so it never blocks
-  the watcher and never silently misses a change. A subscription can start from a
-  revision: events after it are replayed from a ring buffer, or, when the buffer no longer
-  reaches back that far, a ``ViewResync`` comes first.
+  an operator's ``events tail``. Each has a queue bounded in events and in bytes; one
+  that falls behind gets a ``ViewResync`` of the current view instead of the events it
+  missed, so it never blocks the watcher and never silently misses a change. All queues
+  together are bounded in bytes too: when they hold more than ``queues_budget``, the
+  subscription furthest behind (the one holding the most bytes) is the one sent back to a
+  ``ViewResync``, until the rest fit. A subscription can start from a revision: events
+  after it are replayed from a ring buffer, or, when the buffer no longer reaches back
+  that far, a ``ViewResync`` comes first.
+
+Bytes are the view's one estimate of what keeping an event costs (``footprint``), the
+same for the ring buffer and the queues; an event held by several queues counts in each.
 """
 
 from __future__ import annotations
@@ -34,27 +40,44 @@ Listener = Callable[[DiscoveryEvent], None]
 HISTORY = 10_000
 HISTORY_BYTES = 64 * 1024 * 1024
 SUBSCRIPTION_QUEUE = 1024
+QUEUE_BYTES = 8 * 1024 * 1024
+QUEUES_BUDGET = 64 * 1024 * 1024
 
 
 class Subscription:
     """One consumer's events, as an async iterator (see the module docstring)."""
 
-    def __init__(self, view: WorkerView, maxsize: int) -> None:
+    def __init__(self, view: WorkerView, maxsize: int, maxbytes: int) -> None:
         self._view = view
-        self._maxsize = maxsize
-        self._queue: deque[DiscoveryEvent] = deque()
+        self._limits = (maxsize, maxbytes)
+        self._queue: deque[tuple[DiscoveryEvent, int]] = deque()
         self._wakeup = asyncio.Event()
         self._behind = False
         self._closed = False
+        self.queued_bytes = 0
         self.resyncs = 0
 
-    def push(self, event: DiscoveryEvent) -> None:
-        if len(self._queue) >= self._maxsize:
-            self._queue.clear()
+    def push(self, event: DiscoveryEvent, size: int) -> None:
+        """Queue ``event`` (``size``: its ``footprint``), or, when that would take the queue
+        past its bounds, fall behind: a ``ViewResync`` comes next instead."""
+        maxsize, maxbytes = self._limits
+        if self._behind:
+            pass  # the coming ViewResync, taken when it is read, covers this event too
+        elif len(self._queue) >= maxsize or self.queued_bytes + size > maxbytes:
+            self.fall_behind()
+        else:
+            self._queue.append((event, size))
+            self.queued_bytes += size
+        self._wakeup.set()
+
+    def fall_behind(self) -> None:
+        """Drop what is queued: the next event this subscription yields is a ``ViewResync``
+        of the view as it is then, which covers everything dropped."""
+        self._queue.clear()
+        self.queued_bytes = 0
+        if not self._behind:
             self._behind = True
             self.resyncs += 1
-        else:
-            self._queue.append(event)
         self._wakeup.set()
 
     def close(self) -> None:
@@ -67,12 +90,12 @@ class Subscription:
     async def __anext__(self) -> DiscoveryEvent:
         while not self._closed:
             if self._behind:
-                # The snapshot covers everything queued since the overflow: drop those.
                 self._behind = False
-                self._queue.clear()
                 return self._view.snapshot()
             if self._queue:
-                return self._queue.popleft()
+                event, size = self._queue.popleft()
+                self.queued_bytes -= size
+                return event
             self._wakeup.clear()
             await self._wakeup.wait()
         raise StopAsyncIteration
@@ -88,10 +111,14 @@ class WorkerView:
         prefix: str = WORKERS_PREFIX,
         history: int = HISTORY,
         history_bytes: int = HISTORY_BYTES,
+        queue_bytes: int = QUEUE_BYTES,
+        queues_budget: int = QUEUES_BUDGET,
     ) -> None:
         """``history`` / ``history_bytes``: the ring buffer of past events that ``since``
         replays from holds at most that many events and about that many bytes; the oldest
-        go first (a subscription from before them starts with a ``ViewResync``)."""
+        go first (a subscription from before them starts with a ``ViewResync``).
+        ``queue_bytes``: the bytes one subscription may hold queued; ``queues_budget``:
+        all of them together (see the module docstring)."""
         self.store = store
         self.prefix = prefix
         self.ready = asyncio.Event()
@@ -101,6 +128,7 @@ class WorkerView:
         self._history: deque[tuple[DiscoveryEvent, int]] = deque()
         self._history_limits = (history, history_bytes)
         self._history_size = 0
+        self._queue_limits = (queue_bytes, queues_budget)
         self._stopped = False
 
     @property
@@ -153,12 +181,13 @@ class WorkerView:
     ) -> Iterator[Subscription]:
         """Events from now (``since=None``: a ``ViewResync`` of the current view first), or
         after revision ``since`` (replayed, or a ``ViewResync`` when too old)."""
-        subscription = Subscription(self, maxsize)
+        subscription = Subscription(self, maxsize, self._queue_limits[0])
         for event in self.backlog(since):
-            subscription.push(event)
+            subscription.push(event, footprint(event))
         if self._stopped:
             subscription.close()
         self._subscriptions.add(subscription)
+        self._keep_queues_in_budget()
         try:
             yield subscription
         finally:
@@ -187,17 +216,28 @@ class WorkerView:
                 subscription.close()
 
     def _publish(self, event: DiscoveryEvent) -> None:
-        self._remember(event)
+        size = footprint(event)
+        self._remember(event, size)
         for listener in list(self._listeners):
             listener(event)
         for subscription in self._subscriptions:
-            subscription.push(event)
+            subscription.push(event, size)
+        self._keep_queues_in_budget()
         if isinstance(event, ViewResync) and not self.ready.is_set():
             self.ready.set()
             log.info("worker view ready: %d workers at revision %d", len(self), event.revision)
 
-    def _remember(self, event: DiscoveryEvent) -> None:
-        size = _footprint(event)
+    def _keep_queues_in_budget(self) -> None:
+        """While all queues together hold more than the budget, send the subscription
+        holding the most back to a ``ViewResync``."""
+        budget = self._queue_limits[1]
+        total = sum(s.queued_bytes for s in self._subscriptions)
+        while total > budget:
+            furthest = max(self._subscriptions, key=lambda s: s.queued_bytes)
+            total -= furthest.queued_bytes
+            furthest.fall_behind()
+
+    def _remember(self, event: DiscoveryEvent, size: int) -> None:
         self._history.append((event, size))
         self._history_size += size
         count, budget = self._history_limits
@@ -219,7 +259,7 @@ class WorkerView:
                         return
 
 
-def _footprint(event: DiscoveryEvent) -> int:
+def footprint(event: DiscoveryEvent) -> int:
     """About how many bytes keeping ``event`` may cost: its records, once the view has moved
     on from them. A record's size is dominated by its taints (CPython: ~50 bytes per str
     plus its characters); a resync holds every record of its time."""

@@ -10,7 +10,9 @@ each audited; ``writer.py``).
 |---------------------------------------------------------------|--------|
 | the update was made (or changed nothing)                      | 200    |
 | body not JSON, not an object, no ``taints`` array of strings, | 400    |
-| a taint refused by the grammar or the reserved prefix         |        |
+| a taint refused by the grammar, the reserved prefix or as a   |        |
+| look-alike of the cordon; more than one ``Authorization``     |        |
+| header                                                        |        |
 | a token is configured and the bearer token is missing or      | 401    |
 | wrong                                                         |        |
 | the token is read-only, or may not change those taints        | 403    |
@@ -106,10 +108,15 @@ class SystemServer:
                 caller.require_write()
         except AccessError as exc:
             return self._denied(exc, peer, caller)
+        except InvalidInputError as exc:  # ambiguous credentials
+            self._updates.labels("invalid").inc()
+            self.writer.refused(None, peer=peer, caller=None, error=exc)
+            return error(400, "Bad request", str(exc))
         try:
             update = TaintUpdate.replace(_taints_of(await _json(request)))
-        except InvalidInputError as exc:
+        except InvalidInputError as exc:  # a refused attempt: audited too
             self._updates.labels("invalid").inc()
+            self.writer.refused(None, peer=peer, caller=caller, error=exc)
             return error(400, "Bad request", str(exc))
         return await self._apply(update, peer, caller)
 
@@ -155,14 +162,23 @@ class SystemServer:
                 caller.require_write()
         except AccessError as exc:
             return _access_refused(exc)
+        except InvalidInputError as exc:
+            return error(400, "Bad request", str(exc))
         return None
 
     def _caller(self, request: web.Request) -> Principal | None:
         """Who presented which token: None when no token is configured, else the token's
-        holder (``UnauthenticatedError`` when there is none or nobody issued it)."""
+        holder (``UnauthenticatedError`` when there is none or nobody issued it). More
+        than one ``Authorization`` header is refused (``InvalidInputError``) whether or not
+        a token is configured: which one counts would depend on who reads them."""
+        presented = request.headers.getall("Authorization", [])
+        if len(presented) > 1:
+            raise InvalidInputError(
+                f"{len(presented)} Authorization headers were sent; send exactly one bearer token"
+            )
         if self.tokens is None:
             return None
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        scheme, _, given = (presented[0] if presented else "").partition(" ")
         if scheme.lower() != "bearer" or not given.strip():
             raise UnauthenticatedError("a bearer token is required")
         return self.tokens.authenticate(given.strip())

@@ -222,7 +222,8 @@ async def test_several_workers_flooding_kv_events_keep_the_index_under_its_bound
     fleet: Fleet,
 ) -> None:
     with contextlib.ExitStack() as stack:
-        floods = [stack.enter_context(hostile(fleet, "kv_flood", str(n))) for n in range(3)]
+        for n in range(3):
+            stack.enter_context(hostile(fleet, "kv_flood", str(n)))
         peak = 0.0
         async with asyncio.timeout(WITHIN):
             while True:
@@ -233,8 +234,9 @@ async def test_several_workers_flooding_kv_events_keep_the_index_under_its_bound
                     break
                 await asyncio.sleep(0.2)
         assert found["dynamod_kv_blocks_bound"] == KV_BOUND
-        for flood in floods:
-            await marked(fleet, flood.id, "too_fast")
+        # Whether a flooder also trips its rate budget depends on how fast this machine lets
+        # the daemon read (TCP holds a flooder back to that pace): the state-spam test
+        # covers the budget; the bound must hold either way.
         assert (await metrics(fleet))["dynamod_kv_blocks"] <= KV_BOUND
         await assert_serving(fleet)
 
