@@ -16,7 +16,15 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,7 +32,14 @@ from dynamod.client import drain
 from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve
-from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome
+from dynamod.results import (
+    DrainEvent,
+    DrainResult,
+    EventInfo,
+    ExplainInfo,
+    StatusInfo,
+    UpdateOutcome,
+)
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 
@@ -118,6 +133,17 @@ class Client(DynamoHelpers):
         self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> list[UpdateOutcome]:
         return self._run(self._async.update_taints(update, target, dry_run=dry_run))
+
+    def drain(
+        self,
+        target: Target,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[DrainEvent], None] | None = None,
+    ) -> DrainResult:
+        """``AsyncClient.drain``: cordon for a drain, wait until nothing is in flight.
+        ``progress`` runs on the client's own thread."""
+        return self._run(self._async.drain(target, timeout=timeout, progress=progress))
 
     def explain(
         self,

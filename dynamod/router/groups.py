@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Container, Generator
 
 from dynamod.records import WorkerRecord
-from dynamod.taints import CORDONED
+from dynamod.taints import OPERATOR_TAINTS
 
 Entry = tuple[float, int, str]
 """(rank, tie-break, key): a key's place in a ``LoadOrder``."""
@@ -135,14 +135,16 @@ class Group:
     places a new member with the ranker it was given).
     """
 
-    __slots__ = ("block_size", "cordoned", "free", "held", "members", "model", "taints")
+    __slots__ = ("block_size", "fenced", "free", "held", "members", "model", "taints")
 
     def __init__(self, model: str, taints: tuple[str, ...], block_size: int) -> None:
         self.model = model
         self.taints = taints
         self.held = frozenset(taints)
         self.block_size = block_size
-        self.cordoned = CORDONED in self.held
+        # The operator's taints it holds (the cordon, the drain): a request must require
+        # each of them to use the group.
+        self.fenced = self.held & OPERATOR_TAINTS
         self.members: dict[str, WorkerRecord] = {}
         self.free = LoadOrder()
 
@@ -151,5 +153,6 @@ class Group:
 
     def admits(self, required: frozenset[str]) -> bool:
         """Whether a request requiring ``required`` may use this group's workers: they hold
-        every required taint, and are not cordoned unless the request requires the cordon."""
-        return required <= self.held and (not self.cordoned or CORDONED in required)
+        every required taint, and are not cordoned (or drained) unless the request requires
+        the cordon (and the drain)."""
+        return required <= self.held and self.fenced <= required
