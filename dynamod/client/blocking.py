@@ -70,8 +70,10 @@ class Client(DynamoHelpers):
             target=_serve, args=(self._loop,), name=f"dynamod-client {endpoint}", daemon=True
         )
         self._thread.start()
-        # A client dropped without close() still ends its thread when collected.
-        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop).atexit = False
+        # A client dropped without close() still ends its thread when collected (close()
+        # detaches this: its loop is closed by then, and may not be called).
+        self._dropped = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
+        self._dropped.atexit = False
         self._async = self._run(_open(endpoint, credentials, timeout))
         drain.forget(self._async)  # drained as part of this client, never on its own
         drain.track(self)
@@ -98,6 +100,7 @@ class Client(DynamoHelpers):
 
     def _shut(self, deadline: float | None) -> None:
         self._closed = True
+        self._dropped.detach()
         drain.forget(self)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         closing = asyncio.run_coroutine_threadsafe(self._async.close(), self._loop)
