@@ -302,7 +302,7 @@ class DrainStatus:
     def describe(self) -> str:
         """``draining: router 1, engine running 1, waiting 0`` and the like."""
         if not (self.draining or self.gone):
-            return f"{self.state}: no longer draining (uncordoned)"
+            return f"{self.state}: not draining (uncordoned, or never drained)"
         where = "gone from the fleet, " if self.gone else ""
         return f"{self.state}: {where}{self.in_flight.describe()}"
 

@@ -191,7 +191,7 @@ def test_a_status_says_whether_the_wait_for_it_is_over() -> None:
     assert not gone_busy.over and "gone from the fleet" in gone_busy.describe()
     lifted = DrainStatus("a1", "k", WorkerState.READY, InFlight(1, 1, 0), draining=False)
     assert lifted.over and not lifted.drained
-    assert lifted.describe() == "ready: no longer draining (uncordoned)"
+    assert lifted.describe() == "ready: not draining (uncordoned, or never drained)"
 
 
 def test_a_drain_result_is_drained_only_when_every_cordon_held_and_every_worker_drained() -> None:
