@@ -5,7 +5,8 @@ The JSON shapes are an interface for scripts: keys are only ever added. A worker
 at least ``id``, ``model``, ``address``, ``taints`` (the complete sorted set the router
 matches on, the generated ``dynamo.topology/`` taints included), ``caller_taints`` and
 ``generated_taints`` (that set split by who manages it), ``topology`` (domain → value; it
-generates the reserved taints) and ``revision``. Events carry the same three lists, and a
+generates the reserved taints), ``revision`` and ``state`` (``ready``, ``cordoned``,
+``draining``, ``drained``, ``unhealthy``). Events carry the same three lists, and a
 change's ``before`` / ``after`` are complete sets too (``caller_before`` /
 ``caller_after`` the caller-managed part). Tables show the complete set; the reserved
 prefix marks the generated taints, since no caller can set one.
@@ -33,9 +34,9 @@ if TYPE_CHECKING:
 NONE = "<none>"
 SHORT_ID = 8  # dynamod.results.ID_PREFIX; not imported, so that --help loads no model code
 
-WORKER_HEADERS = ("ID", "MODEL", "ADDRESS", "TAINTS", "LOAD", "AGE")
+WORKER_HEADERS = ("ID", "MODEL", "ADDRESS", "TAINTS", "STATE", "LOAD", "AGE")
 WORKER_WIDE_HEADERS = (
-    "ID", "MODEL", "ADDRESS", "TAINTS", "TOPOLOGY", "LOAD", "REVISION", "MDCSUM", "AGE",
+    "ID", "MODEL", "ADDRESS", "TAINTS", "TOPOLOGY", "STATE", "LOAD", "REVISION", "MDCSUM", "AGE",
 )  # fmt: skip
 
 
@@ -122,10 +123,11 @@ def worker_row(
     domains = dict(record.runtime_config.topology_domains)
     start = [short, record.model, record.address, joined(info.taints)]
     when = started_age(record.started_at, now)
+    state = str(info.state)
     if not wide:
-        return [*start, load_text(info), when]
+        return [*start, state, load_text(info), when]
     summed = info.mdcsum if mdcsum is None else mdcsum
-    extra = [topology_text(domains), load_text(info), str(info.revision), summed[:12]]
+    extra = [topology_text(domains), state, load_text(info), str(info.revision), summed[:12]]
     return [*start, *extra, when]
 
 
@@ -159,6 +161,7 @@ def worker_object(
         **taint_lists(info),
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
+        "state": str(info.state),
         "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
         "key": record.key,
         "namespace": record.namespace,
@@ -200,6 +203,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Generated", joined(info.generated_taints)),
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
+        ("State", str(info.state)),
         ("Key", record.key),
         ("Host", f"{record.host or NONE} (pid {record.pid})"),
         ("Version", record.version or NONE),

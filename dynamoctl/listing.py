@@ -30,7 +30,8 @@ from dynamoctl.watch import Columns
 if TYPE_CHECKING:
     from dynamod.results import WorkerInfo, WorkerPage
 
-_TABLE = ("id", "model", "address", "taints", "load", "engine", "started_at")  # LOAD shows both
+# LOAD shows both load and engine.
+_TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")
 _OBJECT = (
     *_TABLE, "topology", "revision", "key", "namespace", "component", "endpoint",
     "system_address", "host", "pid", "version", "model_card_json",

@@ -27,6 +27,7 @@ from dynamod.auth import Principal
 from dynamod.boundary.taint_writes import TaintWrites, writes_for
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
+from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
@@ -155,6 +156,15 @@ class Control:
         if target.worker is not None:
             return [self.view.find(target.worker)]
         return [r for r in self.view.records() if target.matcher.matches(r)]
+
+    def watch_drain(self, target: Target, *, after_revision: int = 0) -> DrainWatch:
+        """A wait for the ``target``'s workers to drain (``drain_watch.py``), resolved once
+        the view holds ``after_revision``. The drain itself is a taint update: the cordon
+        and ``dynamo.io/draining`` added together (``update_taints``), so whatever refuses
+        a cordon refuses a drain."""
+        return DrainWatch(
+            self.view, self.router, lambda: self.targets(target), after_revision=after_revision
+        )
 
     async def update_taints(
         self,

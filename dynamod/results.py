@@ -1,8 +1,10 @@
 """What the daemon reports to its clients, as plain frozen dataclasses (no gRPC, no protobuf).
 
-A worker as listed (``WorkerInfo``, a page of them: ``WorkerPage``), the outcome of a
-taint update on one worker (``UpdateOutcome``), a discovery event (``EventInfo``), a routing
-explanation (``ExplainInfo``) and the daemon's status (``StatusInfo``). ``control.py`` builds them,
+A worker as listed (``WorkerInfo``, a page of them: ``WorkerPage``) with its state
+(``WorkerState``, derived by ``worker_state``), the outcome of a taint update on one worker
+(``UpdateOutcome``), a discovery event (``EventInfo``), a routing explanation
+(``ExplainInfo``), the daemon's status (``StatusInfo``) and a drain as it goes
+(``DrainStatus``, ``DrainEvent``, ``DrainResult``). ``control.py`` builds them,
 ``api/convert.py`` puts them on the wire and back, and ``dynamod.client`` hands them to
 dynamoctl and to Python programs.
 """
@@ -10,7 +12,7 @@ dynamoctl and to Python programs.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -19,7 +21,78 @@ from dynamod.engine_events import EngineLoad
 from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
 from dynamod.records import WorkerRecord, mdcsum
-from dynamod.taints import is_topology
+from dynamod.taints import CORDONED, DRAINING, is_topology
+
+
+class WorkerState(enum.StrEnum):
+    """Where a worker stands for routing (``dynamoctl workers ls`` STATE, JSON ``state``);
+    ``worker_state`` says which."""
+
+    READY = "ready"
+    """Takes new requests (when it holds what they require)."""
+    CORDONED = "cordoned"
+    """Takes no new request; what it runs finishes (``dynamoctl workers cordon``)."""
+    DRAINING = "draining"
+    """Cordoned for a drain, with requests still in flight."""
+    DRAINED = "drained"
+    """Cordoned for a drain, nothing in flight: safe to stop."""
+    UNHEALTHY = "unhealthy"
+    """Its engine reports that it cannot serve."""
+
+    @property
+    def routable(self) -> bool:
+        """Whether new requests may go there (a pool counts only these)."""
+        return self is WorkerState.READY
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What is in flight on a worker as one daemon sees it: ``requests`` its own router
+    has there, and ``running`` / ``waiting`` as the worker's engine last reported them
+    (None when the engine reports nothing: no events stream, or one that broke). Another
+    daemon's requests show only in the engine's figures."""
+
+    requests: int = 0
+    running: int | None = None
+    waiting: int | None = None
+
+    @classmethod
+    def of(cls, load: Load, engine: EngineLoad | None) -> InFlight:
+        if engine is None:
+            return cls(load.active_requests)
+        return cls(load.active_requests, engine.running, engine.waiting)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight by any count this daemon has."""
+        return self.requests == 0 and not self.running and not self.waiting
+
+    def describe(self) -> str:
+        """``router 1, engine running 1, waiting 0`` / ``router 0, engine not reporting``."""
+        if self.running is None:
+            return f"router {self.requests}, engine not reporting"
+        return f"router {self.requests}, engine running {self.running}, waiting {self.waiting}"
+
+
+def worker_state(taints: Collection[str], load: Load, engine: EngineLoad | None) -> WorkerState:
+    """A worker's state from its taints, this daemon's load on it and its engine's last
+    report. The first that holds, in this order:
+
+    1. ``unhealthy``: its engine reports it cannot serve;
+    2. ``draining`` / ``drained``: it holds the drain taint (``dynamo.io/draining``):
+       draining while anything is in flight (``InFlight.of``: this router's requests, the
+       engine's running and waiting where it reports), drained when nothing is;
+    3. ``cordoned``: it holds the cordon (``dynamo.io/cordoned``) alone;
+    4. ``ready``.
+    """
+    if engine is not None and not engine.healthy:
+        return WorkerState.UNHEALTHY
+    if DRAINING in taints:
+        idle = InFlight.of(load, engine).idle
+        return WorkerState.DRAINED if idle else WorkerState.DRAINING
+    if CORDONED in taints:
+        return WorkerState.CORDONED
+    return WorkerState.READY
 
 
 @dataclass(frozen=True)
@@ -30,12 +103,21 @@ class WorkerInfo:
 
     ``taints`` is the complete normalized set the router matches on, the generated
     ``dynamo.topology/`` taints included; ``caller_taints`` and ``generated_taints`` split
-    it into the part callers manage and the part generated from the topology."""
+    it into the part callers manage and the part generated from the topology.
+
+    ``state`` is ``worker_state`` of the three: given as the daemon sent it, or derived
+    here when left out (it is never None once built)."""
 
     record: WorkerRecord
     revision: int
     load: Load = IDLE
     engine: EngineLoad | None = None
+    state: WorkerState | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is None:
+            derived = worker_state(self.record.taints, self.load, self.engine)
+            object.__setattr__(self, "state", derived)
 
     @property
     def id(self) -> str:
@@ -192,3 +274,79 @@ class StatusInfo:
     queue_depth: int
     revision: int
     state: DaemonState
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """One worker while a drain is waited for: its state and what is in flight there;
+    ``draining``: it still holds the drain taint (false once uncordoned); ``gone``: it left
+    the view (its engine no longer reports, this router's requests may still run)."""
+
+    worker: str
+    key: str
+    state: WorkerState
+    in_flight: InFlight
+    draining: bool = True
+    gone: bool = False
+
+    @property
+    def drained(self) -> bool:
+        """Nothing more to wait for: drained (or gone) with nothing in flight."""
+        return (self.draining or self.gone) and self.in_flight.idle
+
+    @property
+    def over(self) -> bool:
+        """The wait for it is over: drained, or its drain ended (uncordoned)."""
+        return self.drained or not (self.draining or self.gone)
+
+    def describe(self) -> str:
+        """``draining: router 1, engine running 1, waiting 0`` and the like."""
+        if not (self.draining or self.gone):
+            return f"{self.state}: not draining (uncordoned, or never drained)"
+        where = "gone from the fleet, " if self.gone else ""
+        return f"{self.state}: {where}{self.in_flight.describe()}"
+
+
+@dataclass(frozen=True)
+class DrainEvent:
+    """One message of a drain wait: the workers whose figures changed (every worker waited
+    for in the first message). The ``last`` one says how it ended: ``drained`` (every
+    worker drained), ``timed_out`` (the timeout passed first), or neither (some drain
+    ended without draining: uncordoned)."""
+
+    workers: tuple[DrainStatus, ...]
+    last: bool = False
+    drained: bool = False
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """A whole drain (``AsyncClient.drain``): the cordon's outcome on each worker (a failed
+    one carries its ``error``), each worker as the wait last saw it, and whether every
+    worker was cordoned and drained before the timeout."""
+
+    cordoned: tuple[UpdateOutcome, ...]
+    workers: tuple[DrainStatus, ...]
+    drained: bool
+    timed_out: bool = False
+
+    @property
+    def busy(self) -> tuple[DrainStatus, ...]:
+        """The workers not drained, by id."""
+        return tuple(w for w in self.workers if not w.drained)
+
+    @classmethod
+    def of(
+        cls,
+        cordoned: Iterable[UpdateOutcome],
+        seen: Mapping[str, DrainStatus],
+        last: DrainEvent | None,
+    ) -> DrainResult:
+        """The result from the cordon's outcomes, the latest status of each worker (by
+        key) and the wait's last event (None: the wait ended without one)."""
+        outcomes = tuple(cordoned)
+        failed = any(c.error is not None for c in outcomes)
+        workers = tuple(sorted(seen.values(), key=lambda w: (w.worker, w.key)))
+        drained = last is not None and last.drained and not failed
+        return cls(outcomes, workers, drained, last is not None and last.timed_out)

@@ -51,10 +51,17 @@ from dynamod.errors import (
 
 TOPOLOGY_PREFIX = "dynamo.topology/"
 CORDONED = "dynamo.io/cordoned"
-OPERATOR_TAINTS = frozenset({CORDONED})
+DRAINING = "dynamo.io/draining"
+"""The drain: set with the cordon in one update (``dynamoctl workers drain``), lifted with it
+(``uncordon``). It says the operator waits for the worker to finish what it has in flight
+(its state is then ``draining``, then ``drained``: ``results.worker_state``)."""
+DRAIN_TAINTS = (CORDONED, DRAINING)
+"""What a drain adds, in one taint update; ``uncordon`` removes both (it ends a drain)."""
+OPERATOR_TAINTS = frozenset(DRAIN_TAINTS)
 """Taints the operator owns: set and lifted through dynamod (``dynamoctl workers cordon``,
-``uncordon``, ``taints``). A worker's own updates (its system route, ``update_model_taints``)
-keep them as they are: ``TaintUpdate.keeping``."""
+``drain``, ``uncordon``, ``taints``). A worker's own updates (its system route,
+``update_model_taints``) keep them as they are: ``TaintUpdate.keeping``. The router sends a
+worker holding one of them no request that does not require it."""
 MAX_TAINT_BYTES = 1024
 """The length bound: a taint of more UTF-8 bytes is refused (1 KiB)."""
 
@@ -280,8 +287,8 @@ class TaintUpdate:
         if touched:
             raise PermissionDeniedError(
                 f"taint {min(touched)!r} is the operator's: only dynamod changes it "
-                "(dynamoctl workers cordon / uncordon); a worker's own taint updates keep it "
-                "as it is"
+                "(dynamoctl workers cordon / uncordon, drain); a worker's own taint updates "
+                "keep it as it is"
             )
         return (after - self.kept) | (held & self.kept)
 

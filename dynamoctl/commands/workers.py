@@ -1,5 +1,6 @@
-"""``dynamoctl workers ls|get|cordon|uncordon``: what discovery sees, and taking workers out
-of rotation with the ``dynamo.io/cordoned`` taint."""
+"""``dynamoctl workers ls|get|cordon|uncordon|drain``: what discovery sees, and taking workers
+out of rotation with the ``dynamo.io/cordoned`` taint (a drain adds ``dynamo.io/draining``
+and waits: ``dynamoctl/drains.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     from dynamod.results import UpdateOutcome
     from dynamod.taints import UpdateAction
 
-app = typer.Typer(no_args_is_help=True, help="List and inspect workers; cordon and uncordon.")
+app = typer.Typer(
+    no_args_is_help=True, help="List and inspect workers; cordon, drain and uncordon."
+)
 
 Model = Annotated[
     str | None,
@@ -49,7 +52,8 @@ def ls(
     """List workers with their taints.
 
     Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
-    TAINTS, LOAD (requests this dynamod has in flight on it), AGE; -o wide adds TOPOLOGY,
+    TAINTS, STATE (ready, cordoned, draining, drained or unhealthy), LOAD (requests this
+    dynamod has in flight on it, and what its engine reports), AGE; -o wide adds TOPOLOGY,
     REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
     500 from one snapshot, and each page is printed as it arrives. --watch then prints
     each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
@@ -135,7 +139,7 @@ def _cordon(
     yes: bool,
 ) -> None:
     from dynamoctl import updates
-    from dynamod.taints import CORDONED
+    from dynamod.taints import CORDONED, DRAIN_TAINTS, DRAINING
 
     chosen = target(worker, selector, all_workers)
     check_all(chosen, dry_run, yes)
@@ -146,9 +150,12 @@ def _cordon(
     def describe(change: UpdateOutcome) -> str:
         if not change.changed:
             return already
-        return f"would be {done}" if dry_run else done
+        ended = " (drain ended)" if DRAINING in change.removed else ""
+        return (f"would be {done}" if dry_run else done) + ended
 
-    updates.run(ctx, action, chosen, (CORDONED,), dry_run=dry_run, yes=yes, describe=describe)
+    # uncordon also lifts the drain: it ends one
+    taints = (CORDONED,) if action == "add" else DRAIN_TAINTS
+    updates.run(ctx, action, chosen, taints, dry_run=dry_run, yes=yes, describe=describe)
 
 
 @app.command()
@@ -178,5 +185,46 @@ def uncordon(
 ) -> None:
     """Put workers back into routing.
 
-    Removes the dynamo.io/cordoned taint."""
+    Removes the dynamo.io/cordoned taint, and dynamo.io/draining: it ends a drain."""
     _cordon(ctx, "remove", worker, selector, all_workers, dry_run, yes)
+
+
+Timeout = Annotated[
+    float | None,
+    typer.Option(
+        "--timeout",
+        help="Wait at most S seconds for the drain, then list what is still in flight and "
+        "exit 1 (the workers stay cordoned). Default: wait until drained.",
+        metavar="S",
+        show_default=False,
+    ),
+]
+
+
+@app.command()
+def drain(
+    ctx: typer.Context,
+    worker: OptionalId = None,
+    selector: SelectorOption = None,
+    all_workers: AllWorkers = False,
+    timeout: Timeout = None,
+    dry_run: DryRun = False,
+    yes: Yes = False,
+) -> None:
+    """Take workers out of routing and wait until nothing is in flight on them.
+
+    Cordons them for a drain (adds dynamo.io/cordoned and dynamo.io/draining in one update):
+    new requests go to other workers. Then waits until neither this dynamod's router nor
+    the worker's engine (where it reports) has a request in flight, showing each change on
+    a terminal, and prints drained (exit 0). When --timeout passes first, or an uncordon
+    ends the drain, prints one line per worker not drained with what is in flight there
+    (exit 1). workers ls shows STATE draining, then drained: the worker can be stopped.
+    Ctrl-C ends the wait, not the drain; uncordon ends the drain."""
+    from dynamoctl import drains
+    from dynamoctl.options import UsageError
+
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"--timeout must be a number of seconds above 0, got {timeout:g}")
+    chosen = target(worker, selector, all_workers)
+    check_all(chosen, dry_run, yes)
+    drains.run(ctx, chosen, timeout, dry_run, yes)

@@ -9,18 +9,23 @@ from collections.abc import Callable, Iterable
 
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.engine_events import EngineLoad
-from dynamod.load import Load
+from dynamod.load import IDLE, Load
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
 from dynamod.results import (
     CandidateInfo,
     DaemonState,
+    DrainEvent,
+    DrainStatus,
     EventInfo,
     EventKind,
     ExplainInfo,
+    InFlight,
     StatusInfo,
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,
+    WorkerState,
+    worker_state,
 )
 from dynamod.taints import UpdateAction
 from dynamod.targets import Target
@@ -62,6 +67,9 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     "version": lambda r, _: r.version,
     "record_json": lambda r, _: canonical_json(r.to_json()).decode(),
     "model_card_json": lambda r, _: canonical_json(r.model_card.to_json()).decode(),
+    # What the record alone says (idle, no engine report); a listing sends the state with
+    # the load and the report after it when they change it (``worker_pages``).
+    "state": lambda r, _: str(worker_state(r.taints, IDLE, None)),
 }
 
 
@@ -94,6 +102,7 @@ def worker_to_pb(info: WorkerInfo) -> pb.Worker:
     message.load.CopyFrom(load_to_pb(info.load))
     if info.engine is not None:
         message.engine.CopyFrom(engine_to_pb(info.engine))
+    message.state = str(info.state)
     return message
 
 
@@ -115,7 +124,16 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
     if message.HasField("engine"):
         fields = EngineLoad.__dataclass_fields__
         engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
-    return WorkerInfo(record, message.revision, load, engine)
+    return WorkerInfo(record, message.revision, load, engine, state_from_pb(message.state))
+
+
+def state_from_pb(text: str) -> WorkerState | None:
+    """The state a daemon sent; None (derive it here) when it sent none, or one this
+    client does not know (a newer daemon's)."""
+    try:
+        return WorkerState(text) if text else None
+    except ValueError:
+        return None
 
 
 def _record_of(message: pb.Worker, cards: dict[str, ModelCard]) -> WorkerRecord:
@@ -276,4 +294,72 @@ def target_from_pb(request: pb.UpdateTaintsRequest) -> Target:
         selector=request.selector if which == "selector" else None,
         all=which == "all" and request.all,
         expect_revision=request.expect_revision if request.HasField("expect_revision") else None,
+    )
+
+
+def drain_status_to_pb(status: DrainStatus) -> pb.DrainStatus:
+    flight = status.in_flight
+    return pb.DrainStatus(
+        worker=status.worker,
+        key=status.key,
+        state=str(status.state),
+        requests=flight.requests,
+        engine_reports=flight.running is not None,
+        running=flight.running or 0,
+        waiting=flight.waiting or 0,
+        draining=status.draining,
+        gone=status.gone,
+    )
+
+
+def drain_status_from_pb(message: pb.DrainStatus) -> DrainStatus:
+    reports = message.engine_reports
+    flight = InFlight(
+        message.requests,
+        message.running if reports else None,
+        message.waiting if reports else None,
+    )
+    idle = WorkerState.DRAINED if flight.idle else WorkerState.DRAINING
+    state = state_from_pb(message.state) or idle
+    return DrainStatus(message.worker, message.key, state, flight, message.draining, message.gone)
+
+
+def drain_event_to_pb(event: DrainEvent) -> pb.WaitDrainedResponse:
+    return pb.WaitDrainedResponse(
+        workers=[drain_status_to_pb(w) for w in event.workers],
+        last=event.last,
+        drained=event.drained,
+        timed_out=event.timed_out,
+    )
+
+
+def drain_event_from_pb(message: pb.WaitDrainedResponse) -> DrainEvent:
+    return DrainEvent(
+        tuple(drain_status_from_pb(w) for w in message.workers),
+        last=message.last,
+        drained=message.drained,
+        timed_out=message.timed_out,
+    )
+
+
+def wait_drained_to_pb(
+    target: Target, timeout: float | None, after_revision: int
+) -> pb.WaitDrainedRequest:
+    request = pb.WaitDrainedRequest(timeout_seconds=timeout or 0.0, after_revision=after_revision)
+    if target.worker is not None:
+        request.worker = target.worker
+    elif target.selector is not None:
+        request.selector = target.selector
+    else:
+        request.all = True
+    return request
+
+
+def wait_drained_target(request: pb.WaitDrainedRequest) -> Target:
+    """The ``Target`` of a drain wait; ``InvalidInputError`` when it names none."""
+    which = request.WhichOneof("target")
+    return Target(
+        worker=request.worker if which == "worker" else None,
+        selector=request.selector if which == "selector" else None,
+        all=which == "all" and request.all,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -40,6 +41,7 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
+from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
@@ -48,7 +50,7 @@ from dynamod.errors import (
     StreamLimitError,
     UnauthenticatedError,
 )
-from dynamod.results import EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
+from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints, TaintUpdate
 
@@ -90,6 +92,7 @@ class ServiceContext:
             registry=registry,
         )
         self.tails: set[Subscription] = set()
+        self.drain_watches: set[DrainWatch] = set()
         self.draining = False
 
     def identify(self, context: Context) -> Principal:
@@ -143,10 +146,12 @@ class ServiceContext:
         await context.abort(code, fit(str(exc)))
 
     def end_tails(self) -> None:
-        """Draining: end every open event stream so the server can stop."""
+        """Draining: end every open event stream (and drain wait) so the server can stop."""
         self.draining = True
         for subscription in list(self.tails):
             subscription.close()
+        for watch in list(self.drain_watches):
+            watch.close()
 
 
 PAGE_SIZE = 500
@@ -212,6 +217,38 @@ class WorkerService(rpc.WorkerServiceServicer):
             return pb.GetWorkerResponse(worker=convert.worker_to_pb(worker))
 
         return await self.api.call("GetWorker", context, body)
+
+    # Written with context.write() from the wait itself (as StreamUpdateTaints is).
+    async def WaitDrained(  # type: ignore[override]
+        self, request: pb.WaitDrainedRequest, context: Context
+    ) -> None:
+        async def sent(event: DrainEvent) -> None:
+            await context.write(convert.drain_event_to_pb(event))
+
+        async def body(_: Principal) -> None:
+            if self.api.draining:
+                raise ShuttingDownError("dynamod is shutting down; retry on another replica")
+            target = convert.wait_drained_target(request)
+            deadline = _drain_deadline(request.timeout_seconds)
+            with self.api.control.watch_drain(
+                target, after_revision=request.after_revision
+            ) as watch:
+                self.api.drain_watches.add(watch)
+                try:
+                    await watch.run(sent, deadline)
+                finally:
+                    self.api.drain_watches.discard(watch)
+
+        await self.api.call("WaitDrained", context, body)
+
+
+def _drain_deadline(seconds: float) -> float | None:
+    """The loop time a drain wait of ``seconds`` ends at; None for 0 (no timeout)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInputError(
+            f"timeout_seconds {seconds} is not a number of seconds >= 0 (0: no timeout)"
+        )
+    return asyncio.get_running_loop().time() + seconds if seconds else None
 
 
 class TaintService(rpc.TaintServiceServicer):
@@ -408,6 +445,11 @@ def _add_worker_service(service: WorkerService, server: aio.Server) -> None:
             service.StreamWorkers,
             request_deserializer=pb.ListWorkersRequest.FromString,
             response_serializer=worker_pages.encoded,
+        ),
+        "WaitDrained": grpc.unary_stream_rpc_method_handler(
+            service.WaitDrained,
+            request_deserializer=pb.WaitDrainedRequest.FromString,
+            response_serializer=pb.WaitDrainedResponse.SerializeToString,
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))

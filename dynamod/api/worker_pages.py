@@ -13,7 +13,10 @@ serializer that passes bytes through); a client decodes them as any other respon
 The protobuf wire format makes this exact: a message is its fields' encodings in any order,
 and a repeated message field is each element as a tag, a length and the element's bytes.
 Only the load and the engine's report change between listings; a worker carrying one
-gets that field appended to its cached bytes. Memory: about 0.8 KB per worker for every
+gets that field appended to its cached bytes. Its ``state`` is cached as the record alone
+gives it (idle, no report); when the load or the report make it another, that state is
+appended too: a parser keeps the last value of a field that comes twice (protobuf's rule
+for singular fields), so the later one is the state read. Memory: about 0.8 KB per worker for every
 field, less for a table's few (kept per field set, at most ``FIELD_SETS`` of them).
 """
 
@@ -41,6 +44,7 @@ _REVISION = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["revision"].number
 _ID_PREFIX = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["id_prefix"].number
 _LOAD = pb.Worker.DESCRIPTOR.fields_by_name["load"].number
 _ENGINE = pb.Worker.DESCRIPTOR.fields_by_name["engine"].number
+_STATE = pb.Worker.DESCRIPTOR.fields_by_name["state"].number
 
 
 DEFAULT_FIELDS = WORKER_FIELDS - {"model_card_json"}
@@ -96,7 +100,7 @@ class WorkerMessages:
     ) -> bytes:
         """The encoded ``ListWorkersResponse`` of ``infos`` with ``fields``."""
         kept = self._entries(fields)
-        loads, engines = "load" in fields, "engine" in fields
+        loads, engines, states = "load" in fields, "engine" in fields, "state" in fields
         parts = []
         for info in infos:
             record = info.record
@@ -110,6 +114,8 @@ class WorkerMessages:
             if engines and info.engine is not None:
                 engine = convert.engine_to_pb(info.engine).SerializeToString()
                 extra += length_delimited(_ENGINE, engine)
+            if states and (info.engine is not None or not info.load.idle):
+                extra += _state_field(info)
             parts.append(length_delimited(_WORKERS, entry[2] + extra) if extra else entry[3])
         if len(kept) > 2 * len(infos) + 64:
             self._prune(kept)
@@ -129,6 +135,12 @@ class WorkerMessages:
         gone = [key for key, entry in kept.items() if self._current(key) is not entry[0]]
         for key in gone:
             del kept[key]
+
+
+def _state_field(info: WorkerInfo) -> bytes:
+    """The worker's state as a field to append to its cached message (which holds the
+    state of its record alone; the last value wins)."""
+    return length_delimited(_STATE, str(info.state).encode())
 
 
 def _encode(record: WorkerRecord, revision: int, fields: frozenset[str]) -> _Entry:

@@ -9,9 +9,10 @@ naming it.
 
 One vocabulary, the operator API dynamoctl uses: ``list_workers`` / ``stream_workers`` /
 ``get_worker``, ``update_taints`` / ``stream_update_taints`` (a ``TaintUpdate`` for a
-``Target``: one worker, a selector, or all; dry runs), ``tail_events``, ``explain``,
-``status``. NVIDIA Dynamo's one-worker helpers (``update_model_taints``, ``add_taints``,
-...) are a documented compatibility layer on top of it (``dynamo_compat.py``).
+``Target``: one worker, a selector, or all; dry runs), ``drain`` / ``wait_drained``,
+``tail_events``, ``explain``, ``status``. NVIDIA Dynamo's one-worker helpers
+(``update_model_taints``, ``add_taints``, ...) are a documented compatibility layer on top
+of it (``dynamo_compat.py``).
 
 A client that is never closed is closed at interpreter exit (``dynamod.client.drain``).
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -37,6 +38,9 @@ from dynamod.client.endpoint import Credentials, resolve, target_of
 from dynamod.errors import DynamoError, UnreachableError
 from dynamod.records import ModelCard
 from dynamod.results import (
+    DrainEvent,
+    DrainResult,
+    DrainStatus,
     EventInfo,
     ExplainInfo,
     StatusInfo,
@@ -44,7 +48,7 @@ from dynamod.results import (
     WorkerInfo,
     WorkerPage,
 )
-from dynamod.taints import TaintUpdate
+from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 from dynamod.targets import Target
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
@@ -210,6 +214,60 @@ class AsyncClient(AsyncDynamoHelpers):
         )
         async for message in self._stream(call):
             yield convert.change_from_pb(message)
+
+    async def drain(
+        self,
+        target: Target,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's wait, which reports at its end
+        progress: Callable[[DrainEvent], None] | None = None,
+    ) -> DrainResult:
+        """Drain the ``target``'s workers: cordon them for a drain (``dynamo.io/cordoned``
+        and ``dynamo.io/draining``, one taint update per worker), then wait until nothing
+        is in flight on them (``wait_drained``), at most ``timeout`` seconds (None: no
+        limit). ``progress`` is called with each event of the wait. ``uncordon`` (removing
+        both taints) ends a drain. A bulk cordon's failures are in ``cordoned``, and the
+        result is then not ``drained``."""
+        cordoned = await self.update_taints(TaintUpdate.add(DRAIN_TAINTS), target)
+        return await self.follow_drain(cordoned, target, timeout=timeout, progress=progress)
+
+    async def follow_drain(
+        self,
+        cordoned: Iterable[UpdateOutcome],
+        target: Target,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's wait, which reports at its end
+        progress: Callable[[DrainEvent], None] | None = None,
+    ) -> DrainResult:
+        """The wait of ``drain``, after its cordon (whose outcomes are ``cordoned``)."""
+        outcomes = list(cordoned)
+        after = max((c.revision for c in outcomes if c.error is None), default=0)
+        seen: dict[str, DrainStatus] = {}
+        last = None
+        async for event in self.wait_drained(target, timeout=timeout, after_revision=after):
+            seen.update((w.key, w) for w in event.workers)
+            if progress is not None:
+                progress(event)
+            last = event if event.last else None
+        return DrainResult.of(outcomes, seen, last)
+
+    async def wait_drained(
+        self,
+        target: Target,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the daemon's wait, which reports at its end
+        after_revision: int = 0,
+    ) -> AsyncGenerator[DrainEvent, None]:
+        """The wait for the ``target``'s workers to drain, as the daemon sends it: every
+        worker's in-flight figures first, then each change; the ``last`` event says how it
+        ended (drained, timed out after ``timeout`` seconds, or some drain ended by an
+        uncordon). ``after_revision``: the drain's update, which the daemon's view must
+        hold before it picks the workers."""
+        request = convert.wait_drained_to_pb(target, timeout, after_revision)
+        deadline = None if timeout is None else timeout + self.timeout
+        call = self._workers.WaitDrained(request, timeout=deadline, metadata=self._metadata())
+        async for message in self._stream(call):
+            yield convert.drain_event_from_pb(message)
 
     async def tail_events(
         self, *, since: int | None = None, selector: str = "", follow: bool = True

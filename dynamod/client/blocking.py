@@ -16,7 +16,15 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -24,7 +32,14 @@ from dynamod.client import drain
 from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve
-from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome
+from dynamod.results import (
+    DrainEvent,
+    DrainResult,
+    EventInfo,
+    ExplainInfo,
+    StatusInfo,
+    UpdateOutcome,
+)
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 
@@ -55,8 +70,10 @@ class Client(DynamoHelpers):
             target=_serve, args=(self._loop,), name=f"dynamod-client {endpoint}", daemon=True
         )
         self._thread.start()
-        # A client dropped without close() still ends its thread when collected.
-        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop).atexit = False
+        # A client dropped without close() still ends its thread when collected (close()
+        # detaches this: its loop is closed by then, and may not be called).
+        self._dropped = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
+        self._dropped.atexit = False
         self._async = self._run(_open(endpoint, credentials, timeout))
         drain.forget(self._async)  # drained as part of this client, never on its own
         drain.track(self)
@@ -83,6 +100,7 @@ class Client(DynamoHelpers):
 
     def _shut(self, deadline: float | None) -> None:
         self._closed = True
+        self._dropped.detach()
         drain.forget(self)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         closing = asyncio.run_coroutine_threadsafe(self._async.close(), self._loop)
@@ -118,6 +136,17 @@ class Client(DynamoHelpers):
         self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> list[UpdateOutcome]:
         return self._run(self._async.update_taints(update, target, dry_run=dry_run))
+
+    def drain(
+        self,
+        target: Target,
+        *,
+        timeout: float | None = None,
+        progress: Callable[[DrainEvent], None] | None = None,
+    ) -> DrainResult:
+        """``AsyncClient.drain``: cordon for a drain, wait until nothing is in flight.
+        ``progress`` runs on the client's own thread."""
+        return self._run(self._async.drain(target, timeout=timeout, progress=progress))
 
     def explain(
         self,

@@ -23,7 +23,7 @@ from collections.abc import Container, Generator
 
 from dynamod.records import WorkerRecord
 from dynamod.router.fit import ANY, CardNeeds, Reading
-from dynamod.taints import CORDONED
+from dynamod.taints import OPERATOR_TAINTS
 
 Entry = tuple[float, int, str]
 """(rank, tie-break, key): a key's place in a ``LoadOrder``."""
@@ -141,7 +141,7 @@ class Group:
     __slots__ = (
         "block_size",
         "context_length",
-        "cordoned",
+        "fenced",
         "free",
         "held",
         "members",
@@ -159,7 +159,9 @@ class Group:
         self.reading = reading
         self.block_size = reading.block_size
         self.context_length = context_length
-        self.cordoned = CORDONED in self.held
+        # The operator's taints it holds (the cordon, the drain): a request must require
+        # each of them to use the group.
+        self.fenced = self.held & OPERATOR_TAINTS
         self.members: dict[str, WorkerRecord] = {}
         self.free = LoadOrder()
 
@@ -171,13 +173,10 @@ class Group:
 
     def admits(self, required: frozenset[str], needs: CardNeeds = ANY) -> bool:
         """Whether a request requiring ``required`` (and ``needs`` of a card) may use this
-        group's workers: they hold every required taint, are not cordoned unless the request
-        requires the cordon, and their card offers what it needs."""
-        return (
-            required <= self.held
-            and (not self.cordoned or CORDONED in required)
-            and self.suits(needs)
-        )
+        group's workers: they hold every required taint, are not cordoned (or drained) unless
+        the request requires the cordon (and the drain), and their card offers what it
+        needs."""
+        return required <= self.held and self.fenced <= required and self.suits(needs)
 
     def suits(self, needs: CardNeeds) -> bool:
         """Whether this group's card offers what ``needs`` asks (taints aside)."""

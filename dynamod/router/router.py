@@ -42,6 +42,9 @@ The contract:
 * What a worker's engine reports (``report``) enters only whether it is busy: a worker is
   busy while its engine reports requests waiting in its own queue, or reports itself
   unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
+* ``watch(callback)``: ``callback(key)`` after every change of the load on a worker or of
+  its engine's report, inside the call that made it (a drain waits on these, not on a
+  timer: ``dynamod/drain_watch.py``).
 * Single-threaded: call everything from the event loop's thread. The router owns no task.
 """
 
@@ -53,7 +56,7 @@ import heapq
 import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Collection, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry
@@ -135,6 +138,7 @@ class Router:
         self._reported = ReportedLoads()
         self._dissent = Dissent(self._table, self._metrics.disagreeing)
         self._closed = False
+        self._watchers: list[Callable[[str], None]] = []
 
     @property
     def table(self) -> RoutingTable:
@@ -178,8 +182,20 @@ class Router:
         """What the worker ``key``'s engine says now (None: nothing known any more)."""
         freed = self._reported.set(key, load)
         self._table.rerank(key)
+        self._changed(key)
         if freed:
             self._offer_worker(key)
+
+    def watch(self, watcher: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``watcher(key)`` after every change of this router's load on the worker
+        ``key`` or of its engine's report; returns the way to stop. It runs inside the call
+        that made the change, so it must be quick and must not raise."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher)
+
+    def _changed(self, key: str) -> None:
+        for watcher in tuple(self._watchers):
+            watcher(key)
 
     def apply(self, event: DiscoveryEvent) -> None:
         """Fold a discovery event into the table, then re-check the affected waiters."""
@@ -343,6 +359,7 @@ class Router:
         load = self._loads.get(worker.key, IDLE)
         self._loads[worker.key] = load.plus(held.prefill_tokens, held.kv_blocks)
         self._table.rerank(worker.key)
+        self._changed(worker.key)
         ticket = next(self._tickets)
         self._held[ticket] = held
         return ticket
@@ -354,6 +371,7 @@ class Router:
         else:
             self._loads[key] = load
         self._table.rerank(key)
+        self._changed(key)
 
     # -- waiting
 

@@ -14,7 +14,8 @@ group.
 * ``WorkerModified`` for a worker the table does not know adds it: the event carries the
   whole record, so there is nothing to gain by dropping it.
 * ``eligible_groups(model, required)``: the groups holding every required taint, without
-  the cordoned ones (``dynamo.io/cordoned``) unless the request requires that very taint.
+  the cordoned ones (``dynamo.io/cordoned``; drained ones also hold ``dynamo.io/draining``)
+  unless the request requires those very taints.
   O(groups of the model) the first time a set of required taints is asked for, then
   cached until a group appears or disappears; with ``needs`` (``fit.CardNeeds``), only
   those whose card offers it (the cached tuple itself when every one does).
@@ -49,7 +50,7 @@ from dynamod.discovery_events import (
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.fit import ANY, CardNeeds, ModelReading, Reading
 from dynamod.router.groups import Group
-from dynamod.taints import CORDONED, RoutingConstraints
+from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 
 # How many workers an error message names before it says "and N more".
 MESSAGE_WORKERS = 5
@@ -76,7 +77,8 @@ class Ineligible:
     missing: tuple[str, ...] = ()
     """Required taints the worker does not hold, sorted."""
     cordoned: bool = False
-    """The worker holds ``dynamo.io/cordoned`` and the request does not require it."""
+    """The worker holds ``dynamo.io/cordoned`` (or ``dynamo.io/draining``) and the request
+    does not require it."""
     excluded: bool = False
     """The request excluded this worker (e.g. a retry after it failed)."""
     other_reading: Reading | None = None
@@ -397,7 +399,7 @@ def why_not(
     held = set(record.taints)
     required = constraints.required_taints
     missing = tuple(sorted(required - held))
-    cordoned = CORDONED in held and CORDONED not in required
+    cordoned = bool((held & OPERATOR_TAINTS) - required)
     excluded = record.key in exclude
     reading = Reading.of(record.model_card)
     other = reading if needs.reading is not None and needs.reading != reading else None

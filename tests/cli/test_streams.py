@@ -85,7 +85,7 @@ def test_watch_lists_workers_then_their_changes_then_their_end(cluster: Cluster)
     cluster.seen([wid])
     with Stream(cluster.cli, "workers", "ls", "--watch", "--model", "watched") as watch:
         header = watch.line().split()
-        assert header == ["EVENT", "ID", "MODEL", "ADDRESS", "TAINTS", "LOAD", "AGE"]
+        assert header == ["EVENT", "ID", "MODEL", "ADDRESS", "TAINTS", "STATE", "LOAD", "AGE"]
         assert watch.line().split()[:5] == [
             "ADDED",
             wid[:8],

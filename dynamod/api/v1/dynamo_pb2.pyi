@@ -102,6 +102,7 @@ class Worker(_message.Message):
     RECORD_JSON_FIELD_NUMBER: _builtins.int
     MODEL_CARD_JSON_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
@@ -127,6 +128,10 @@ class Worker(_message.Message):
     """the record exactly as stored"""
     model_card_json: _builtins.str
     """its model card (also inside record_json)"""
+    state: _builtins.str
+    """ready, cordoned, draining, drained or unhealthy (dynamod.results.worker_state): from
+    its taints, this daemon's load on it and its engine's report, as the answer is sent
+    """
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """sorted; generated dynamo.topology/ taints included"""
@@ -164,10 +169,11 @@ class Worker(_message.Message):
         record_json: _builtins.str = ...,
         model_card_json: _builtins.str = ...,
         engine: Global___EngineLoad | None = ...,
+        state: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "state", b"state", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -426,6 +432,137 @@ class UpdateTaintsRequest(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
 
 Global___UpdateTaintsRequest: _TypeAlias = UpdateTaintsRequest  # noqa: Y015
+
+@_typing.final
+class WaitDrainedRequest(_message.Message):
+    """Wait until workers holding the drain taint (dynamo.io/draining, set with the cordon by
+    `dynamoctl workers drain` through UpdateTaints) have nothing in flight.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    ALL_FIELD_NUMBER: _builtins.int
+    TIMEOUT_SECONDS_FIELD_NUMBER: _builtins.int
+    AFTER_REVISION_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    """id, key or unique id prefix"""
+    selector: _builtins.str
+    """every worker the selector matches"""
+    all: _builtins.bool
+    """every worker"""
+    timeout_seconds: _builtins.float
+    """0: no timeout (until the caller leaves)"""
+    after_revision: _builtins.int
+    """The revision of the drain's update: the target is resolved once this daemon's view
+    holds it (it may lag the store by a moment).
+    """
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        selector: _builtins.str = ...,
+        all: _builtins.bool = ...,
+        timeout_seconds: _builtins.float = ...,
+        after_revision: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["all", b"all", "selector", b"selector", "target", b"target", "worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_revision", b"after_revision", "all", b"all", "selector", b"selector", "target", b"target", "timeout_seconds", b"timeout_seconds", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_target: _TypeAlias = _typing.Literal["worker", "selector", "all"]  # noqa: Y015
+    _WhichOneofArgType_target: _TypeAlias = _typing.Literal["target", b"target"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_target) -> _WhichOneofReturnType_target | None: ...
+
+Global___WaitDrainedRequest: _TypeAlias = WaitDrainedRequest  # noqa: Y015
+
+@_typing.final
+class DrainStatus(_message.Message):
+    """One worker during a drain wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    ENGINE_REPORTS_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    GONE_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    """instance id"""
+    key: _builtins.str
+    state: _builtins.str
+    """as Worker.state"""
+    requests: _builtins.int
+    """in flight from this daemon's router"""
+    engine_reports: _builtins.bool
+    """false: the engine reports nothing (then no figures)"""
+    running: _builtins.int
+    """the engine's running requests"""
+    waiting: _builtins.int
+    """the engine's queued requests"""
+    draining: _builtins.bool
+    """still holds the drain taint (false once uncordoned)"""
+    gone: _builtins.bool
+    """left the fleet (its record is gone)"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        key: _builtins.str = ...,
+        state: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        engine_reports: _builtins.bool = ...,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        draining: _builtins.bool = ...,
+        gone: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "engine_reports", b"engine_reports", "gone", b"gone", "key", b"key", "requests", b"requests", "running", b"running", "state", b"state", "waiting", b"waiting", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainStatus: _TypeAlias = DrainStatus  # noqa: Y015
+
+@_typing.final
+class WaitDrainedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKERS_FIELD_NUMBER: _builtins.int
+    LAST_FIELD_NUMBER: _builtins.int
+    DRAINED_FIELD_NUMBER: _builtins.int
+    TIMED_OUT_FIELD_NUMBER: _builtins.int
+    last: _builtins.bool
+    """the wait is over; then:"""
+    drained: _builtins.bool
+    """  every worker is drained (or gone, idle)"""
+    timed_out: _builtins.bool
+    """  the timeout passed first"""
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___DrainStatus]:
+        """The workers whose figures changed; every worker waited for in the first message."""
+
+    def __init__(
+        self,
+        *,
+        workers: _abc.Iterable[Global___DrainStatus] | None = ...,
+        last: _builtins.bool = ...,
+        drained: _builtins.bool = ...,
+        timed_out: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["drained", b"drained", "last", b"last", "timed_out", b"timed_out", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitDrainedResponse: _TypeAlias = WaitDrainedResponse  # noqa: Y015
 
 @_typing.final
 class Status(_message.Message):

@@ -49,6 +49,11 @@ class WorkerServiceStub:
                 request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.WaitDrained = channel.unary_stream(
+                '/dynamo.v1.WorkerService/WaitDrained',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -75,6 +80,15 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WaitDrained(self, request, context):
+        """Each targeted worker's in-flight figures as they change, until every one is drained
+        or its drain ended (uncordoned), or the timeout passes: the last message says which.
+        The daemon sends on its router's and its engine reports' changes, not on a timer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +106,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.StreamWorkers,
                     request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.FromString,
                     response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'WaitDrained': grpc.unary_stream_rpc_method_handler(
+                    servicer.WaitDrained,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +194,33 @@ class WorkerService:
             '/dynamo.v1.WorkerService/StreamWorkers',
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersRequest.SerializeToString,
             dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitDrained(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dynamo.v1.WorkerService/WaitDrained',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.WaitDrainedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,11 @@ class WorkerServiceStub:
     every page comes from one snapshot of the view, taken when the call arrives (the
     same revision and id_prefix in each), so a client can print rows as they come.
     """
+    WaitDrained: _grpc.UnaryStreamMultiCallable[_dynamo_pb2.WaitDrainedRequest, _dynamo_pb2.WaitDrainedResponse]
+    """Each targeted worker's in-flight figures as they change, until every one is drained
+    or its drain ended (uncordoned), or the timeout passes: the last message says which.
+    The daemon sends on its router's and its engine reports' changes, not on a timer.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -59,6 +64,11 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """The listing in pages of page_size workers, by model then id, the first sent at once:
     every page comes from one snapshot of the view, taken when the call arrives (the
     same revision and id_prefix in each), so a client can print rows as they come.
+    """
+    WaitDrained: _aio.UnaryStreamMultiCallable[_dynamo_pb2.WaitDrainedRequest, _dynamo_pb2.WaitDrainedResponse]  # type: ignore[assignment]
+    """Each targeted worker's in-flight figures as they change, until every one is drained
+    or its drain ended (uncordoned), or the timeout passes: the last message says which.
+    The daemon sends on its router's and its engine reports' changes, not on a timer.
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -85,6 +95,17 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """The listing in pages of page_size workers, by model then id, the first sent at once:
         every page comes from one snapshot of the view, taken when the call arrives (the
         same revision and id_prefix in each), so a client can print rows as they come.
+        """
+
+    @_abc_1.abstractmethod
+    def WaitDrained(
+        self,
+        request: _dynamo_pb2.WaitDrainedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dynamo_pb2.WaitDrainedResponse], _abc.AsyncIterator[_dynamo_pb2.WaitDrainedResponse]]:
+        """Each targeted worker's in-flight figures as they change, until every one is drained
+        or its drain ended (uncordoned), or the timeout passes: the last message says which.
+        The daemon sends on its router's and its engine reports' changes, not on a timer.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
