@@ -1,0 +1,103 @@
+"""What ``route`` would do now, worker by worker, with every cost term: ``route explain``.
+
+Brute force on purpose: it is the operator's view of every worker of a model, and the
+oracle the fast path (``choice.py``) is tested against. Each worker gets a row: why it is
+not eligible (``table.why_not``), why it is busy, its load here and the cost terms a
+decision would use; eligible free workers are ranked by cost, each with its chance of
+being picked (at temperature > 0 only the ``sample_candidates`` cheapest have one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Protocol
+
+from dynamod.load import Busy, Load
+from dynamod.records import WorkerRecord
+from dynamod.router.knobs import RouterKnobs
+from dynamod.router.prefix import OverlapSource
+from dynamod.router.scoring import CostTerms, cost_terms, probabilities
+from dynamod.router.table import RoutingTable, why_not
+from dynamod.router.types import Explanation, Outcome, RouteRequest, WorkerExplanation
+from dynamod.taints import preference
+
+
+class Explained(Protocol):
+    """What an explanation reads of the router."""
+
+    config: RouterKnobs
+
+    @property
+    def table(self) -> RoutingTable: ...
+
+    @property
+    def prefix(self) -> OverlapSource: ...
+
+    def load(self, key: str) -> Load: ...
+
+    def busy(self, worker: WorkerRecord) -> Busy | None: ...
+
+    def overlaps(self, request: RouteRequest) -> dict[str, int]: ...
+
+    def depth(self, model: str) -> int: ...
+
+    def unsatisfiable(self, request: RouteRequest) -> str: ...
+
+    def busy_message(self, request: RouteRequest) -> str: ...
+
+
+def explain(router: Explained, request: RouteRequest) -> Explanation:
+    """The router's decision for ``request`` now, and every worker's part in it."""
+    overlaps = router.overlaps(request)
+    rows = [_row(router, request, w, overlaps) for w in router.table.workers(request.model)]
+    ranked = _ranked(router.config, [r for r in rows if r.eligible and r.busy is None])
+    rest = sorted(
+        (r for r in rows if not (r.eligible and r.busy is None)),
+        key=lambda r: (not r.eligible, r.worker.key),
+    )
+    if ranked:
+        outcome, reason = Outcome.ROUTE, ""
+    elif any(r.eligible for r in rows):
+        outcome, reason = Outcome.QUEUE, router.busy_message(request)
+    else:
+        outcome, reason = Outcome.NO_WORKER, router.unsatisfiable(request)
+    return Explanation(request, outcome, (*ranked, *rest), reason, router.depth(request.model))
+
+
+def _row(
+    router: Explained, request: RouteRequest, worker: WorkerRecord, overlaps: dict[str, int]
+) -> WorkerExplanation:
+    load = router.load(worker.key)
+    why = why_not(worker, request.constraints, request.exclude, request.needs)
+    terms = _terms(router.config, request, worker, load, overlaps.get(worker.key, 0))
+    source = router.prefix.source(worker.key)
+    return WorkerExplanation(worker, why, router.busy(worker), load, terms, source)
+
+
+def _terms(
+    config: RouterKnobs, request: RouteRequest, worker: WorkerRecord, load: Load, overlap: int
+) -> CostTerms:
+    constraints = request.constraints
+    weight = preference(worker.taints, constraints) if constraints.preferred_taints else 0.0
+    return cost_terms(
+        config,
+        worker.model_card.kv_block_size,
+        load,
+        prompt_tokens=request.prompt_tokens,
+        overlap_blocks=overlap,
+        preference=weight,
+    )
+
+
+def _ranked(config: RouterKnobs, rows: Iterable[WorkerExplanation]) -> list[WorkerExplanation]:
+    """Candidates by cost, each with its chance of being picked: at temperature > 0 only
+    the ``sample_candidates`` cheapest have one (``choice.py``)."""
+    order = sorted(rows, key=lambda r: r.terms.cost)
+    sampled = order if config.temperature == 0.0 else order[: config.sample_candidates]
+    chances = probabilities([r.terms.cost for r in sampled], config.temperature)
+    chances += [0.0] * (len(order) - len(sampled))
+    return [
+        replace(row, rank=n, probability=chance)
+        for n, (row, chance) in enumerate(zip(order, chances, strict=True), 1)
+    ]
