@@ -42,10 +42,10 @@ import orjson
 from tokenizers import pre_tokenizers
 
 from bench.common import Stats, interruptible, ms, render_table, stats_json, write_json
+from dynamod import jsoncodec
 from dynamod.http.openai import CHAT, json_object
 from dynamod.prompts.body import CardLimits, read_prompt
 from dynamod.prompts.processes import PromptProcesses
-from dynamod.records import canonical_json
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import BundledTokenizer, load
 from dynamod.tokenizers.hf import bundle_of
@@ -111,7 +111,7 @@ def synthetic_bundle(vocab: int) -> bytes:
     }  # fmt: skip
     config = {"bos_token": specials[0], "eos_token": specials[3], "chat_template": LLAMA3_TEMPLATE}
     files = {"tokenizer.json": json.dumps(tokenizer), "tokenizer_config.json": json.dumps(config)}
-    return canonical_json(bundle_of(files))
+    return jsoncodec.canonical(bundle_of(files))
 
 
 def _added(token_id: int, text: str) -> dict[str, Any]:

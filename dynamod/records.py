@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dynamod import jsoncodec
 from dynamod.errors import ImmutableFieldError, InvalidInputError, TaintError, TopologyError
 from dynamod.taints import (
     TaintLimits,
@@ -48,11 +48,6 @@ Json = dict[str, Any]
 
 def worker_key(namespace: str, component: str, endpoint: str, instance_id: str) -> str:
     return f"{WORKERS_PREFIX}/{namespace}/{component}/{endpoint}/{instance_id}"
-
-
-def canonical_json(obj: object) -> bytes:
-    """Sorted keys, no spaces: equal values give equal bytes."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 class _Reader:
@@ -152,7 +147,7 @@ class ModelCard:
 
 def mdcsum(card: ModelCard) -> str:
     """A stable hash of the model card. Taints live in the runtime config, never here."""
-    return hashlib.sha256(canonical_json(card.to_json())).hexdigest()
+    return hashlib.sha256(jsoncodec.canonical(card.to_json())).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -241,7 +236,7 @@ class WorkerRecord:
         }
 
     def to_bytes(self) -> bytes:
-        return canonical_json(self.to_json())
+        return jsoncodec.canonical(self.to_json())
 
     def with_caller_taints(self, taints: Iterable[str]) -> WorkerRecord:
         """This record with its caller taints replaced by ``taints``.
@@ -286,11 +281,7 @@ class WorkerRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> WorkerRecord:
-        try:
-            obj = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InvalidInputError(f"worker record is not valid JSON: {exc}") from None
-        return cls.from_json(obj)
+        return cls.from_json(jsoncodec.read(data, "worker record"))
 
 
 def immutable_diff(old: WorkerRecord, new: WorkerRecord) -> None:

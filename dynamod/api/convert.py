@@ -4,13 +4,14 @@ directions live here, so the server and the client cannot disagree."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Iterable
 
+from dynamod import jsoncodec
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.engine_events import EngineLoad
+from dynamod.errors import InvalidInputError
 from dynamod.load import IDLE, Load
-from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, canonical_json, mdcsum
+from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, mdcsum
 from dynamod.results import (
     CandidateInfo,
     DaemonState,
@@ -65,8 +66,8 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     "host": lambda r, _: r.host,
     "pid": lambda r, _: r.pid,
     "version": lambda r, _: r.version,
-    "record_json": lambda r, _: canonical_json(r.to_json()).decode(),
-    "model_card_json": lambda r, _: canonical_json(r.model_card.to_json()).decode(),
+    "record_json": lambda r, _: jsoncodec.canonical(r.to_json()).decode(),
+    "model_card_json": lambda r, _: jsoncodec.canonical(r.model_card.to_json()).decode(),
     # What the record alone says (idle, no engine report); a listing sends the state with
     # the load and the report after it when they change it (``worker_pages``).
     "state": lambda r, _: str(worker_state(r.taints, IDLE, None)),
@@ -117,7 +118,7 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
         kv_blocks=message.load.active_kv_blocks,
     )
     if message.record_json:
-        record = WorkerRecord.from_json(json.loads(message.record_json))
+        record = WorkerRecord.from_json(jsoncodec.read(message.record_json, "a worker record"))
     else:
         record = _record_of(message, {} if cards is None else cards)
     engine = None
@@ -140,7 +141,11 @@ def _record_of(message: pb.Worker, cards: dict[str, ModelCard]) -> WorkerRecord:
     text = message.model_card_json
     card = cards.get(text) if text else None
     if card is None:
-        card = ModelCard.from_json(json.loads(text)) if text else ModelCard(name=message.model)
+        card = (
+            ModelCard.from_json(jsoncodec.read(text, "a model card"))
+            if text
+            else ModelCard(name=message.model)
+        )
         if text:
             cards[text] = card
     return WorkerRecord(
@@ -178,7 +183,7 @@ def change_to_pb(change: UpdateOutcome) -> pb.TaintChange:
 
 
 def failure_to_pb(failure: UpdateFailure) -> pb.Status:
-    fields = json.dumps(dict(failure.fields))
+    fields = jsoncodec.write(dict(failure.fields)).decode()
     return pb.Status(
         code=failure.code, message=failure.message, error=failure.lineage, fields=fields
     )
@@ -186,10 +191,11 @@ def failure_to_pb(failure: UpdateFailure) -> pb.Status:
 
 def failure_from_pb(message: pb.Status) -> UpdateFailure:
     try:
-        fields = json.loads(message.fields) if message.fields else {}
-    except ValueError:
+        fields = jsoncodec.read(message.fields, "the error's fields") if message.fields else {}
+    except InvalidInputError:
         fields = {}
-    return UpdateFailure(message.code, message.message, message.error, fields)
+    kept = fields if isinstance(fields, dict) else {}
+    return UpdateFailure(message.code, message.message, message.error, kept)
 
 
 def change_from_pb(message: pb.TaintChange) -> UpdateOutcome:

@@ -19,12 +19,12 @@ cut short: an error about a 20 kB taint names the taint's start, not all of it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import grpc
 
 from dynamod import errors as e
+from dynamod import jsoncodec
 
 ERROR_KEY = "dynamo-error"
 FIELDS_KEY = "dynamo-error-fields-bin"
@@ -47,7 +47,7 @@ def fit(message: str) -> str:
 def trailers(error: e.DynamoError) -> tuple[tuple[str, str | bytes], ...]:
     """The trailing metadata that carries ``error``'s class and fields."""
     fields = {name: _bounded(value) for name, value in error.fields().items()}
-    return ((ERROR_KEY, e.lineage(error)), (FIELDS_KEY, json.dumps(fields).encode()))
+    return ((ERROR_KEY, e.lineage(error)), (FIELDS_KEY, jsoncodec.write(fields)))
 
 
 def _bounded(value: object) -> object:
@@ -74,7 +74,7 @@ def from_status(code: grpc.StatusCode, details: str, trailing: Sequence[object])
 
 def _fields(raw: object, details: str) -> dict[str, object]:
     try:
-        fields = json.loads(raw) if isinstance(raw, bytes) else None
-    except ValueError:
+        fields = jsoncodec.read(raw, "the error's fields") if isinstance(raw, bytes) else None
+    except e.InvalidInputError:
         fields = None
     return fields if isinstance(fields, dict) else {"message": details}

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from dynamod import jsoncodec
 from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.engine_events import EngineLoad, KvBatch
 from dynamod.errors import InvalidInputError
 from dynamod.http.bounded import LineReader
-from dynamod.http.limits import load_json
 
 YIELD_LINES = 16
 YIELD_BYTES = 32 << 10
@@ -73,7 +73,7 @@ async def events(
 
 def _event_of(line: bytes, url: str) -> dict[str, object]:
     try:
-        event = load_json(line, f"a line from {url}")
+        event = jsoncodec.read(line, f"a line from {url}")
     except InvalidInputError as exc:
         raise FeedError(str(exc)) from None
     if not isinstance(event, dict):

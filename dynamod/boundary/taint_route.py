@@ -24,12 +24,12 @@ traffic. dynamod needs network reach to it, and should be the only thing that ha
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any, Final
 
 import aiohttp
 
+from dynamod import jsoncodec
 from dynamod.errors import (
     InvalidInputError,
     UnsupportedError,
@@ -104,7 +104,7 @@ def answer(status: int, body: bytes, *, worker: str, url: str) -> tuple[str, ...
 
 def _json(body: bytes) -> dict[str, Any] | None:
     try:
-        found = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        found = jsoncodec.read(body, "the route's answer")
+    except InvalidInputError:
         return None
     return found if isinstance(found, dict) else None

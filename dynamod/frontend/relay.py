@@ -25,7 +25,6 @@ stream cut before its first event is answered 503, code ``shutting_down``).
 from __future__ import annotations
 
 import io
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,7 +33,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from dynamod.errors import OversizeError
+from dynamod import jsoncodec
+from dynamod.errors import InvalidInputError, OversizeError
 from dynamod.frontend.replies import passed_headers
 from dynamod.http.bounded import read_body
 from dynamod.http.limits import AnswerLimits
@@ -128,8 +128,8 @@ async def _error_text(upstream: aiohttp.ClientResponse) -> str:
     except _READ_FAILURES as exc:
         return f"(its body could not be read: {_why(exc)})"
     try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
+        message = jsoncodec.read(raw, "its error answer")["error"]["message"]  # type: ignore[index]
+    except (InvalidInputError, KeyError, TypeError):
         return raw[:200].decode(errors="replace") or "(empty body)"
     return str(message)[:ERROR_TEXT_LIMIT]
 
@@ -273,8 +273,8 @@ def carries_output(event: bytes) -> bool:
     """Whether an SSE event holds generated output: any event but the chat API's opening
     announcement of the assistant's role, which the worker sends before any token."""
     try:
-        payload = json.loads(event.removeprefix(b"data:"))
-    except ValueError:  # [DONE], or not JSON: either way the stream is past its start
+        payload = jsoncodec.read(event.removeprefix(b"data:"), "an event")
+    except InvalidInputError:  # [DONE], or not JSON: either way the stream is past its start
         return True
     choices = payload.get("choices") if isinstance(payload, dict) else None
     if not isinstance(choices, list) or not choices:

@@ -20,17 +20,16 @@ measures it; the README's dependency notes give the figures).
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 from aiohttp import web
 
+from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError
-from dynamod.http.limits import fits_body, load_json
+from dynamod.http.limits import fits_body
 from dynamod.tokenizers import ChatMessage, Tokenizer
 from dynamod.tokenizers.base import TemplateRefusedError, TokenizerFailedError
 
@@ -87,7 +86,7 @@ def brief(value: object, limit: int = 80) -> str:
 
 def json_object(raw: bytes) -> Json:
     try:
-        body = load_json(raw)
+        body = jsoncodec.read(raw)
     except InvalidInputError as exc:
         raise FieldError(None, str(exc)) from None
     if not isinstance(body, dict):
@@ -132,7 +131,7 @@ def with_forwarded_ids(body: Json, ids: tuple[int, ...], tokenizer: Tokenizer, r
     extended = {**(nvext if isinstance(nvext, dict) else {})}
     extended[FORWARDED_IDS] = list(ids)
     extended[FORWARDED_TOKENIZER] = tokenizer.checksum
-    forwarded = dump_json({**body, "nvext": extended})
+    forwarded = jsoncodec.write({**body, "nvext": extended})
     return forwarded if fits_body(len(forwarded)) else raw
 
 
@@ -201,23 +200,12 @@ def _content(where: str, content: object) -> str:
     )
 
 
-def dump_json(value: object) -> bytes:
-    """``value`` as compact JSON (UTF-8, no NaN): the one writer of JSON bodies and events."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        # An integer past 64 bits, which JSON allows and the standard library's parser
-        # takes (``http/limits.py``): orjson cannot write it, the standard library can.
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        return text.encode()
-
-
 def json_response(
     data: object, *, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
     """A JSON answer written by ``dump_json``."""
     return web.Response(
-        body=dump_json(data), status=status, headers=headers, content_type="application/json"
+        body=jsoncodec.write(data), status=status, headers=headers, content_type="application/json"
     )
 
 
@@ -349,7 +337,7 @@ def openai_refusal(status: int, message: str) -> web.Response:
 
 def sse_event(data: Json | str) -> bytes:
     """One server-sent event: ``data: <json or text>`` and the blank line."""
-    text = data.encode() if isinstance(data, str) else dump_json(data)
+    text = data.encode() if isinstance(data, str) else jsoncodec.write(data)
     return b"data: " + text + b"\n\n"
 
 

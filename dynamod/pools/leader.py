@@ -53,7 +53,6 @@ Structure
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -62,8 +61,10 @@ import time
 from dataclasses import dataclass
 from typing import Final, Self
 
+from dynamod import jsoncodec
 from dynamod.backoff import Backoff
 from dynamod.errors import (
+    InvalidInputError,
     KeyNotFoundError,
     LeaseExpiredError,
     NotLeaderError,
@@ -333,17 +334,19 @@ def _encode(identity: str, token: str, epoch: int | None = None) -> bytes:
     body: dict[str, object] = {"identity": identity, "term": token}
     if epoch is not None:
         body["epoch"] = epoch
-    return json.dumps(body, sort_keys=True).encode()
+    return jsoncodec.canonical(body)
 
 
 def _decode(value: bytes) -> tuple[str, str, int | None]:
     """(identity, term token, epoch) of a leader key's value; a value this module did not
     write reads as nobody's ("", "", None), so a leader seeing it is deposed."""
     try:
-        body = json.loads(value)
-        identity, token, epoch = body["identity"], body["term"], body.get("epoch")
-    except (ValueError, TypeError, KeyError):
+        body = jsoncodec.read(value, "the leader key")
+    except InvalidInputError:
         return "", "", None
+    if not isinstance(body, dict):
+        return "", "", None
+    identity, token, epoch = body.get("identity"), body.get("term"), body.get("epoch")
     if not (isinstance(identity, str) and isinstance(token, str)):
         return "", "", None
     return identity, token, epoch if isinstance(epoch, int) else None

@@ -49,6 +49,7 @@ from typing import Any, Final
 
 import yaml
 
+from dynamod import jsoncodec
 from dynamod.errors import PoolPolicyError, SelectorError, TaintError, shown
 from dynamod.selectors import Selector, Term
 from dynamod.selectors import parse as parse_selector
@@ -178,8 +179,7 @@ class PoolPolicy:
     def to_json(self) -> bytes:
         """The canonical form to store: compact JSON, keys sorted. Equal policies give equal
         bytes, so applying the same document twice writes nothing new."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return text.encode()
+        return jsoncodec.canonical(self.to_dict())
 
 
 def overlaps(a: PoolPolicy, b: PoolPolicy) -> bool:

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from dynamod import jsoncodec
 from dynamod.errors import DynamoError, InvalidInputError
-from dynamod.records import canonical_json
 
 
 class TemplateRefusedError(InvalidInputError):
@@ -64,4 +64,4 @@ class Tokenizer(Protocol):
 def bundle_checksum(bundle: Mapping[str, Any]) -> str:
     """``sha256:<hex>`` of a published tokenizer bundle's canonical JSON: the bytes a worker
     serves and a daemon verifies."""
-    return "sha256:" + hashlib.sha256(canonical_json(bundle)).hexdigest()
+    return "sha256:" + hashlib.sha256(jsoncodec.canonical(bundle)).hexdigest()

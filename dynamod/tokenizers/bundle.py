@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError
-from dynamod.records import ModelCard, canonical_json
+from dynamod.records import ModelCard
 from dynamod.tokenizers.base import ChatMessage, Tokenizer, bundle_checksum
 from dynamod.tokenizers.limits import TokenizerLimits
 from dynamod.tokenizers.simple import BUNDLE as SIMPLE_BUNDLE
@@ -90,16 +90,16 @@ def published(tokenizer: Publishable) -> bytes:
     ``BundledTokenizer``, the very bytes it was received as)."""
     if isinstance(tokenizer, BundledTokenizer):
         return tokenizer.raw
-    return canonical_json(tokenizer.bundle())
+    return jsoncodec.canonical(tokenizer.bundle())
 
 
 def load(raw: bytes, checksum: str, *, max_output: int = TokenizerLimits.max_output) -> Tokenizer:
     """The tokenizer in a fetched bundle, once its checksum matches ``checksum``; a chat
     template renders at most ``max_output`` characters (``hf.py``)."""
     try:
-        bundle = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise TokenizerUnavailableError(f"the tokenizer bundle is not JSON: {exc}") from None
+        bundle = jsoncodec.read(raw, "the tokenizer bundle")
+    except InvalidInputError as exc:
+        raise TokenizerUnavailableError(str(exc)) from None
     if not isinstance(bundle, dict):
         raise TokenizerUnavailableError("the tokenizer bundle must be a JSON object")
     found = bundle_checksum(bundle)
@@ -182,7 +182,7 @@ class BundledTokenizer:
     _built: Tokenizer | None = field(default=None, init=False, repr=False, compare=False)
 
     def bundle(self) -> dict[str, Any]:
-        bundle: dict[str, Any] = json.loads(self.raw)
+        bundle: dict[str, Any] = jsoncodec.read(self.raw, "the tokenizer bundle")  # type: ignore[assignment]
         return bundle
 
     def _here(self) -> Tokenizer:

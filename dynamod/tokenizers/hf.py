@@ -40,6 +40,7 @@ import jinja2.ext
 import jinja2.sandbox
 from tokenizers import Tokenizer as RustTokenizer
 
+from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError
 from dynamod.tokenizers.base import (
     ChatMessage,
@@ -172,10 +173,7 @@ def _config(files: Mapping[str, str]) -> dict[str, Any]:
     config: dict[str, Any] = {}
     for name in (SPECIAL_TOKENS_FILE, CONFIG_FILE):
         if name in files:
-            try:
-                loaded = json.loads(files[name])
-            except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"{name} is not valid JSON: {exc}") from None
+            loaded = jsoncodec.read(files[name], name)
             if not isinstance(loaded, dict):
                 raise InvalidInputError(f"{name} must hold a JSON object")
             config |= loaded

@@ -29,7 +29,6 @@ grace; the runtime calls it when the worker's grace ends with streams still open
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,7 +37,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dynamod.errors import OversizeError
+from dynamod import jsoncodec
+from dynamod.errors import InvalidInputError, OversizeError
 from dynamod.http.bounded import read_body
 from dynamod.http.inflight import Drains
 from dynamod.http.limits import AnswerLimits
@@ -218,10 +218,10 @@ def _headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
 def _without_nvext(raw: bytes) -> bytes:
     """The body less dynamod's ``nvext`` (unknown keys make some servers log or refuse)."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = jsoncodec.read(raw)
+    except InvalidInputError:
         return raw  # the upstream answers a body it cannot read itself
     if not isinstance(body, dict) or "nvext" not in body:
         return raw
     del body["nvext"]
-    return json.dumps(body, separators=(",", ":")).encode()
+    return jsoncodec.write(body)

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -26,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from dynamod import jsoncodec
 from dynamod.engine_events import EVENTS_PATH, HEARTBEAT, EngineLoad, KvBatch
 from dynamod.tasks import race
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
@@ -167,8 +167,7 @@ class EnginePublisher:
 
 async def _send(response: web.StreamResponse, event: dict[str, object]) -> None:
     # NaN and Infinity are not JSON: EngineLoad refuses them, and nothing else may send one.
-    line = json.dumps(event, separators=(",", ":"), allow_nan=False)
-    await response.write(line.encode() + b"\n")
+    await response.write(jsoncodec.write(event) + b"\n")
 
 
 async def _send_kv(response: web.StreamResponse, seq: int, batch: KvBatch) -> None:

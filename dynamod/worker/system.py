@@ -34,6 +34,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from dynamod import jsoncodec
 from dynamod.auth import Principal, Tokens
 from dynamod.errors import (
     AccessError,
@@ -45,7 +46,6 @@ from dynamod.errors import (
     UnauthenticatedError,
     WorkerNotFoundError,
 )
-from dynamod.http.limits import load_json
 from dynamod.taints import TaintUpdate, caller_taints
 from dynamod.worker.writer import TaintWriter
 
@@ -215,7 +215,7 @@ def _peer(request: web.Request) -> str:
 
 
 async def _json(request: web.Request) -> object:
-    return load_json(await request.read() or b"{}", "request body")
+    return jsoncodec.read(await request.read() or b"{}", "request body")
 
 
 def _taints_of(body: object) -> list[str]:

@@ -124,9 +124,9 @@ def test_a_shape_not_understood_names_the_key_and_the_field(
 
 
 def test_a_card_that_is_not_json_or_an_instance_without_transport_is_refused() -> None:
-    with pytest.raises(NotUnderstood, match="not JSON"):
+    with pytest.raises(NotUnderstood, match="not valid JSON"):
         read(b'{"type": "Model", ', number=0x44)
-    with pytest.raises(NotUnderstood, match="RecursionError"):
+    with pytest.raises(NotUnderstood, match="more than 64 levels deep"):
         read(b"[" * 100_000 + b"]" * 100_000, number=0x44)
     with pytest.raises(NotUnderstood, match="bytes long"):
         read(b" " * (MAX_RECORD_BYTES + 1), number=0x44)

@@ -27,8 +27,9 @@ from collections import Counter
 from aiohttp import web
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
+from dynamod import jsoncodec
 from dynamod.discovery.registration import Registration
-from dynamod.records import ModelCard, WorkerRecord, canonical_json
+from dynamod.records import ModelCard, WorkerRecord
 from dynamod.store import open_store
 from dynamod.tokenizers.base import bundle_checksum
 from tests.factories import make_record
@@ -80,7 +81,7 @@ def bundle(template: str, split: str | None = None) -> bytes:
     """A Hugging Face bundle (canonical JSON, as a worker serves it) with ``template``."""
     config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
     files = {"tokenizer.json": tokenizer_json(split), "tokenizer_config.json": json.dumps(config)}
-    return canonical_json({"kind": "hf", "files": files})
+    return jsoncodec.canonical({"kind": "hf", "files": files})
 
 
 class Fakes:

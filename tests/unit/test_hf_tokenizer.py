@@ -73,7 +73,7 @@ def test_the_bundle_round_trips_and_a_wrong_checksum_is_refused(model_dir: Path)
     assert again.encode("the quick brown fox") == tok.encode("the quick brown fox")
     with pytest.raises(TokenizerUnavailableError, match=r"checksum is sha256:.*model card says"):
         load(published(tok), "sha256:00")
-    with pytest.raises(TokenizerUnavailableError, match="not JSON"):
+    with pytest.raises(TokenizerUnavailableError, match="not valid JSON"):
         load(b"{", tok.checksum)
 
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from dynamod import jsoncodec
+from dynamod.errors import InvalidInputError
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store.base import Entry
 from dynamod.store.dynamo.addresses import SystemAddresses
@@ -132,9 +134,9 @@ def _object(entry: Entry, kind: RecordKind) -> Json:
     if len(entry.value) > MAX_RECORD_BYTES:
         raise NotUnderstood(entry.key, kind, f"over {MAX_RECORD_BYTES} bytes long")
     try:
-        obj = json.loads(entry.value)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise NotUnderstood(entry.key, kind, f"not JSON ({type(exc).__name__}: {exc})") from None
+        obj = jsoncodec.read(entry.value, "the record")
+    except InvalidInputError as exc:
+        raise NotUnderstood(entry.key, kind, str(exc)) from None
     if not isinstance(obj, dict):
         raise NotUnderstood(entry.key, kind, f"a JSON {type(obj).__name__}, not an object")
     return obj

@@ -20,9 +20,9 @@ import json
 
 import aiohttp
 
+from dynamod import jsoncodec
 from dynamod.errors import ConfigError, InvalidInputError, OversizeError
 from dynamod.http.bounded import read_body
-from dynamod.http.limits import load_json
 from dynamod.http.openai import brief
 
 MAX_LISTING = 1024 * 1024
@@ -37,7 +37,7 @@ async def read_json(response: aiohttp.ClientResponse, url: str) -> object:
     """The JSON of ``response`` (an answer of the upstream at ``url``), read bounded."""
     try:
         raw = await read_body(response, MAX_LISTING, f"the answer of {url}")
-        return load_json(raw, f"the answer of {url}")
+        return jsoncodec.read(raw, f"the answer of {url}")
     except (OversizeError, InvalidInputError) as exc:
         raise ConfigError(f"upstream {url}: {exc}") from None
 
