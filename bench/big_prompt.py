@@ -42,7 +42,7 @@ from dynamod.http.openai import COMPLETIONS, FieldError, json_object
 from dynamod.prompts.body import CardLimits, read_prompt
 from dynamod.prompts.processes import PromptProcesses
 from dynamod.tokenizers import SimpleTokenizer
-from tests.procs import Proc, daemon, running, worker
+from tests.support.processes import Proc, daemon, running, worker
 
 MODEL = "llama"
 SENTENCE = "the quick brown fox jumps over the lazy dog "

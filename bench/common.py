@@ -1,6 +1,6 @@
 """What the store benchmarks share: servers, percentiles, the table, JSON, an owned task.
 
-Servers are the test fixtures' own (``tests.servers``): real etcd and nats-server binaries
+Servers are the test fixtures' own (``tests.support.servers``): real etcd and nats-server binaries
 from the dev dependencies, on free loopback ports, in a temporary directory that is removed
 on the way out, Ctrl-C included. Latencies are kept as integer nanoseconds and shown in
 milliseconds.
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamod.tasks import cancel_and_wait
-from tests.servers import EtcdServer, NatsServer, etcd_binary, nats_binary
+from tests.support.servers import EtcdServer, NatsServer, etcd_binary, nats_binary
 
 SERVER_BACKENDS = ("etcd", "nats")
 

@@ -49,8 +49,8 @@ from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from tests.procs import daemon_argv, dynamoctl, env
-from tests.servers import EtcdServer, etcd_binary
+from tests.support.processes import daemon_argv, dynamoctl, env
+from tests.support.servers import EtcdServer, etcd_binary
 
 FLEETS = (1_000, 10_000)
 WARMUP = 2

@@ -63,8 +63,8 @@ from dynamod.store import Store
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
 from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json
-from tests.procs import Started, daemon_argv, dynamoctl
-from tests.servers import EtcdServer, etcd_binary
+from tests.support.processes import Started, daemon_argv, dynamoctl
+from tests.support.servers import EtcdServer, etcd_binary
 
 ROUTED_WITHIN = 10.0
 Json = dict[str, Any]

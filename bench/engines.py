@@ -64,8 +64,8 @@ from dynamod.router import Router, RouterKnobs
 from dynamod.store import open_store
 from dynamod.worker.engines.base import Changes
 from tests.engines.conftest import ENGINE_ENV, VLLM_ARGS, serve_argv
-from tests.procs import BIN, ROOT, Proc
-from tests.servers import free_port
+from tests.support.processes import BIN, ROOT, Proc
+from tests.support.servers import free_port
 
 MODEL = "tiny"
 BLOCK = 10

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Stats, header, interruptible, render_table, write_json
-from tests.procs import Started, daemon_argv, env, worker_argv
+from tests.support.processes import Started, daemon_argv, env, worker_argv
 
 NOISE = ("Task was destroyed", "Exception ignored", "Traceback", "Fatal Python error")
 CHURN_PER_SECOND = 50

@@ -50,7 +50,7 @@ from dynamod.router import Router, RouterKnobs
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import Fixed
-from tests.procs import Proc, running, worker
+from tests.support.processes import Proc, running, worker
 
 WARMUP = 50
 BLOCK = 25

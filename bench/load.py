@@ -73,7 +73,7 @@ from dynamod.client import AsyncClient
 from dynamod.http.openai import WORKER_ID_HEADER
 from dynamod.store import open_store
 from dynamod.taints import RoutingConstraints, caller_taints, key_of, matches
-from tests.procs import Proc, daemon, worker
+from tests.support.processes import Proc, daemon, worker
 
 MODEL = "load"
 POOLS = ("pool=a", "pool=b")

@@ -63,7 +63,7 @@ from dynamod.discovery_events import DiscoveryEvent, WorkerModified
 from dynamod.store import Put, Resync, Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from dynamod.tasks import race
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 BACKENDS = ("memory", "file", "etcd", "nats")
 ROOT = Path(__file__).resolve().parents[1]

@@ -76,8 +76,8 @@ from dynamod.discovery.updates import update_taints
 from dynamod.records import WORKERS_PREFIX
 from dynamod.store import Lease, Store, open_store
 from dynamod.taints import TaintUpdate
-from tests.factories import make_record
-from tests.procs import Proc, daemon, running, worker
+from tests.support.factories import make_record
+from tests.support.processes import Proc, daemon, running, worker
 
 MODEL = "scale"
 BASELINE = 1

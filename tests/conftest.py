@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dynamod.store import Store, open_store
-from tests.servers import (
+from tests.support.servers import (
     Cluster,
     EtcdServer,
     NatsServer,

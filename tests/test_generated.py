@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.procs import ROOT
+from tests.support.processes import ROOT
 
 
 def test_generated_files_are_fresh() -> None:

@@ -73,7 +73,7 @@ from bench.peer.rows import Raw, rows_of, table_rows
 from bench.peer.stacks import MODEL, Stack, dynamo, dynamo_env, ours
 from dynamod import __version__
 from dynamod.tokenizers.simple import VOCABULARY
-from tests.servers import EtcdServer
+from tests.support.servers import EtcdServer
 
 HERE = Path(__file__).resolve().parent
 PROMPT_WORDS = 200

@@ -1,7 +1,7 @@
 """The two stacks the peer benchmark compares, each one front and one mocker worker, on one etcd.
 
 * **dynamod**: ``dynamo-worker --engine mocker`` and ``dynamod`` with its HTTP front, both
-  real subprocesses (``tests.procs``), on the etcd prefix ``dynamod-peer``.
+  real subprocesses (``tests.support.processes``), on the etcd prefix ``dynamod-peer``.
 * **Dynamo 1.6.1**: ``python -m dynamo.frontend --router-mode kv`` and the stock mocker
   with Dynamo's own taint route (``mocker.py``), from the cached venv, with the
   environment Dynamo needs to run offline on loopback (``dynamo_env``). ``kv`` is the one
@@ -35,8 +35,8 @@ import aiohttp
 
 from bench.peer.procs import Detached, detached
 from dynamod.http.openai import WORKER_ID_HEADER
-from tests.procs import daemon, running, worker
-from tests.servers import EtcdServer, free_port
+from tests.support.processes import daemon, running, worker
+from tests.support.servers import EtcdServer, free_port
 
 HERE = Path(__file__).resolve().parent
 MODEL = "peer-model"

@@ -33,7 +33,7 @@ from bench.peer import venv as peer_venv
 from bench.peer.procs import Detached, detached
 from bench.peer.stacks import ASK_WORKER, dynamo_env
 from bench.prefix.chat import Chat, Pick, until
-from tests.servers import EtcdServer, free_port
+from tests.support.servers import EtcdServer, free_port
 
 PEER = Path(__file__).resolve().parent.parent / "peer"
 MODEL = "chat"

@@ -36,8 +36,8 @@ from dynamod.engine_events import BlockStored, KvBatch
 from dynamod.router.kvindex import KvIndex
 from dynamod.store import open_store
 from dynamod.worker.engines.kvevents import KvPublisher
-from tests.procs import running, worker
-from tests.servers import free_port
+from tests.support.processes import running, worker
+from tests.support.servers import free_port
 
 BLOCK = 16
 MILLION = 1 << 20

@@ -56,7 +56,7 @@ from bench.prefix.chat import Chat, Pick, Run, play, until
 from bench.prefix.measure import lag, memory
 from bench.prefix.report import HEADERS, table_rows
 from dynamod import __version__
-from tests.procs import Proc, daemon, running, worker
+from tests.support.processes import Proc, daemon, running, worker
 
 MOCKER_ARGS = ("--block-size", "16", "--num-kv-blocks", "64", "--speedup-ratio", "1",
                "--max-num-seqs", "8", "--context-length", "4096")  # fmt: skip

@@ -2,7 +2,7 @@
 
 A ``Store`` is a small key-value store with revisions, leases and prefix watches. Four
 backends implement it (memory, file, etcd, NATS JetStream KV) and one conformance suite
-(``tests/conformance``) holds each of them to this contract:
+(``tests/store/test_store_contract.py``) holds each of them to this contract:
 
 Keys
     ``/``-separated segments of ``A-Z a-z 0-9 . _ -`` (no empty, ``.`` or ``..`` segment),

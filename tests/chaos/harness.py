@@ -42,8 +42,8 @@ from bench.taintlog import TaintLog, taint_log
 from dynamod.client import AsyncClient
 from dynamod.discovery.view import WorkerView
 from dynamod.store import open_store
-from tests.procs import Proc, daemon_argv, worker
-from tests.servers import free_port
+from tests.support.processes import Proc, daemon_argv, worker
+from tests.support.servers import free_port
 
 SLACK_MS = 100.0  # generous: a 2-core CI box running a cluster and the load at once
 SETTLE = 30.0

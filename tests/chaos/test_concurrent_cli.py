@@ -17,7 +17,7 @@ from dynamod.records import WorkerRecord
 from dynamod.store import open_store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
-from tests.procs import daemon, run_ctl, running, worker
+from tests.support.processes import daemon, run_ctl, running, worker
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(180)]
 

@@ -33,7 +33,7 @@ from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import caller_taints
 from tests.chaos.harness import Figures
-from tests.procs import Proc, daemon, run_ctl, running, worker
+from tests.support.processes import Proc, daemon, run_ctl, running, worker
 
 pytestmark = [pytest.mark.etcd, pytest.mark.nats, pytest.mark.timeout(300)]
 

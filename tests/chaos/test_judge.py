@@ -12,7 +12,7 @@ from bench.taintlog import TaintLog
 from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerModified, WorkerRemoved
 from dynamod.records import WorkerRecord
 from dynamod.taints import RoutingConstraints
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 POOL_A = Kind("pool a", 1, RoutingConstraints(required_taints=frozenset({"pool=a"})))
 

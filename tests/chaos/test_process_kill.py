@@ -30,7 +30,7 @@ from tests.chaos.harness import (
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(180)]
 
-LEASE_TTL = 2.0  # tests.procs.worker_argv
+LEASE_TTL = 2.0  # tests.support.processes.worker_argv
 EXPIRY_MARGIN = 1.5  # etcd revokes expired leases on a ~0.5 s tick; then the watch hop
 RETRIES = "dynamod_front_retries_total"
 BEFORE = 2.0

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dynamod.store import Put, Resync, Store, open_store
-from tests.servers import EtcdServer, NatsServer, free_port
+from tests.support.servers import EtcdServer, NatsServer, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

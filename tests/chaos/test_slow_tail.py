@@ -25,8 +25,8 @@ from dynamod.discovery.updates import update_taints
 from dynamod.store import Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from tests.chaos.harness import SETTLE, Figures
-from tests.factories import make_record
-from tests.procs import ROOT, Proc, daemon, env, running
+from tests.support.factories import make_record
+from tests.support.processes import ROOT, Proc, daemon, env, running
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(180)]
 

@@ -23,7 +23,7 @@ from tests.chaos.harness import (
     sent_between,
     unanswered,
 )
-from tests.servers import EtcdServer, NatsServer, ServerProcess
+from tests.support.servers import EtcdServer, NatsServer, ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -29,7 +29,7 @@ import pytest
 
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.taints import with_topology
-from tests.procs import BAD_STDERR, daemon_argv, dynamoctl, env, worker_argv
+from tests.support.processes import BAD_STDERR, daemon_argv, dynamoctl, env, worker_argv
 
 READY_WITHIN = 30.0
 # dynamoctl runs hundreds of times here: let it cache bytecode as an installed package does

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Cli, Cluster, record, register_records, start_cluster
-from tests.procs import BIN, ROOT
+from tests.support.processes import BIN, ROOT
 
 WORKERS = ("5eed0000aaaa0001", "5eed0000bbbb0002")
 

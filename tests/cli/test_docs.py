@@ -10,7 +10,7 @@ import pytest
 
 from dynamoctl.app import command
 from scripts.docs import esc
-from tests.procs import ROOT
+from tests.support.processes import ROOT
 
 PAGES = ("dynamoctl.1", "dynamod.8", "dynamo-worker.1")
 

@@ -22,7 +22,7 @@ from dynamod.client import AsyncClient
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 from tests.cli.conftest import Cluster, Lines
-from tests.procs import BAD_STDERR, dynamoctl
+from tests.support.processes import BAD_STDERR, dynamoctl
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -24,7 +24,7 @@ from dynamoctl import fastpath, shells
 from dynamoctl.app import command
 from dynamoctl.generated import names
 from tests.cli.conftest import clean_env
-from tests.procs import ROOT, dynamoctl
+from tests.support.processes import ROOT, dynamoctl
 
 PATHS = sorted(names.OPTIONS, key=lambda p: (p.count(" "), p))
 TYPED = ["", "w", "wor", "t", "x", "-", "--", "-o", "--o", "--no", "--help", "+", "=", "-e="]

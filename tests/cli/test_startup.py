@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Cluster, clean_env
-from tests.procs import ROOT
+from tests.support.processes import ROOT
 
 HEAVY = ("grpc", "rich", "pydantic")
 

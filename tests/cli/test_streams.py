@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.cli.conftest import Cluster, Stream, assert_clean, start_cluster
-from tests.procs import dynamoctl
+from tests.support.processes import dynamoctl
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,8 +18,8 @@ from dynamod.errors import TaintError
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 from tests.cli.conftest import Cli, Cluster, on_terminal, start_cluster
-from tests.procs import dynamoctl
-from tests.servers import free_port
+from tests.support.processes import dynamoctl
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

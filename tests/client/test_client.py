@@ -17,7 +17,7 @@ import pytest
 
 from dynamod.client import AsyncClient, Credentials
 from dynamod.errors import TaintError, WorkerNotFoundError
-from tests.procs import BAD_STDERR, ROOT, Proc, daemon, env, running, worker
+from tests.support.processes import BAD_STDERR, ROOT, Proc, daemon, env, running, worker
 
 pytestmark = pytest.mark.timeout(120)
 

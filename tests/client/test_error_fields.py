@@ -32,7 +32,7 @@ from dynamod.store.memory import MemoryStore
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 from tests.daemon.helpers import client_for, running_daemon, settings_for
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 
 def every_error_class() -> list[type[DynamoError]]:

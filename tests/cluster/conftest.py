@@ -11,7 +11,7 @@ import pytest
 
 from tests.chaos.conftest import figures
 from tests.conftest import start_server
-from tests.servers import Cluster, EtcdCluster, NatsCluster
+from tests.support.servers import Cluster, EtcdCluster, NatsCluster
 
 __all__ = ["figures"]
 

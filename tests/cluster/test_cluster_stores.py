@@ -19,8 +19,8 @@ from nats.aio.client import Client as NatsClient
 
 from dynamod.store import Lease, Store, keep_alive, open_store
 from tests.chaos.harness import Figures
-from tests.servers import EtcdCluster, NatsCluster
-from tests.storeload import Follower, Writer, answered
+from tests.support.servers import EtcdCluster, NatsCluster
+from tests.support.storeload import Follower, Writer, answered
 
 pytestmark = [pytest.mark.timeout(120)]
 

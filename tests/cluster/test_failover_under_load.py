@@ -32,7 +32,7 @@ from tests.chaos.harness import (
     unanswered,
 )
 from tests.cluster.test_cluster_stores import stream_leader
-from tests.servers import EtcdCluster, NatsCluster
+from tests.support.servers import EtcdCluster, NatsCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

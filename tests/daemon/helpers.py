@@ -15,7 +15,7 @@ from dynamod.discovery.registration import register
 from dynamod.records import WorkerRecord
 from dynamod.settings import DaemonSettings
 from dynamod.store import Store
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 
 def settings_for(store: Store, tmp_path: Path, **overrides: Any) -> DaemonSettings:

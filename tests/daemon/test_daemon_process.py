@@ -18,8 +18,8 @@ from dynamod.client import AsyncClient, Credentials
 from dynamod.errors import PermissionDeniedError, UnauthenticatedError, UnreachableError
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from tests.procs import daemon, running, worker
-from tests.servers import free_port
+from tests.support.processes import daemon, running, worker
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

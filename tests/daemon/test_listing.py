@@ -22,7 +22,7 @@ from dynamod.results import WorkerInfo, WorkerPage
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 pytestmark = pytest.mark.timeout(90)
 

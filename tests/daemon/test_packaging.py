@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamod import settings as daemon_settings
-from tests.procs import BIN, ROOT
+from tests.support.processes import BIN, ROOT
 
 UNIT = ROOT / "packaging" / "systemd" / "dynamod.service"
 

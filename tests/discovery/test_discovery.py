@@ -32,8 +32,8 @@ from dynamod.records import ModelCard, WorkerRecord, mdcsum
 from dynamod.store import KEEP, Entry, Store
 from dynamod.store.base import LeaseArg
 from dynamod.taints import TaintUpdate
-from tests.factories import make_record
-from tests.streams import next_event
+from tests.support.factories import make_record
+from tests.support.streams import next_event
 
 pytestmark = pytest.mark.timeout(120)
 

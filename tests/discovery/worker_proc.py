@@ -11,7 +11,7 @@ import sys
 
 from dynamod.discovery.registration import Registration
 from dynamod.store import open_store
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 
 async def main(url: str, instance_id: str, ttl: float) -> None:

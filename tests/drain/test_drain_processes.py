@@ -31,7 +31,7 @@ from tests.cli.conftest import (
     on_terminal,
     start_cluster,
 )
-from tests.procs import BIN, daemon_argv, dynamoctl, env
+from tests.support.processes import BIN, daemon_argv, dynamoctl, env
 
 pytestmark = pytest.mark.timeout(240)
 

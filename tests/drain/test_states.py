@@ -32,7 +32,7 @@ from dynamod.taints import (
     RoutingConstraints,
     TaintUpdate,
 )
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 BUSY = Load(1, 10, 1)
 RUNNING = EngineLoad(running=1)

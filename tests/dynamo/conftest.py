@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from dynamod.store.etcd import EtcdStore
-from tests.servers import EtcdServer
+from tests.support.servers import EtcdServer
 
 
 async def _clear(etcd: EtcdStore) -> None:

@@ -2,7 +2,7 @@
 
 ``DynamoFleet`` runs Dynamo's frontend (``python -m dynamo.frontend --router-mode kv``:
 the one 1.6.1 router mode that honours ``nvext.routing_constraints``) and mocker workers
-on etcd (a private ``tests.servers.EtcdServer``) or on Dynamo's file store, from the venv
+on etcd (a private ``tests.support.servers.EtcdServer``) or on Dynamo's file store, from the venv
 ``bench.peer.venv`` builds. A worker is ``WorkerSpec``: initial caller taints, a topology
 zone, a LoRA card, or the stock mocker with no taint route. From the lab's
 ``launch.py`` (``/work/dynamo-lab``), which measured what the tests rely on.
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from tests.servers import EtcdServer, free_port
+from tests.support.servers import EtcdServer, free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

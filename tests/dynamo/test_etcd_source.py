@@ -15,7 +15,7 @@ from dynamod.store import KEEP, Delete, Put, Resync
 from dynamod.store.dynamo import DynamoStore
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
-from tests.streams import next_event
+from tests.support.streams import next_event
 
 A, B = 0x13B0A2323C37860C, 0x13B0A2323C378618
 WORKERS = "v1/workers"

@@ -19,7 +19,7 @@ from dynamod.store import KEEP, Delete, Entry, Put, Resync
 from dynamod.store.dynamo import DynamoStore
 from dynamod.store.dynamo.file_source import EXPIRY
 from tests.dynamo import values
-from tests.streams import next_event
+from tests.support.streams import next_event
 
 BASE = "190056e6754187c"  # the captured worker with a LoRA card
 OTHER = "31d10c8421c11fd2"

@@ -31,8 +31,8 @@ from bench.peer import venv as peer_venv
 from dynamod.client import AsyncClient
 from dynamod.store.dynamo.file_source import EXPIRY, TICK
 from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json, until
-from tests.procs import Started, daemon_argv, dynamoctl, env
-from tests.servers import require_servers
+from tests.support.processes import Started, daemon_argv, dynamoctl, env
+from tests.support.servers import require_servers
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(900)]
 

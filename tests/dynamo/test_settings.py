@@ -11,7 +11,7 @@ import pytest
 
 from dynamod import settings as daemon_settings
 from dynamod.errors import ConfigError
-from tests.procs import BIN, env
+from tests.support.processes import BIN, env
 
 
 def test_a_template_and_a_table_from_the_file_the_environment_wins(tmp_path: Path) -> None:

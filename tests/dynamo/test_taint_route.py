@@ -22,7 +22,7 @@ from dynamod.errors import (
     WorkerUnavailableError,
 )
 from tests.dynamo import values
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 CAPTURED: dict[str, dict[str, Any]] = values.captured_json("route_responses.json")
 

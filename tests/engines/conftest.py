@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, Proc
-from tests.servers import require_servers
+from tests.support.processes import ROOT, Proc
+from tests.support.servers import require_servers
 
 ENGINE_ENV = {
     "HF_HUB_OFFLINE": "1",

@@ -28,8 +28,8 @@ import pytest
 import pytest_asyncio
 
 from tests.engines.conftest import ENGINE_ENV, LEASE_TTL, READY_WITHIN, serve_argv, vllm_worker
-from tests.procs import BIN, ROOT, Proc, daemon, dynamoctl
-from tests.servers import free_port
+from tests.support.processes import BIN, ROOT, Proc, daemon, dynamoctl
+from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 

@@ -2,8 +2,8 @@
 ``dynamod`` on the session's etcd.
 
 Hypothesis runs each example synchronously, so these fixtures are synchronous too: the
-processes are ``tests.procs.Started`` (plain ``subprocess.Popen``s), and the store is read
-with a short ``asyncio.run`` where a test needs the truth from it.
+processes are ``tests.support.processes.Started`` (plain ``subprocess.Popen``s), and the
+store is read with a short ``asyncio.run`` where a test needs the truth from it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from dynamod.store import Entry, open_store
-from tests.procs import Started, daemon_argv, worker_argv
-from tests.servers import EtcdServer
+from tests.support.processes import Started, daemon_argv, worker_argv
+from tests.support.servers import EtcdServer
 
 WORKER_TAINTS = ("capacity/fast", "pool=a")
 WORKER_TOPOLOGY = "zone=z1"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import Started, daemon_argv, worker_argv
+from tests.support.processes import Started, daemon_argv, worker_argv
 
 HEAD_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.procs import Proc, daemon, running, worker
+from tests.support.processes import Proc, daemon, running, worker
 
 WITHIN = 60.0
 """How long a test waits for an outcome; never a measure of the daemon's speed."""

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
-from tests.procs import Started, daemon_argv
-from tests.servers import free_port
+from tests.support.processes import Started, daemon_argv
+from tests.support.servers import free_port
 
 TOKENS = """
 [[token]]

@@ -16,7 +16,7 @@ from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerModified
 from dynamod.store import Store
 from dynamod.store.memory import MemoryStore
 from dynamod.taints import TaintUpdate
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 BIG = 2_000  # taints per update: ~150 kB of history each, by the view's own reckoning
 

@@ -16,7 +16,7 @@ from dynamod.errors import TaintLimitError
 from dynamod.records import WorkerRecord
 from dynamod.store import Store
 from dynamod.taints import CORDONED
-from tests.procs import daemon, run_ctl, running, worker
+from tests.support.processes import daemon, run_ctl, running, worker
 from tests.worker.test_route_parity import audit_lines, taints_seen
 from tests.worker.test_worker_process import post_taints, stored
 

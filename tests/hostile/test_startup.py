@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from dynamod.lifecycle import EX_UNAVAILABLE
-from tests.procs import BIN, Proc, daemon, dynamoctl, env, running, worker
-from tests.servers import free_port
+from tests.support.processes import BIN, Proc, daemon, dynamoctl, env, running, worker
+from tests.support.servers import free_port
 
 EX_CONFIG = 78
 EX_USAGE = 2

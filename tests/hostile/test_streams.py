@@ -34,9 +34,9 @@ from dynamod.selectors import MAX_SELECTOR, MAX_TERMS
 from dynamod.store import Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from tests.factories import make_record
-from tests.procs import ROOT, Proc, daemon, dynamoctl, env, running
-from tests.servers import free_port
+from tests.support.factories import make_record
+from tests.support.processes import ROOT, Proc, daemon, dynamoctl, env, running
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(240)
 

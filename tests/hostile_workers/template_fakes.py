@@ -32,7 +32,7 @@ from dynamod.discovery.registration import Registration
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.store import open_store
 from dynamod.tokenizers.base import bundle_checksum
-from tests.factories import make_record
+from tests.support.factories import make_record
 
 WORDS = ["hello", "there", "a", "chat", "user", "assistant", "<s>", "</s>"]
 FINE = (

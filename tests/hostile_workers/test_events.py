@@ -42,7 +42,16 @@ from dynamod.tokenizers import SimpleTokenizer
 from dynamod.worker.engines.base import Changes, EngineStats
 from dynamod.worker.engines.kvevents import KvPublisher
 from dynamod.worker.publish import EnginePublisher
-from tests.procs import BIN, Proc, Started, daemon_argv, dynamoctl, env, running, worker_argv
+from tests.support.processes import (
+    BIN,
+    Proc,
+    Started,
+    daemon_argv,
+    dynamoctl,
+    env,
+    running,
+    worker_argv,
+)
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -34,7 +34,7 @@ import pytest
 from dynamod.http.limits import MAX_BODY
 from dynamod.store import open_store
 from dynamod.taints import CORDONED
-from tests.procs import BIN, Proc, daemon_argv, env, running, worker
+from tests.support.processes import BIN, Proc, daemon_argv, env, running, worker
 
 pytestmark = pytest.mark.timeout(180)
 

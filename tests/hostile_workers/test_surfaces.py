@@ -24,8 +24,8 @@ from multidict import CIMultiDict
 from dynamod.records import WorkerRecord
 from dynamod.store import Store, open_store
 from dynamod.taints import CORDONED
-from tests.procs import Proc, daemon, run_ctl, running, worker
-from tests.servers import free_port
+from tests.support.processes import Proc, daemon, run_ctl, running, worker
+from tests.support.servers import free_port
 from tests.worker.test_route_parity import TOKENS, audit_lines, taints_seen
 
 pytestmark = pytest.mark.timeout(120)

@@ -43,9 +43,9 @@ from dynamod.tokenizers.base import bundle_checksum
 from dynamod.tokenizers.bundle import BundledTokenizer, TokenizerUnavailableError
 from dynamod.tokenizers.hf import HfTokenizer
 from dynamod.tokenizers.limits import MIB, TokenizerLimits
-from tests.factories import make_record
 from tests.hostile_workers.template_fakes import FINE, MODELS, bundle, tokenizer_json
-from tests.procs import Started, daemon_argv, worker_argv
+from tests.support.factories import make_record
+from tests.support.processes import Started, daemon_argv, worker_argv
 
 pytestmark = pytest.mark.timeout(240)
 

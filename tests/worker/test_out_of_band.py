@@ -15,7 +15,7 @@ import pytest
 from dynamod.client import AsyncClient, Credentials
 from dynamod.records import WorkerRecord
 from dynamod.store import KEEP, Put, Store
-from tests.procs import Proc, daemon, running, worker
+from tests.support.processes import Proc, daemon, running, worker
 from tests.worker.test_worker_process import post_taints
 
 pytestmark = pytest.mark.timeout(120)

@@ -16,7 +16,7 @@ import pytest
 from dynamod.client import AsyncClient, Credentials
 from dynamod.records import WorkerRecord
 from dynamod.store import Store
-from tests.procs import Proc, daemon, dynamoctl, env, running, worker
+from tests.support.processes import Proc, daemon, dynamoctl, env, running, worker
 from tests.worker.test_worker_process import post_taints, stored
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,7 +15,7 @@ from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import WorkerModified, WorkerRemoved
 from dynamod.records import WorkerRecord
 from dynamod.store import Store
-from tests.procs import Proc, running, worker
+from tests.support.processes import Proc, running, worker
 
 pytestmark = pytest.mark.timeout(120)
 
