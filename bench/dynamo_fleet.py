@@ -63,7 +63,7 @@ from dynamod.store import Store
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
 from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json
-from tests.support.processes import Started, daemon_argv, dynamoctl
+from tests.support.processes import daemon_argv, dynamoctl, started
 from tests.support.servers import EtcdServer, etcd_binary
 
 ROUTED_WITHIN = 10.0
@@ -114,7 +114,7 @@ def taint_changes(venv: Path, model: Path, work: Path, samples: int) -> Json:
     specs = (WorkerSpec("w0"), WorkerSpec("w1"))
     with DynamoFleet(venv, model, work, "etcd", specs) as dynamo:
         socket = work / "d.sock"
-        daemon = Started(daemon_argv(dynamo.store_url, socket), r"^dynamod ready:",
+        daemon = started(daemon_argv(dynamo.store_url, socket), r"^dynamod ready:",
                          work / "dynamod.log")  # fmt: skip
         try:
             with asyncio.Runner() as runner:
@@ -123,7 +123,7 @@ def taint_changes(venv: Path, model: Path, work: Path, samples: int) -> Json:
                 found = _measure(dynamo, ways, samples)
                 runner.run(client.close())
         finally:
-            daemon.stop()
+            daemon.finish()
     return found
 
 
@@ -216,20 +216,20 @@ def listings(work: Path, cards: int, runs: int) -> Json:
         dynamo.mkdir()
         native.mkdir()
         ready = rf"^dynamod ready:.* workers={cards} "
-        started = time.monotonic()
+        began = time.monotonic()
         argv = daemon_argv(f"dynamo+etcd://{etcd.endpoint}", dynamo / "d.sock")
-        watching = Started(argv, ready, dynamo / "dynamod.log")
-        up = time.monotonic() - started
+        watching = started(argv, ready, dynamo / "dynamod.log")
+        up = time.monotonic() - began
         rss = psutil.Process(watching.proc.pid).memory_info().rss
         argv = daemon_argv(etcd.url("native"), native / "d.sock")
-        started = time.monotonic()
-        theirs = Started(argv, ready, native / "dynamod.log")
-        own = time.monotonic() - started
+        began = time.monotonic()
+        theirs = started(argv, ready, native / "dynamod.log")
+        own = time.monotonic() - began
         try:
             rows = interleaved(_cases(etcd, dynamo, native, work), runs)
         finally:
-            watching.stop()
-            theirs.stop()
+            watching.finish()
+            theirs.finish()
     finally:
         etcd.stop()
     return {"cards": cards, "ready_s": up, "own_ready_s": own, "daemon_rss_mb": rss / 2**20,

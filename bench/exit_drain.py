@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Stats, header, interruptible, render_table, write_json
-from tests.support.processes import Started, daemon_argv, env, worker_argv
+from tests.support.processes import daemon_argv, env, started, worker_argv
 
 NOISE = ("Task was destroyed", "Exception ignored", "Traceback", "Fatal Python error")
 CHURN_PER_SECOND = 50
@@ -139,9 +139,9 @@ def cluster(scratch: Path) -> Iterator[tuple[str, str]]:
     store = (scratch / "store").as_uri()
     socket = scratch / "dynamod.sock"
     with contextlib.ExitStack() as stack:
-        dynamod = Started(daemon_argv(store, socket), r"^dynamod ready:", scratch / "d.log")
+        dynamod = started(daemon_argv(store, socket), r"^dynamod ready:", scratch / "d.log")
         stack.callback(dynamod.stop)
-        worker = Started(worker_argv(store, "llama"), r"^dynamo-worker ready:", scratch / "w.log")
+        worker = started(worker_argv(store, "llama"), r"^dynamo-worker ready:", scratch / "w.log")
         stack.callback(worker.stop)
         yield f"unix://{socket}", worker.field("system") + "/engine/update/model_taints"
 

@@ -44,7 +44,8 @@ The contract:
   unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
 * ``watch(callback)``: ``callback(key)`` after every change of the load on a worker or of
   its engine's report, inside the call that made it (a drain waits on these, not on a
-  timer: ``dynamod/drain_watch.py``).
+  timer: ``dynamod/drain_watch.py``); ``watch_queue(callback)``: ``callback(model,
+  depth)`` after every change of a model's number of waiting requests.
 * Single-threaded: call everything from the event loop's thread. The router owns no task.
 
 The router is a facade over three parts: the load it holds on each worker
@@ -115,11 +116,12 @@ class Router:
         )
         """Which workers hold a prompt's leading blocks (``prefix.py``, ``kvindex.py``)."""
         self._metrics = RouterMetrics(self.registry)
-        self._waiting = Waiting(self, self._metrics)
+        self._waiting = Waiting(self, self._metrics, self._depth_changed)
         self._reported = ReportedLoads()
         self._dissent = Dissent(self._table, self._metrics.disagreeing)
         self._closed = False
         self._watchers: list[Callable[[str], None]] = []
+        self._queue_watchers: list[Callable[[str, int], None]] = []
 
     @property
     def table(self) -> RoutingTable:
@@ -172,6 +174,13 @@ class Router:
         that made the change, so it must be quick and must not raise."""
         self._watchers.append(watcher)
         return lambda: self._watchers.remove(watcher)
+
+    def watch_queue(self, watcher: Callable[[str, int], None]) -> Callable[[], None]:
+        """Call ``watcher(model, depth)`` after every change of the number of requests for
+        ``model`` waiting in this router's queue (a request joined it, or left it); returns
+        the way to stop. It runs inside the call that made the change: quick, no raising."""
+        self._queue_watchers.append(watcher)
+        return lambda: self._queue_watchers.remove(watcher)
 
     def apply(self, event: DiscoveryEvent) -> None:
         """Fold a discovery event into the table, then re-check the affected waiters."""
@@ -321,6 +330,11 @@ class Router:
         self._table.rerank(key)
         for watcher in tuple(self._watchers):
             watcher(key)
+
+    def _depth_changed(self, model: str, depth: int) -> None:
+        self._metrics.depth_changed(model, depth)
+        for watcher in tuple(self._queue_watchers):
+            watcher(model, depth)
 
     def _describe_busy(self, worker: WorkerRecord) -> str:
         reported = self._reported.get(worker.key)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Protocol
 
 from dynamod.errors import (
@@ -65,10 +65,15 @@ class Decider(Protocol):
 class Waiting:
     """The router's waiting requests; see the module docstring."""
 
-    def __init__(self, router: Decider, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        router: Decider,
+        metrics: RouterMetrics,
+        depth_changed: Callable[[str, int], None],
+    ) -> None:
         self._router = router
         self._metrics = metrics
-        self.queue = PendingQueue(router.config.max_queue, metrics.depth_changed)
+        self.queue = PendingQueue(router.config.max_queue, depth_changed)
 
     @property
     def _config(self) -> RouterKnobs:

@@ -4,7 +4,6 @@ process takes its whole process group with it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from bench.peer.procs import Detached, detached
 from bench.peer.rows import Raw, rows_of
 from bench.peer.stacks import system_port
 from bench.report import kept_section, splice
+from tests.support.eventually import eventually
 
 MS = 1_000_000
 
@@ -131,14 +131,14 @@ def test_a_system_port_fits_a_signed_16_bit_number() -> None:
 async def dead(pid: int, within: float = 5.0) -> bool:
     """Whether ``pid`` is gone (a zombie counts) within ``within`` s. It is not our child,
     so there is nothing to wait on but its state."""
-    async with asyncio.timeout(within):
-        while True:
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    return True
-            except psutil.NoSuchProcess:
-                return True
-            await asyncio.sleep(0.01)
+
+    async def gone() -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    return await eventually(gone, within=within, every=0.01, what=f"pid {pid} gone")
 
 
 async def test_stopping_a_detached_process_kills_its_whole_group(tmp_path: Path) -> None:

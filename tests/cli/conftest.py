@@ -19,7 +19,6 @@ import select
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,16 @@ import pytest
 
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.taints import with_topology
-from tests.support.processes import BAD_STDERR, daemon_argv, dynamoctl, env, worker_argv
+from tests.support.processes import (
+    BAD_STDERR,
+    Lines,
+    Spawned,
+    daemon_argv,
+    dynamoctl,
+    env,
+    started,
+    worker_argv,
+)
 
 READY_WITHIN = 30.0
 # dynamoctl runs hundreds of times here: let it cache bytecode as an installed package does
@@ -125,29 +133,6 @@ def on_terminal(cli: Cli, *args: str, answer: bytes = b"", **env: str) -> tuple[
     return proc.wait(timeout=30), shown.decode(errors="replace")
 
 
-class Lines:
-    """Lines from a pipe, each wait bounded by a deadline. Reads the raw fd: a buffered
-    file object would hide lines that ``select`` cannot see."""
-
-    def __init__(self, fd: int, what: object) -> None:
-        self.fd = fd
-        self.what = what
-        self.buffer = b""
-
-    def next(self, within: float) -> str | None:
-        """The next line; None at the end of the stream."""
-        deadline = time.monotonic() + within
-        while b"\n" not in self.buffer:
-            readable, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
-            assert readable, f"no line from {self.what} in {within} s"
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                return None
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line.decode()
-
-
 class Stream:
     """A streaming dynamoctl (``events tail``, ``workers ls --watch``) read line by line,
     each read bounded by a deadline; ``stop()`` ends it with SIGINT like Ctrl-C."""
@@ -188,67 +173,6 @@ class Stream:
         self.proc.communicate()
 
 
-class Spawned:
-    """A long-running product process (daemon, worker) with a readiness line on stdout."""
-
-    def __init__(self, argv: Sequence[str], ready: str, logs: Path, environ: dict[str, str]):
-        self.log_path = logs
-        self._log = logs.open("w")
-        self.proc = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            stdin=subprocess.DEVNULL,
-            env=environ,
-        )
-        self.ready_pattern = re.compile(ready)
-        self.ready_line = ""
-
-    def wait_ready(self) -> Spawned:
-        self.ready_line = self._wait_for(self.ready_pattern)
-        return self
-
-    def _wait_for(self, pattern: re.Pattern[str]) -> str:
-        assert self.proc.stdout is not None
-        lines = Lines(self.proc.stdout.fileno(), self.proc.args)
-        try:
-            while (line := lines.next(READY_WITHIN)) is not None:
-                if pattern.search(line):
-                    return line.strip()
-        except AssertionError:
-            self.kill()
-            raise AssertionError(f"{self.proc.args!r} not ready in time:\n{self.log}") from None
-        self.proc.wait()
-        raise AssertionError(f"{self.proc.args!r} exited {self.proc.returncode}:\n{self.log}")
-
-    @property
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text()
-
-    def field(self, name: str) -> str:
-        match = re.search(rf"\b{name}=(\S+)", self.ready_line)
-        assert match, f"no {name}= in {self.ready_line!r}"
-        return match.group(1)
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=30)
-        finally:
-            self.kill()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-
-
 @dataclass
 class Cluster:
     """One dynamod on a file store, the workers started beside it, and a CLI for it."""
@@ -265,7 +189,7 @@ class Cluster:
         for model, args in specs:
             log = self.root / f"worker-{len(self.workers)}.log"
             argv = worker_argv(self.store_url, model, *args)
-            spawned = Spawned(argv, r"^dynamo-worker ready:", log, env())
+            spawned = Spawned(argv, r"^dynamo-worker ready:", log)
             self.workers.append(spawned)
             started.append(spawned)
         return [s.wait_ready() for s in started]
@@ -299,7 +223,7 @@ def start_cluster(root: Path, *daemon_args: str) -> Cluster:
     store = (root / "store").as_uri()
     sock = root / "d.sock"
     argv = daemon_argv(store, sock, *daemon_args)
-    daemon = Spawned(argv, r"^dynamod ready:", root / "dynamod.log", env()).wait_ready()
+    daemon = started(argv, r"^dynamod ready:", root / "dynamod.log")
     return Cluster(root, store, daemon, Cli(f"unix://{sock}", root / "home"))
 
 

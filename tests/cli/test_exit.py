@@ -21,8 +21,8 @@ import pytest
 from dynamod.client import AsyncClient
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from tests.cli.conftest import Cluster, Lines
-from tests.support.processes import BAD_STDERR, dynamoctl
+from tests.cli.conftest import Cluster
+from tests.support.processes import BAD_STDERR, Lines, dynamoctl
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -14,7 +14,6 @@ import http.client
 import json
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,12 +25,12 @@ import pytest
 from tests.cli.conftest import (
     Cli,
     Cluster,
-    Spawned,
     assert_clean,
     on_terminal,
     start_cluster,
 )
-from tests.support.processes import BIN, daemon_argv, dynamoctl, env
+from tests.support.eventually import eventually_blocking
+from tests.support.processes import BIN, Spawned, daemon_argv, dynamoctl, started
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -98,13 +97,12 @@ def listed(cli: Cli) -> dict[str, dict[str, Any]]:
 def until(cli: Cli, worker: str, check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
     """The worker's listing once ``check`` holds for it; a listing is a sample, so it is
     taken again until then, for at most ``WITHIN`` seconds."""
-    deadline = time.monotonic() + WITHIN
-    while True:
+
+    def holds() -> dict[str, Any] | None:
         seen = listed(cli).get(worker, {})
-        if seen and check(seen):
-            return seen
-        assert time.monotonic() < deadline, f"worker {worker} never satisfied the check: {seen}"
-        time.sleep(0.1)
+        return seen if seen and check(seen) else None
+
+    return eventually_blocking(holds, within=WITHIN, what=f"the check on worker {worker}")
 
 
 def post_taints(system: str, taints: list[str]) -> int:
@@ -183,7 +181,7 @@ def _another_replica_sees_it_drained(cluster: Cluster, root: Path, worker: str) 
     own router never sent anything there; the engine's figures say it is idle)."""
     sock = root / "replica.sock"
     argv = daemon_argv(cluster.store_url, sock)
-    replica = Spawned(argv, r"^dynamod ready:", root / "replica.log", env()).wait_ready()
+    replica = started(argv, r"^dynamod ready:", root / "replica.log")
     try:
         cli = Cli(f"unix://{sock}", root / "home")
         seen = until(cli, worker, lambda w: w["engine"] is not None)
@@ -239,18 +237,18 @@ def test_a_worker_whose_engine_is_unhealthy_shows_unhealthy(
 ) -> None:
     """An ``--engine openai`` worker whose upstream server is killed reports its engine
     unhealthy: that state comes before any other."""
-    upstream = Spawned(
+    upstream = started(
         [str(BIN / "dynamo-worker"), "--model", "side", "--store", (tmp_path / "s").as_uri()],
-        r"^dynamo-worker ready:", tmp_path / "upstream.log", env(),
-    ).wait_ready()  # fmt: skip
-    sidecar = Spawned(
+        r"^dynamo-worker ready:", tmp_path / "upstream.log",
+    )  # fmt: skip
+    sidecar = started(
         [
             str(BIN / "dynamo-worker"), "--engine", "openai", "--model", "side",
             "--upstream", upstream.field("http"), "--store", cluster.store_url,
             "--lease-ttl", "2", "--scrape-interval", "0.1",
         ],
-        r"^dynamo-worker ready:", tmp_path / "sidecar.log", env(),
-    ).wait_ready()  # fmt: skip
+        r"^dynamo-worker ready:", tmp_path / "sidecar.log",
+    )  # fmt: skip
     try:
         worker = sidecar.field("id")
         until(cluster.cli, worker, lambda w: w["engine"] is not None)

@@ -23,7 +23,6 @@ import random
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tests.support.eventually import eventually_blocking
 from tests.support.servers import EtcdServer, free_port
 
 HERE = Path(__file__).resolve().parent
@@ -273,15 +273,16 @@ class DynamoFleet:
 
 def until(probe: Callable[[], T | None], what: str, procs: Iterable[Proc],
           within: float = READY_WITHIN) -> T:  # fmt: skip
-    """Poll ``probe`` (every 0.1 s) until it returns something other than None."""
-    deadline = time.monotonic() + within
-    while (found := probe()) is None:
+    """``probe()``'s first value other than None; each sample first checks that ``procs``
+    are still alive (a dead one fails at once, with its log)."""
+
+    def sample() -> tuple[T] | None:
         for proc in procs:
             proc.check(what)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {within:g} s waiting for {what}")
-        time.sleep(0.1)
-    return found
+        found = probe()
+        return None if found is None else (found,)
+
+    return eventually_blocking(sample, within=within, what=what)[0]
 
 
 def system_port() -> int:

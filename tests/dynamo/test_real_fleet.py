@@ -31,7 +31,7 @@ from bench.peer import venv as peer_venv
 from dynamod.client import AsyncClient
 from dynamod.store.dynamo.file_source import EXPIRY, TICK
 from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json, until
-from tests.support.processes import Started, daemon_argv, dynamoctl, env
+from tests.support.processes import Spawned, daemon_argv, dynamoctl, env, started
 from tests.support.servers import require_servers
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(900)]
@@ -70,7 +70,7 @@ class Plane:
     """A Dynamo fleet and the dynamod that watches it; ``ctl`` runs dynamoctl."""
 
     fleet: DynamoFleet
-    daemon: Started
+    daemon: Spawned
     socket: Path
     home: Path
 
@@ -123,7 +123,7 @@ def plane(
     fleet = DynamoFleet(dynamo_venv, dynamo_model, workdir, request.param, SPECS)
     with fleet:
         argv = daemon_argv(fleet.store_url, short / "d.sock", "--log-level", "info")
-        daemon = Started(argv, r"^dynamod ready:", workdir / "dynamod.log")
+        daemon = started(argv, r"^dynamod ready:", workdir / "dynamod.log")
         plane = Plane(fleet, daemon, short / "d.sock", workdir / "home")
         try:
             # The LoRA card comes a second after its base: listed with it once it is there.
@@ -132,7 +132,7 @@ def plane(
                   f"dynamod to list {lora}'s LoRA", [], ROUTED_WITHIN)  # fmt: skip
             yield plane
         finally:
-            log = daemon.stop()
+            log = daemon.finish()
             assert "is an NVIDIA Dynamo fleet" in log  # said at start
             shutil.rmtree(short)
 

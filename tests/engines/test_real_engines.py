@@ -28,6 +28,7 @@ import pytest
 import pytest_asyncio
 
 from tests.engines.conftest import ENGINE_ENV, LEASE_TTL, READY_WITHIN, serve_argv, vllm_worker
+from tests.support.eventually import eventually
 from tests.support.processes import BIN, ROOT, Proc, daemon, dynamoctl
 from tests.support.servers import free_port
 
@@ -65,14 +66,12 @@ class Fleet:
         """The worker's listing once ``check(listing)`` holds (a deadline, no fixed sleep).
         A worker missing from a listing (its record between a lapsed lease and its
         re-registration, on a starved machine) is not there yet."""
-        deadline = time.monotonic() + within
-        while True:
+
+        async def holds() -> dict[str, Any] | None:
             found = [w for w in await self.workers() if w["id"] == proc.field("id")]
-            listing = found[0] if found else None
-            if listing is not None and check(listing):
-                return listing
-            assert time.monotonic() < deadline, f"never true for {proc.field('id')}: {listing}"
-            await asyncio.sleep(0.2)
+            return found[0] if found and check(found[0]) else None
+
+        return await eventually(holds, within=within, every=0.2, what=proc.field("id"))
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

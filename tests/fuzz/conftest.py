@@ -2,7 +2,7 @@
 ``dynamod`` on the session's etcd.
 
 Hypothesis runs each example synchronously, so these fixtures are synchronous too: the
-processes are ``tests.support.processes.Started`` (plain ``subprocess.Popen``s), and the
+processes are ``tests.support.processes.Spawned`` (plain ``subprocess.Popen``s), and the
 store is read with a short ``asyncio.run`` where a test needs the truth from it.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dynamod.store import Entry, open_store
-from tests.support.processes import Started, daemon_argv, worker_argv
+from tests.support.processes import Spawned, daemon_argv, started, worker_argv
 from tests.support.servers import EtcdServer
 
 WORKER_TAINTS = ("capacity/fast", "pool=a")
@@ -28,8 +28,8 @@ MODEL = "fuzz"
 @dataclass(frozen=True)
 class Stack:
     store_url: str
-    worker: Started
-    daemon: Started
+    worker: Spawned
+    daemon: Spawned
     socket: Path
 
     @property
@@ -64,13 +64,13 @@ def stack(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> 
     where = tmp_path_factory.mktemp("fuzz")
     flags = [f for t in WORKER_TAINTS for f in ("--taint", t)]
     argv = worker_argv(url, MODEL, *flags, "--topology", WORKER_TOPOLOGY, "--lease-ttl", "30")
-    worker = Started(argv, r"^dynamo-worker ready:", where / "worker.err")
+    worker = started(argv, r"^dynamo-worker ready:", where / "worker.err")
     try:
         socket = where / "d.sock"
-        daemon = Started(daemon_argv(url, socket), r"^dynamod ready:.* workers=1 ", where / "d.err")
+        daemon = started(daemon_argv(url, socket), r"^dynamod ready:.* workers=1 ", where / "d.err")
         try:
             yield Stack(url, worker, daemon, socket)
         finally:
-            daemon.stop()
+            daemon.finish()
     finally:
-        worker.stop()
+        worker.finish()

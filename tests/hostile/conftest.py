@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import Started, daemon_argv, worker_argv
+from tests.support.processes import Spawned, daemon_argv, started, worker_argv
 
 HEAD_TIMEOUT = 1.0
 BODY_TIMEOUT = 1.0
@@ -25,8 +25,8 @@ LIMITS = {
 
 @dataclass(frozen=True)
 class Fleet:
-    worker: Started
-    daemon: Started
+    worker: Spawned
+    daemon: Spawned
     socket: Path
 
     def address(self, surface: str) -> tuple[str, int]:
@@ -47,16 +47,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     (where / "token").write_text(TOKEN)
     flags = [f"--{name}={value}" for name, value in LIMITS.items()]
     argv = worker_argv(store, "llama", "--token-file", str(where / "token"), *flags)
-    worker = Started(argv, r"^dynamo-worker ready:", where / "worker.err")
+    worker = started(argv, r"^dynamo-worker ready:", where / "worker.err")
     try:
         socket = where / "d.sock"
         env = {f"DYNAMO_{k.replace('-', '_').upper()}": str(v) for k, v in LIMITS.items()}
-        daemon = Started(
+        daemon = started(
             daemon_argv(store, socket), r"^dynamod ready:.* workers=1 ", where / "d.err", env
         )
         try:
             yield Fleet(worker, daemon, socket)
         finally:
-            daemon.stop()
+            daemon.finish()
     finally:
-        worker.stop()
+        worker.finish()

@@ -124,7 +124,7 @@ async def test_a_huge_prompt_is_refused_while_health_answers(
     assert f"context length of {CONTEXT} tokens" in answer["error"]["message"]
     assert worker is None
     assert healthy > 0
-    assert "prompt worker started" in fleet.daemon.log.read_text()
+    assert "prompt worker started" in fleet.daemon.log
 
 
 async def test_explain_tokenizes_a_long_prompt_and_bounds_it(fleet: Fleet) -> None:

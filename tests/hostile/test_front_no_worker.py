@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.eventually import eventually
 from tests.support.processes import Proc, daemon, running, worker
 
 WITHIN = 60.0
@@ -39,9 +40,7 @@ async def complete(
 
 
 async def until(check: Any) -> None:
-    async with asyncio.timeout(WITHIN):
-        while not await check():  # noqa: ASYNC110 -- another process: no event to wait on
-            await asyncio.sleep(0.05)
+    await eventually(check, within=WITHIN, every=0.05)
 
 
 async def listed(http: aiohttp.ClientSession, front: str, model: str) -> bool:

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
-from tests.support.processes import Started, daemon_argv
+from tests.support.processes import daemon_argv, started
 from tests.support.servers import free_port
 
 TOKENS = """
@@ -43,11 +43,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         "memory://", socket,
         "--listen", f"127.0.0.1:{port}", "--tokens-file", str(where / "tokens.toml"),
     )  # fmt: skip
-    started = Started(argv, r"^dynamod ready:", where / "d.err")
+    daemon = started(argv, r"^dynamod ready:", where / "d.err")
     try:
         yield Daemon(f"127.0.0.1:{port}", f"unix://{socket}")
     finally:
-        started.stop()
+        daemon.finish()
 
 
 def list_services(target: str, metadata: tuple[tuple[str, str], ...]) -> list[str]:

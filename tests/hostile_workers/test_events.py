@@ -42,14 +42,16 @@ from dynamod.tokenizers import SimpleTokenizer
 from dynamod.worker.engines.base import Changes, EngineStats
 from dynamod.worker.engines.kvevents import KvPublisher
 from dynamod.worker.publish import EnginePublisher
+from tests.support.eventually import eventually
 from tests.support.processes import (
     BIN,
     Proc,
-    Started,
+    Spawned,
     daemon_argv,
     dynamoctl,
     env,
     running,
+    started,
     worker_argv,
 )
 
@@ -70,8 +72,8 @@ WITHIN = 60.0
 
 @dataclass(frozen=True)
 class Fleet:
-    daemon: Started
-    honest: Started
+    daemon: Spawned
+    honest: Spawned
     socket: Path
     store: str
     where: Path
@@ -85,23 +87,23 @@ class Fleet:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     where = tmp_path_factory.mktemp("hostile-events")
     store = (where / "store").as_uri()
-    honest = Started(worker_argv(store, "llama"), r"^dynamo-worker ready:", where / "worker.err")
+    honest = started(worker_argv(store, "llama"), r"^dynamo-worker ready:", where / "worker.err")
     try:
         socket = where / "d.sock"
-        daemon = Started(
+        daemon = started(
             daemon_argv(store, socket), r"^dynamod ready:.* workers=1 ", where / "d.err", DAEMON_ENV
         )
         try:
             yield Fleet(daemon, honest, socket, store, where)
         finally:
-            daemon.stop()
+            daemon.finish()
     finally:
-        honest.stop()
+        honest.finish()
 
 
 @dataclass(frozen=True)
 class Hostile:
-    proc: Started
+    proc: Spawned
 
     @property
     def id(self) -> str:
@@ -119,11 +121,11 @@ class Hostile:
 def hostile(fleet: Fleet, mode: str, name: str = "") -> Iterator[Hostile]:
     argv = [sys.executable, "-m", "tests.hostile_workers.events_fakes", mode]
     argv += ["--store", fleet.store]
-    proc = Started(argv, r"^hostile ready:", fleet.where / f"{mode}{name}.err")
+    proc = started(argv, r"^hostile ready:", fleet.where / f"{mode}{name}.err")
     try:
         yield Hostile(proc)
     finally:
-        proc.stop()
+        proc.finish()
 
 
 async def listed(fleet: Fleet) -> dict[str, dict[str, Any]]:
@@ -140,14 +142,15 @@ async def listed(fleet: Fleet) -> dict[str, dict[str, Any]]:
 async def marked(fleet: Fleet, worker: str, kind: str) -> str:
     """Wait until ``dynamoctl workers ls -o json`` shows ``worker`` unhealthy for a breach
     of ``kind``; the reason it shows."""
-    async with asyncio.timeout(WITHIN):
-        while True:
-            engine = (await listed(fleet)).get(worker, {}).get("engine")
-            if engine is not None and not engine["healthy"] and f"({kind})" in engine["reason"]:
-                assert engine["source"] == "boundary"
-                reason: str = engine["reason"]
-                return reason
-            await asyncio.sleep(0.3)
+
+    async def reason() -> str | None:
+        engine = (await listed(fleet)).get(worker, {}).get("engine")
+        if engine is not None and not engine["healthy"] and f"({kind})" in engine["reason"]:
+            assert engine["source"] == "boundary"
+            return str(engine["reason"])
+        return None
+
+    return await eventually(reason, within=WITHIN, every=0.3, what=f"{worker} marked {kind}")
 
 
 async def metrics(fleet: Fleet) -> dict[str, float]:
@@ -189,7 +192,7 @@ async def test_malformed_lines_are_refused_one_connection_at_a_time(fleet: Fleet
             while len(reasons) < 3:
                 reasons.add(await marked(fleet, bad.id, "malformed"))
         await assert_serving(fleet)
-    assert "is not valid JSON" in fleet.daemon.log.read_text(), "the first verdict is logged"
+    assert "is not valid JSON" in fleet.daemon.log, "the first verdict is logged"
 
 
 async def test_states_at_full_speed_are_cut_off_by_the_rate_budget(fleet: Fleet) -> None:
@@ -233,15 +236,13 @@ async def test_several_workers_flooding_kv_events_keep_the_index_under_its_bound
     with contextlib.ExitStack() as stack:
         for n in range(3):
             stack.enter_context(hostile(fleet, "kv_flood", str(n)))
-        peak = 0.0
-        async with asyncio.timeout(WITHIN):
-            while True:
-                found = await metrics(fleet)
-                peak = max(peak, found["dynamod_kv_blocks"])
-                assert found["dynamod_kv_blocks"] <= KV_BOUND
-                if found["dynamod_kv_evicted_blocks_total"] > 0:
-                    break
-                await asyncio.sleep(0.2)
+
+        async def evicting() -> dict[str, float] | None:
+            found = await metrics(fleet)
+            assert found["dynamod_kv_blocks"] <= KV_BOUND  # at every sample, not only the last
+            return found if found["dynamod_kv_evicted_blocks_total"] > 0 else None
+
+        found = await eventually(evicting, within=WITHIN, every=0.2, what="evictions")
         assert found["dynamod_kv_blocks_bound"] == KV_BOUND
         # Whether a flooder also trips its rate budget depends on how fast this machine lets
         # the daemon read (TCP holds a flooder back to that pace): the state-spam test

@@ -45,7 +45,7 @@ from dynamod.tokenizers.hf import HfTokenizer
 from dynamod.tokenizers.limits import MIB, TokenizerLimits
 from tests.hostile_workers.template_fakes import FINE, MODELS, bundle, tokenizer_json
 from tests.support.factories import make_record
-from tests.support.processes import Started, daemon_argv, worker_argv
+from tests.support.processes import Spawned, daemon_argv, started, worker_argv
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -62,15 +62,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Fleet:
-    daemon: Started
-    fakes: Started
+    daemon: Spawned
+    fakes: Spawned
 
     @property
     def front(self) -> str:
         return self.daemon.field("http")
 
     def log(self) -> str:
-        return self.daemon.log.read_text(errors="replace")
+        return self.daemon.log
 
 
 @pytest.fixture(scope="module")
@@ -82,13 +82,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         "DYNAMO_PROMPT_PROCESS_MEMORY_MB": str(PROCESS_MEMORY_MB),
     }
     with contextlib.ExitStack() as stack:  # each stopped (its stderr checked) however it went
-        worker = Started(worker_argv(store, HONEST), r"^dynamo-worker ready:", where / "w.err")
+        worker = started(worker_argv(store, HONEST), r"^dynamo-worker ready:", where / "w.err")
         stack.callback(worker.stop)
         argv = [sys.executable, "-m", "tests.hostile_workers.template_fakes", store]
-        fakes = Started(argv, r"^template fakes ready:", where / "fakes.err")
+        fakes = started(argv, r"^template fakes ready:", where / "fakes.err")
         stack.callback(fakes.stop)
         ready = rf"^dynamod ready:.* workers={1 + len(MODELS)} "
-        daemon = Started(daemon_argv(store, where / "d.sock"), ready, where / "d.err", env)
+        daemon = started(daemon_argv(store, where / "d.sock"), ready, where / "d.err", env)
         stack.callback(daemon.stop)
         yield Fleet(daemon, fakes)
 

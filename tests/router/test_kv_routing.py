@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support.eventually import eventually
 from tests.support.processes import Proc, daemon, dynamoctl, running, worker
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,13 +54,12 @@ async def explained(
 ) -> dict[str, dict[str, Any]]:
     """Explain until ``check`` holds (KV events reach another process's daemon with no
     signal this test can await), for 20 s at most."""
-    deadline = time.monotonic() + 20
-    while True:
+
+    async def holds() -> dict[str, dict[str, Any]] | None:
         found = await explain(socket, text)
-        if check(found):
-            return found
-        assert time.monotonic() < deadline, f"never true: {found}"
-        await asyncio.sleep(0.1)
+        return found if check(found) else None
+
+    return await eventually(holds, within=20, what="the explanation's check")
 
 
 def overlap(found: dict[str, dict[str, Any]], worker_id: str) -> tuple[int, str]:

@@ -453,3 +453,19 @@ def test_the_settle_window_sets_the_deadline_only_when_later_and_within_the_busy
         assert deadline(103.0, max_wait=1.0) == 101.0  # the request's own limit rules
     finally:
         loop.close()
+
+
+async def test_the_queue_signal_tells_each_join_and_leave_of_a_model() -> None:
+    """``watch_queue``: what a test (or anything) waits on instead of sampling the depth."""
+    a = worker("A", "capacity/fast", max_num_seqs=1)
+    router = router_with(a)
+    seen: list[tuple[str, int]] = []
+    stop = router.watch_queue(lambda model, depth: seen.append((model, depth)))
+    async with router.route(RouteRequest("m", FAST)), asyncio.TaskGroup() as tg:
+        await park(tg, router, RouteRequest("m", FAST))
+        await park(tg, router, RouteRequest("m", FAST))
+        assert seen == [("m", 1), ("m", 2)]
+        router.close()
+    assert seen[-1] == ("m", 0)
+    stop()
+    assert router.queue_depth == 0

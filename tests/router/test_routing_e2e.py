@@ -117,11 +117,20 @@ async def test_dynamo_propagation_scenario(etcd: Store, etcd_url: str) -> None:
 
 
 async def queued(s: FrontStack, depth: int) -> None:
-    """Wait until ``depth`` requests wait in the router's queue. The router has no signal
-    for a request joining its queue, so this looks every 10 ms, within a deadline."""
-    async with asyncio.timeout(10):
-        while s.router.depth(MODEL) != depth:  # noqa: ASYNC110 -- no event to wait on
-            await asyncio.sleep(0.01)
+    """Wait until ``depth`` requests wait in the router's queue (its queue signal)."""
+    reached = asyncio.Event()
+
+    def seen(model: str, now: int) -> None:
+        if model == MODEL and now == depth:
+            reached.set()
+
+    stop = s.router.watch_queue(seen)
+    try:
+        if s.router.depth(MODEL) != depth:
+            async with asyncio.timeout(10):
+                await reached.wait()
+    finally:
+        stop()
 
 
 async def test_a_request_waiting_for_a_taint_is_dispatched_when_a_worker_gains_it(

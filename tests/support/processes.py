@@ -3,8 +3,8 @@
 ``Proc`` (asyncio): a process started with its stdout piped; ``start()`` waits for its
 readiness line (with a deadline, and the stderr tail in the failure message). ``stop(sig)``
 signals it and returns the exit code; ``stderr`` holds everything it wrote there.
-``Started`` is its synchronous twin for module-scoped fixtures and hypothesis tests: its
-stderr goes to a file that ``stop()`` checks for tracebacks.
+``Spawned`` is its synchronous twin for module-scoped fixtures, hypothesis tests and
+threads: its stderr goes to a file that ``finish()`` checks for tracebacks.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import asyncio
 import contextlib
 import os
 import re
-import selectors
+import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from dynamod.tasks import cancel_and_wait
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 BAD_STDERR = ("Traceback", "Task was destroyed", "Exception ignored", "Error in atexit")
 
@@ -176,45 +176,72 @@ class Proc:
 READY_WITHIN = 30.0
 
 
-class Started:
-    """One product process, ready; ``stop()`` ends it and checks its stderr."""
+class Lines:
+    """Lines from a pipe, each wait bounded by a deadline. Reads the raw fd: a buffered
+    file object would hide lines that ``select`` cannot see."""
+
+    def __init__(self, fd: int, what: object) -> None:
+        self.fd = fd
+        self.what = what
+        self.buffer = b""
+
+    def next(self, within: float) -> str | None:
+        """The next line; None at the end of the stream."""
+        deadline = time.monotonic() + within
+        while b"\n" not in self.buffer:
+            readable, _, _ = select.select([self.fd], [], [], max(0.0, deadline - time.monotonic()))
+            assert readable, f"no line from {self.what} in {within} s"
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+
+class Spawned:
+    """One product process (a daemon, a worker) for synchronous tests: module-scoped
+    fixtures, hypothesis, threads. Its stderr goes to ``log``; ``wait_ready()`` reads its
+    stdout up to the readiness line (``started()`` does both). ``stop(sig)`` signals it and
+    returns its exit code; ``finish()`` stops it with SIGTERM and returns its stderr,
+    asserted free of tracebacks."""
 
     def __init__(
-        self, argv: list[str], ready: str, log: Path, extra_env: dict[str, str] | None = None
+        self, argv: Sequence[str], ready: str, log: Path, extra_env: dict[str, str] | None = None
     ) -> None:
-        self.log = log
+        self.log_path = log
+        self._log = log.open("w")
         self.program = argv[0]
-        with log.open("wb") as err:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env(**(extra_env or {})),
-            )
-        try:
-            self.ready_line = self._ready(re.compile(ready))
-        except BaseException:
-            self.proc.kill()
-            self.proc.wait()
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            raise
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            env=env(**(extra_env or {})),
+        )
+        self.ready_pattern = re.compile(ready)
+        self.ready_line = ""
 
-    def _ready(self, pattern: re.Pattern[str]) -> str:
+    def wait_ready(self) -> Spawned:
         assert self.proc.stdout is not None
-        deadline = time.monotonic() + READY_WITHIN
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.proc.stdout, selectors.EVENT_READ)
-            while time.monotonic() < deadline:
-                if not selector.select(deadline - time.monotonic()):
-                    continue
-                line = self.proc.stdout.readline().decode()
-                if not line:
-                    break
-                if pattern.search(line):
-                    return line
-        raise AssertionError(f"{self.program} not ready:\n{self.log.read_text()}")
+        lines = Lines(self.proc.stdout.fileno(), self.proc.args)
+        try:
+            while (line := lines.next(READY_WITHIN)) is not None:
+                if self.ready_pattern.search(line):
+                    self.ready_line = line.strip()
+                    return self
+        except AssertionError:
+            self.kill()
+            raise AssertionError(f"{self.program} not ready in time:\n{self.log}") from None
+        self.proc.wait()
+        self.kill()
+        raise AssertionError(f"{self.program} exited {self.proc.returncode}:\n{self.log}")
+
+    @property
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
 
     def field(self, name: str) -> str:
         match = re.search(rf"\b{name}=(\S+)", self.ready_line)
@@ -225,21 +252,37 @@ class Started:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def stop(self) -> str:
-        """SIGTERM, wait, and the stderr it wrote (asserted free of tracebacks)."""
-        self.proc.terminate()
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        """Signal it, wait for it (killing it past 30 s), and its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
         try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            return self.proc.wait(timeout=30)
         finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-        text = self.log.read_text(errors="replace")
+            self.kill()
+
+    def finish(self) -> str:
+        """SIGTERM, wait, and the stderr it wrote, asserted free of tracebacks."""
+        self.stop()
+        text = self.log
         for bad in BAD_STDERR:
             assert bad not in text, f"{bad!r} on stderr of {self.program}:\n{text}"
         return text
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._log.close()
+
+
+def started(
+    argv: Sequence[str], ready: str, log: Path, extra_env: dict[str, str] | None = None
+) -> Spawned:
+    """A ``Spawned`` process, once it printed its readiness line."""
+    return Spawned(argv, ready, log, extra_env).wait_ready()
 
 
 def worker_argv(store_url: str, model: str = "llama", *args: str) -> list[str]:
