@@ -44,6 +44,9 @@ max_answer_mb      64                                          MiB of a worker's
                                                                answer the front reads
 max_event_mb       16                                          MiB of one SSE event of a
                                                                worker's stream
+pool_lease_ttl     15                                          seconds of the pool
+                                                               leader's lease: failover
+                                                               within it plus a second
 =================  ==========================================  ==========================
 """
 
@@ -100,6 +103,7 @@ class DaemonSettings:
     router: RouterKnobs = field(default_factory=RouterKnobs)
     max_answer_mb: float = AnswerLimits.whole / 1024 / 1024
     max_event_mb: float = AnswerLimits.event / 1024 / 1024
+    pool_lease_ttl: float = 15.0
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -112,6 +116,10 @@ class DaemonSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if not math.isfinite(self.pool_lease_ttl) or not 1 <= self.pool_lease_ttl <= 3600:
+            raise ConfigError(
+                f"pool_lease_ttl must be 1 to 3600 seconds, got {self.pool_lease_ttl!r}"
+            )
         if self.event_history < 1:
             raise ConfigError(f"event_history must be at least 1, got {self.event_history}")
         if not 0 < self.event_history_mb < 1e6:
@@ -222,6 +230,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "replica_id": str,
     "max_answer_mb": _number(float),
     "max_event_mb": _number(float),
+    "pool_lease_ttl": _number(float),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

@@ -24,6 +24,7 @@ from dynamod.client import drain
 from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve
+from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.results import EventInfo, ExplainInfo, StatusInfo, UpdateOutcome
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
@@ -56,7 +57,8 @@ class Client(DynamoHelpers):
         )
         self._thread.start()
         # A client dropped without close() still ends its thread when collected.
-        weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop).atexit = False
+        self._finalizer = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
+        self._finalizer.atexit = False
         self._async = self._run(_open(endpoint, credentials, timeout))
         drain.forget(self._async)  # drained as part of this client, never on its own
         drain.track(self)
@@ -83,6 +85,7 @@ class Client(DynamoHelpers):
 
     def _shut(self, deadline: float | None) -> None:
         self._closed = True
+        self._finalizer.detach()  # its loop is closed below: nothing to stop when collected
         drain.forget(self)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         closing = asyncio.run_coroutine_threadsafe(self._async.close(), self._loop)
@@ -133,6 +136,42 @@ class Client(DynamoHelpers):
 
     def status(self) -> StatusInfo:
         return self._run(self._async.status())
+
+    def tail_events(
+        self,
+        *,
+        since: int | None = None,
+        selector: str = "",
+        follow: bool = True,
+        pools: bool = False,
+    ) -> Iterator[EventInfo]:
+        """``AsyncClient.tail_events``, event by event; leaving the loop ends the stream."""
+        return self._iterate(
+            self._async.tail_events(since=since, selector=selector, follow=follow, pools=pools)
+        )
+
+    # Pool policies: as ``AsyncClient``'s.
+
+    def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
+        return self._run(self._async.apply_policy(document, dry_run=dry_run))
+
+    def list_policies(self) -> list[PolicyInfo]:
+        return self._run(self._async.list_policies())
+
+    def get_policy(self, name: str) -> PolicyInfo:
+        return self._run(self._async.get_policy(name))
+
+    def pool_status(self, name: str) -> PoolStatusInfo:
+        return self._run(self._async.pool_status(name))
+
+    def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        return self._run(self._async.pause_policy(name))
+
+    def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        return self._run(self._async.resume_policy(name))
+
+    def remove_policy(self, name: str) -> RemoveOutcome:
+        return self._run(self._async.remove_policy(name))
 
     def _iterate(self, stream: AsyncGenerator[EventInfo, None]) -> Iterator[EventInfo]:
         """The events of ``stream``, each fetched on the client's loop; the stream is
