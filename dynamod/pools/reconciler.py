@@ -5,7 +5,9 @@
 (``leader.LeaderElection``) and plans again at every change that can matter: a worker
 added, removed or re-tainted (the worker view's listener), a worker's engine turning
 healthy or unhealthy (``engine_reported``), a policy applied, changed, paused, resumed or
-removed. A follower's plan feeds the gauges and ``status``; only the leader writes.
+removed. A follower's plan feeds the gauges and ``status``; only the leader writes. While
+no policy is stored, nobody campaigns: pools cost a fleet without policies nothing but
+three idle watches per daemon.
 
 A round, for each policy in force (``stored.in_force``), by name:
 
@@ -264,16 +266,30 @@ class PoolReconciler:
             unlisten = self.view.listen(self._dirty.set)
             try:
                 await wait_any(self.view.ready)
-                async with LeaderElection(self.store, identity=self.identity, ttl=self.ttl) as lead:
-                    self._election = lead
-                    await self._serve(lead)
+                while True:
+                    await self._until_policies()
+                    async with LeaderElection(
+                        self.store, identity=self.identity, ttl=self.ttl
+                    ) as election:
+                        self._election = election
+                        await self._serve(election)
+                    self._election = None
             finally:
                 unlisten()
                 self._election = None
                 watching.cancel()
 
+    async def _until_policies(self) -> None:
+        """Wait for a stored policy: with none, this daemon does not campaign (and writes
+        nothing to the store)."""
+        while not self.view.policies:
+            self._dirty.clear()
+            self._observe()
+            await self._dirty.wait()
+
     async def _serve(self, election: LeaderElection) -> None:
-        while True:
+        """Follow, or lead when elected, while any policy is stored."""
+        while self.view.policies:
             leadership = election.leading
             if leadership is not None:
                 await self._lead(leadership)
@@ -300,7 +316,7 @@ class PoolReconciler:
         self.metrics.lead(term.epoch)
         log.info("%s leads the pools (epoch %d)", self.identity, term.epoch)
         try:
-            while not leadership.lost.is_set():
+            while not leadership.lost.is_set() and self.view.policies:
                 self._dirty.clear()
                 term.wake_at = None
                 await self._round(term)
