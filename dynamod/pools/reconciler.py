@@ -82,6 +82,8 @@ log = logging.getLogger(__name__)
 
 CONCURRENCY: Final = 16
 """Moves written at once (as ``Control``'s bulk updates)."""
+FOLLOWER_PACE: Final = 0.25
+"""Seconds between two plans of a follower (for its gauges), at least."""
 RETRY_FIRST: Final = 0.05
 RETRY_CAP: Final = 5.0
 """The back-off after a failed move, and after the reconciler itself failed."""
@@ -296,7 +298,14 @@ class PoolReconciler:
                 continue
             self._dirty.clear()
             self._observe()
-            await race(self._dirty.wait(), election.wait_leading())
+            await race(self._paced(), election.wait_leading())
+
+    async def _paced(self) -> None:
+        """A follower plans again at the next change, at most every ``FOLLOWER_PACE``: its
+        plans only feed the gauges (``status`` plans afresh), and a burst of thousands of
+        moves must not cost it a plan per event."""
+        await asyncio.sleep(FOLLOWER_PACE)
+        await self._dirty.wait()
 
     def _observe(self) -> None:
         """A follower's round: plans for the gauges and status, no writes."""
