@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from bench.common import header, interruptible, places, render_table, versions, 
 from dynamod.client import AsyncClient, Credentials
 from dynamod.discovery.registration import register
 from dynamod.pools.policy import PoolPolicy
+from dynamod.results import EventInfo
 from dynamod.store import Lease, Store, open_store
 from tests.factories import make_record
 from tests.pools.live import fewest_moves, largest_remainder, pools_of
@@ -57,6 +59,9 @@ SAMPLE_EVERY = 0.02
 POOL_TTL = 5.0
 CONVERGE_WITHIN = 120.0
 HEADERS = ("workers", "step", "moves", "fewest", "leader s", "other s")
+POLICY = PoolPolicy.parse(
+    f"name: bench\nselector: model={MODEL}\npools:\n  pool=fast: 1\n  pool=slow: 1\n"
+)
 
 
 def policy_text(fast: int, slow: int, name: str = "bench", model: str = MODEL) -> str:
@@ -127,29 +132,76 @@ async def start_daemon(
     return Daemon(proc, socket)
 
 
-async def converged(client: AsyncClient, name: str, wanted: dict[str, int], since: float) -> float:
-    """Seconds from ``since`` until ``client``'s daemon shows ``wanted`` for ``name``."""
-    status = None
-    try:
+class Seen:
+    """A daemon's view of the fleet's pools, as its ``events tail`` says: started from a
+    listing at one revision, then every event after it (no gap)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.pools: dict[str, str | None] = {}
+        self.revision = 0
+
+    async def start(self) -> None:
+        workers, self.revision = await self.client.list_workers(
+            model=MODEL, fields=("id", "taints", "model")
+        )
+        self.pools = pools_of(workers, POLICY)
+
+    async def until(self, wanted: dict[str, int], since: float) -> float:
+        """Seconds from ``since`` until the daemon's view holds ``wanted`` (every owned
+        worker in exactly one pool)."""
+        if self._holds(wanted):
+            return time.perf_counter() - since
         async with asyncio.timeout(CONVERGE_WITHIN):
-            while True:
-                status = await client.pool_status(name)
-                if {c.pool: c.actual for c in status.pools} == wanted and status.balanced:
+            tail = self.client.tail_events(since=self.revision, selector=f"model={MODEL}")
+            async for event in tail:
+                self._apply(event)
+                if self._holds(wanted):
+                    await tail.aclose()
                     return time.perf_counter() - since
-                await asyncio.sleep(SAMPLE_EVERY)
-    except TimeoutError:
-        raise RuntimeError(
-            f"{name} did not reach {wanted} in {CONVERGE_WITHIN} s: {status}"
-        ) from None
+        raise RuntimeError("the daemon ended its events stream")
+
+    def _apply(self, event: EventInfo) -> None:
+        self.revision = max(self.revision, event.revision)
+        if event.kind == "RESYNC":
+            self.pools = pools_of(event.workers, POLICY)
+        elif event.worker is not None and event.kind == "REMOVED":
+            self.pools.pop(event.worker.id, None)
+        elif event.worker is not None:
+            self.pools.update(pools_of([event.worker], POLICY))
+
+    def _holds(self, wanted: dict[str, int]) -> bool:
+        found: dict[str, int] = {}
+        for pool in self.pools.values():
+            if pool is None or "," in pool:
+                return False
+            found[pool] = found.get(pool, 0) + 1
+        return found == wanted
 
 
 async def both(
-    leader: AsyncClient, other: AsyncClient, wanted: dict[str, int], since: float
+    leader: AsyncClient,
+    other: AsyncClient,
+    act: Callable[[], Awaitable[Any]],
+    wanted: dict[str, int],
 ) -> tuple[float, float]:
-    found = await asyncio.gather(
-        converged(leader, "bench", wanted, since), converged(other, "bench", wanted, since)
-    )
+    """Do ``act``; seconds until each daemon's view shows ``wanted``, from when ``act``
+    began."""
+    views = [Seen(leader), Seen(other)]
+    for view in views:
+        await view.start()
+    started = time.perf_counter()
+    await act()
+    found = await asyncio.gather(*(view.until(wanted, started) for view in views))
     return found[0], found[1]
+
+
+async def join(
+    store: Store, count: int, lease: Lease, joined: list[str], leases: dict[str, Lease]
+) -> None:
+    """Register ``count`` workers on ``lease``; note them in ``joined`` and ``leases``."""
+    joined.extend(await register_many(store, count, lease))
+    leases.update(dict.fromkeys(joined, lease))
 
 
 async def held(client: AsyncClient) -> dict[str, str | None]:
@@ -170,7 +222,8 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fleet_of(size: int, endpoint: str, scratch: Path) -> AsyncIterator[Fleet]:
-    url = f"etcd://{endpoint}/pools-{size}"
+    """``size`` registered workers and two daemons, in a key prefix of their own."""
+    url = f"etcd://{endpoint}/pools-{size}-{scratch.name}"
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(await open_store(url))
         await register_many(store, size, await store.grant(LEASE_TTL))
@@ -195,36 +248,34 @@ async def _until(sample: Callable[[], Awaitable[Any]], accept: Callable[[Any], b
 async def convergence(size: int, endpoint: str, scratch: Path) -> list[Row]:
     rows = []
     async with fleet_of(size, endpoint, scratch) as f:
-        counts = largest_remainder(size, weights(40, 60))
-        before = f.leader.moves()
-        started = time.perf_counter()
-        await f.oc.apply_policy(policy_text(40, 60))
-        leader_s, other_s = await both(f.lc, f.oc, counts, started)
-        rows.append(Row(size, "apply 40/60", f.leader.moves() - before, size, leader_s, other_s))
 
-        now = await held(f.oc)
-        counts = largest_remainder(size, weights(50, 50))
-        before = f.leader.moves()
-        started = time.perf_counter()
-        await f.oc.apply_policy(policy_text(50, 50))
-        leader_s, other_s = await both(f.lc, f.oc, counts, started)
-        fewest = fewest_moves(now, counts)
-        rows.append(
-            Row(size, "40/60 -> 50/50", f.leader.moves() - before, fewest, leader_s, other_s)
-        )
+        async def step(
+            name: str, act: Callable[[], Awaitable[Any]], n: int, ratio: tuple[int, int]
+        ) -> None:
+            counts = largest_remainder(n, weights(*ratio))
+            now = await held(f.oc)
+            before = f.leader.moves()
+            leader_s, other_s = await both(f.lc, f.oc, act, counts)
+            fewest = fewest_moves({**now, **dict.fromkeys(joined)}, counts)
+            await _until(_now(f.leader.moves), lambda m: m >= before + fewest)
+            rows.append(Row(size, name, f.leader.moves() - before, fewest, leader_s, other_s))
 
+        joined: list[str] = []
+        await step("apply 40/60", partial(f.oc.apply_policy, policy_text(40, 60)), size, (40, 60))
+        to_half = partial(f.oc.apply_policy, policy_text(50, 50))
+        await step("40/60 -> 50/50", to_half, size, (50, 50))
         joining = max(1, size // 100)
-        now = await held(f.oc)
-        counts = largest_remainder(size + joining, weights(50, 50))
-        before = f.leader.moves()
-        joined = await register_many(f.store, joining, await f.store.grant(LEASE_TTL))
-        started = time.perf_counter()
-        fewest = fewest_moves({**now, **dict.fromkeys(joined)}, counts)
-        leader_s, other_s = await both(f.lc, f.oc, counts, started)
-        rows.append(
-            Row(size, f"join {joining}", f.leader.moves() - before, fewest, leader_s, other_s)
-        )
+        lease = await f.store.grant(LEASE_TTL)
+        adding = partial(join, f.store, joining, lease, joined, {})
+        await step(f"join {joining}", adding, size + joining, (50, 50))
     return rows
+
+
+def _now(call: Callable[[], int]) -> Callable[[], Awaitable[int]]:
+    async def sample() -> int:
+        return call()
+
+    return sample
 
 
 async def churn(size: int, steps: int, endpoint: str, scratch: Path, seed: int) -> Row:
@@ -232,38 +283,35 @@ async def churn(size: int, steps: int, endpoint: str, scratch: Path, seed: int) 
     async with fleet_of(size, endpoint, scratch / "churn") as f:
         leases: dict[str, Lease] = {}
         ratio = (40, 60)
-        await f.oc.apply_policy(policy_text(*ratio))
         n = size
-        await both(f.lc, f.oc, largest_remainder(n, weights(*ratio)), time.perf_counter())
+        first = partial(f.oc.apply_policy, policy_text(*ratio))
+        await both(f.lc, f.oc, first, largest_remainder(size, weights(*ratio)))
         start_moves = f.leader.moves()
         fewest = 0
         for step in range(steps):
             now = await held(f.lc)
+            joined: list[str] = []
+            act: Callable[[], Awaitable[Any]]
             if step % 7 == 6:
                 ratio = (ratio[1], ratio[0])
-                fewest += fewest_moves(now, largest_remainder(n, weights(*ratio)))
-                await f.oc.apply_policy(policy_text(*ratio))
+                act = partial(f.oc.apply_policy, policy_text(*ratio))
             elif step % 2 == 0 or not leases:
                 count = rng.randint(1, 5)
-                lease = await f.store.grant(LEASE_TTL)
-                joined = await register_many(f.store, count, lease)
-                for ident in joined:
-                    leases[ident] = lease
                 n += count
-                fewest += fewest_moves(
-                    {**now, **dict.fromkeys(joined)}, largest_remainder(n, weights(*ratio))
-                )
+                lease = await f.store.grant(LEASE_TTL)
+                act = partial(join, f.store, count, lease, joined, leases)
             else:
                 lease = leases[rng.choice(sorted(leases))]
                 gone = [i for i, held_by in leases.items() if held_by == lease]
-                await f.store.revoke(lease)
                 for ident in gone:
                     del leases[ident]
+                    del now[ident]
                 n -= len(gone)
-                left = {i: p for i, p in now.items() if i not in gone}
-                fewest += fewest_moves(left, largest_remainder(n, weights(*ratio)))
-            await both(f.lc, f.oc, largest_remainder(n, weights(*ratio)), time.perf_counter())
-        await asyncio.sleep(1.0)  # any extra move would show in the audit by now
+                act = partial(f.store.revoke, lease)
+            counts = largest_remainder(n, weights(*ratio))
+            await both(f.lc, f.oc, act, counts)
+            fewest += fewest_moves({**now, **dict.fromkeys(joined)}, counts)
+        await asyncio.sleep(1.0)  # an extra move would be in the audit by now
         made = f.leader.moves() - start_moves
     return Row(size, f"churn, {steps} steps", made, fewest, 0.0, 0.0)
 

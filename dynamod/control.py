@@ -221,6 +221,7 @@ class Control:
                     check=_checked(caller, check),
                     base=record,
                     limits=self.limits,
+                    base_revision=self._seen_at(record),
                 )
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc, audit)
@@ -229,6 +230,10 @@ class Control:
             caller, update, record, change.before, change.after, change.revision, None, audit
         )
         return change
+
+    def _seen_at(self, record: WorkerRecord) -> int | None:
+        """The revision the view holds ``record`` at, if it still holds this very record."""
+        return self.view.revision_of(record.key) if self.view.get(record.key) is record else None
 
     def _preview(
         self, record: WorkerRecord, update: TaintUpdate, caller: Principal

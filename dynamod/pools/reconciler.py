@@ -54,7 +54,7 @@ from typing import Final, NamedTuple, Protocol
 
 from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
-from dynamod.discovery_events import DiscoveryEvent, WorkerRemoved
+from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
 from dynamod.errors import (
     DynamoError,
     NotLeaderError,
@@ -143,6 +143,10 @@ class _PolicyTerm:
     journal: JournalWriter
     budget: MoveBudget
     assigned: dict[str, str] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    """Worker -> the record revision the leader's last move wrote, until the view has it:
+    a view behind the leader's own write shows the pool the write replaced, which is
+    neither drift nor a reason to move again."""
     reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Drift already reported: worker -> the pool taints it held then."""
 
@@ -200,6 +204,8 @@ class PoolReconciler:
         """Stored policies not reconciled, and why (``stored.in_force``)."""
         self._dirty = asyncio.Event()
         self._healthy: dict[str, bool] = {}
+        self._echoes: dict[str, int] = {}
+        """Worker key -> the revision of the leader's move the view has not shown yet."""
         self._term: _Term | None = None
         self._election: LeaderElection | None = None
 
@@ -215,8 +221,13 @@ class PoolReconciler:
     def _on_worker(self, event: DiscoveryEvent) -> None:
         if isinstance(event, WorkerRemoved):
             self._healthy.pop(event.record.key, None)
-        if self.view.policies:
-            self._dirty.set()
+        if not self.view.policies:
+            return
+        if isinstance(event, WorkerModified):
+            echo = self._echoes.pop(event.record.key, None)
+            if echo == event.revision:
+                return  # the leader's own move coming back: nothing new to plan for
+        self._dirty.set()
 
     # What the API asks
 
@@ -231,7 +242,7 @@ class PoolReconciler:
         assigned, when this daemon leads)."""
         term = self._term
         memory = term.policies.get(stored.name) if term is not None else None
-        workers, _ = self._owned(stored.policy)
+        workers, _ = self._owned(stored.policy, memory)
         return plan(stored.policy, workers, assigned=memory.assigned if memory else None)
 
     def budget_left(self, name: str) -> int | None:
@@ -334,6 +345,7 @@ class PoolReconciler:
             log.warning("pool writes stopped: %s", exc)
         finally:
             self._term = None
+            self._echoes.clear()
             self.metrics.lead(0)
 
     async def _wait(self, term: _Term) -> None:
@@ -370,9 +382,11 @@ class PoolReconciler:
 
     async def _reconcile(self, term: _Term, stored: StoredPolicy, memory: _PolicyTerm) -> None:
         policy = stored.policy
-        workers, records = self._owned(policy)
+        workers, records = self._owned(policy, memory)
         for gone in set(memory.assigned) - set(records):
             del memory.assigned[gone]
+        for gone in set(memory.written) - set(records):
+            del memory.written[gone]
         result = plan(policy, workers, assigned=memory.assigned)
         self.metrics.planned(result)
         self._note_drift(term, stored, result, records, memory)
@@ -389,11 +403,16 @@ class PoolReconciler:
         _adopt(memory.assigned, workers, result, planned)
         await self._write_all(term, stored, memory, steps, records)
 
-    def _owned(self, policy: PoolPolicy) -> tuple[list[OwnedWorker], dict[str, Owned]]:
+    def _owned(
+        self, policy: PoolPolicy, memory: _PolicyTerm | None = None
+    ) -> tuple[list[OwnedWorker], dict[str, Owned]]:
         """The workers ``policy`` owns now, as the plan sees them, and their records (with
-        the revision seen) by id."""
+        the revision seen) by id. A worker whose record the view has not yet seen at the
+        revision the leader's last move wrote holds, for the plan, the pool it was moved
+        to (``_PolicyTerm.written``)."""
         workers: list[OwnedWorker] = []
         records: dict[str, Owned] = {}
+        written = memory.written if memory is not None else {}
         for record in self.workers.records():
             if not policy.match.matches(record):
                 continue
@@ -402,12 +421,15 @@ class PoolReconciler:
             domain = None
             if policy.spread_by is not None:
                 domain = record.runtime_config.topology_domains.get(policy.spread_by)
+            revision = self.workers.revision_of(record.key)
+            held = held_pools(record.taints, policy)
+            if written and record.instance_id in written:
+                held = _behind(memory, record.instance_id, revision, held)
             worker = OwnedWorker(
-                record.instance_id, held_pools(record.taints, policy), seen.in_flight,
-                seen.cached_blocks, domain, routable,
-            )  # fmt: skip
+                record.instance_id, held, seen.in_flight, seen.cached_blocks, domain, routable
+            )
             workers.append(worker)
-            records[record.instance_id] = Owned(record, self.workers.revision_of(record.key))
+            records[record.instance_id] = Owned(record, revision)
         return workers, records
 
     def _note_drift(
@@ -492,6 +514,8 @@ class PoolReconciler:
             self._failed(term, policy, move, exc)
             memory.assigned.pop(move.worker, None)
             return
+        if self.workers.revision_of(record.key) < outcome.revision:
+            self._echoes[record.key] = outcome.revision
         self._moved(term, policy, memory, move, outcome)
 
     def _moved(
@@ -503,6 +527,7 @@ class PoolReconciler:
         outcome: UpdateOutcome,
     ) -> None:
         memory.assigned[move.worker] = move.to_pool
+        memory.written[move.worker] = outcome.revision
         memory.reported.pop(move.worker, None)
         if move.why != "retired":
             memory.budget.spend(asyncio.get_running_loop().time())
@@ -527,6 +552,19 @@ class PoolReconciler:
             "pool policy %s: moving worker %s to %s failed (%s); trying again in %.2f s",
             policy.name, move.worker, move.to_pool, exc, delay,
         )  # fmt: skip
+
+
+def _behind(
+    memory: _PolicyTerm | None, worker: str, revision: int, held: tuple[str, ...]
+) -> tuple[str, ...]:
+    """What ``worker`` holds for the plan: its pool taints, or, while the view is behind the
+    leader's own last write to it, the pool that write set."""
+    assert memory is not None
+    if revision >= memory.written[worker]:
+        del memory.written[worker]
+        return held
+    assigned = memory.assigned.get(worker)
+    return (assigned,) if assigned is not None else held
 
 
 def _drift_action(policy: PoolPolicy, excluded: bool) -> str:
