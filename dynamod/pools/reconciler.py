@@ -402,6 +402,8 @@ class PoolReconciler:
         steps += _strips(stored, workers, records, planned)
         _adopt(memory.assigned, workers, result, planned)
         await self._write_all(term, stored, memory, steps, records)
+        if steps:
+            self._dirty.set()  # plan again once: the gauges and the next moves see these
 
     def _owned(
         self, policy: PoolPolicy, memory: _PolicyTerm | None = None

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from dynamod.client import AsyncClient, Client, Credentials
 from dynamod.discovery.updates import update_taints
@@ -61,7 +62,7 @@ async def test_apply_status_pause_resume_and_remove_through_the_api(
     for _ in range(5):
         await add_worker(memory)
     settings = settings_for(memory, tmp_path, pool_lease_ttl=2.0)
-    async with running_daemon(memory, settings), client_for(settings) as client:
+    async with running_daemon(memory, settings) as daemon, client_for(settings) as client:
         preview = await client.apply_policy(SPLIT, dry_run=True)
         assert preview.outcome == "created" and preview.dry_run
         assert sorted(m.to_pool for m in preview.moves) == ["pool=fast"] * 2 + ["pool=slow"] * 3
@@ -87,6 +88,16 @@ async def test_apply_status_pause_resume_and_remove_through_the_api(
         recent = done.recent
         assert {m.why for m in recent} == {"joined"}
         assert {m.epoch for m in recent} == {status.epoch}
+        metrics = generate_latest(daemon.registry).decode()
+        for line in (
+            'dynamod_pool_target_workers{policy="split",pool="pool=fast"} 2.0',
+            'dynamod_pool_workers{policy="split",pool="pool=slow"} 3.0',
+            'dynamod_pool_pending_moves{policy="split"} 0.0',
+            'dynamod_pool_moves_total{policy="split",why="joined"} 5.0',
+            "dynamod_pool_leader 1.0",
+            f"dynamod_pool_leader_epoch {float(status.epoch)}",
+        ):
+            assert line in metrics, line
 
         paused, changed = await client.pause_policy("split")
         assert paused.paused and changed
