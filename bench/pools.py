@@ -92,8 +92,9 @@ class Row:
     other_s: float
 
     def cells(self) -> list[str]:
-        return [f"{self.workers:,}", self.step, f"{self.moves:,}", f"{self.fewest:,}",
-                f"{self.leader_s:.2f}", f"{self.other_s:.2f}"]  # fmt: skip
+        timed = not self.step.startswith("churn")  # the churn row counts moves only
+        times = [f"{self.leader_s:.2f}", f"{self.other_s:.2f}"] if timed else ["—", "—"]
+        return [f"{self.workers:,}", self.step, f"{self.moves:,}", f"{self.fewest:,}", *times]
 
 
 @dataclass
