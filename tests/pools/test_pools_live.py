@@ -66,7 +66,8 @@ async def audited(daemons: list[Daemon], count: int, within: float = 10.0) -> li
     found = await eventually(
         sample, lambda m: len(m) >= count, within=within, what=f"{count} moves"
     )
-    assert len(found) == count, [m["move"] for m in found]
+    shown = [(m["worker"][:8], m["move"]["from"], m["move"]["to"], m["move"]["why"]) for m in found]
+    assert len(found) == count, f"{len(found)} moves, {count} expected: {shown}"
     return found
 
 
@@ -229,18 +230,22 @@ async def leaders(daemons: list[Daemon]) -> list[tuple[str, bool, str, int]]:
 async def test_three_daemons_one_writer_through_churn_and_a_killed_leader(
     etcd_url: str, tmp_path: Path
 ) -> None:
-    """Three dynamods on one etcd: one leads, all agree who. Through 60 s of churn (workers
-    joining and leaving every few seconds, a weight change) the moves in the three audit
-    logs equal the fewest for that sequence, computed here step by step, and no epoch is
-    written by two daemons. Then the leader is SIGKILLed: another leads within the lease's
-    TTL plus 1 s (as the survivors saw its key), and a worker that joined meanwhile gets
-    its pool.
+    """Three dynamods on one etcd: one leads, all agree who. Through 60 s of churn (a
+    worker joining or leaving every few seconds, a weight change) the moves in the three
+    audit logs equal the fewest for that sequence, computed here step by step, and no
+    epoch is written by two daemons. One worker per step: two that leave "at once" leave
+    at two moments, and the fewest moves for two departures seen one after the other can
+    exceed the fewest for both together (4/3 at 1:1 losing a slow then a fast worker
+    costs two moves, both together none), so a step of two would have no one right
+    answer. Then the leader is SIGKILLed: another leads within the lease's TTL plus 1 s
+    (as the survivors saw its key), and a worker that joined meanwhile gets its pool.
 
-    One store kind is enough here: the election and its failover are proven on every store
-    by ``test_leader.py`` (in process, each backend, a partitioned leader too), and the
-    reconciler's whole path with real processes by ``test_a_fleet_of_ten_follows_its_policy``
-    on etcd, NATS and the file store. etcd is the production store and the cheapest of the
-    three to run three daemons on with two cores."""
+    One store kind is enough here: the election and its failover are proven on every
+    store by ``test_leader.py`` (in process, each backend, a partitioned leader too),
+    and the reconciler's whole path with real processes by
+    ``test_a_fleet_of_ten_follows_its_policy`` on etcd, NATS and the file store. etcd is
+    the production store and the cheapest of the three to run three daemons on with two
+    cores."""
     rng = random.Random(23)
     async with fleet(etcd_url, tmp_path) as f:
         daemons = list(await asyncio.gather(*(f.start_daemon(f"d{i}") for i in range(3))))
@@ -265,11 +270,11 @@ async def test_three_daemons_one_writer_through_churn_and_a_killed_leader(
                     expected += fewest_moves(held, target(n, *weights))
                     await client.apply_policy(policy_text(*weights))
                 elif action == "join":
-                    joined = await f.start_workers(rng.choice((1, 2)))
+                    joined = await f.start_workers(1)
                     n += len(joined)
                     expected += fewest_moves({**held, **dict.fromkeys(joined)}, target(n, *weights))
                 else:
-                    leaving = rng.sample(sorted(held), rng.choice((1, 2)) if n > 4 else 1)
+                    leaving = rng.sample(sorted(held), 1)
                     await f.stop_workers(leaving)
                     n -= len(leaving)
                     rest = {i: p for i, p in held.items() if i not in leaving}
