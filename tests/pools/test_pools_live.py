@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import json
 import random
+import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -315,3 +318,50 @@ async def test_three_daemons_one_writer_through_churn_and_a_killed_leader(
 def _cycle() -> Any:
     while True:
         yield from CHURN
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_leader_frozen_past_its_lease_writes_nothing_when_it_wakes(
+    etcd_url: str, tmp_path: Path
+) -> None:
+    """SIGSTOP the leader past its lease: the other daemon leads and moves a worker for a
+    weight change; SIGCONT the old leader: whatever it tries is refused by its fence
+    (audited as NotLeaderError), no move of its lands after the freeze, and the pools
+    stay as the new leader set them."""
+    async with fleet(etcd_url, tmp_path) as f:
+        first = await f.start_daemon("d0")
+        await f.start_workers(4)
+        async with first.client() as client:
+            await eventually(lambda: held_now(client, policy(1, 1)), lambda h: len(h) == 4)
+            await client.apply_policy(policy_text(1, 1))
+            await until_counts(client, policy(1, 1), target(4, 1, 1), workers=4)
+            old_epoch = (await client.pool_status("split")).epoch
+        second = await f.start_daemon("d1")
+        async with second.client() as client, tailing(client) as tail:
+            frozen_at = time.time()
+            first.proc.send(signal.SIGSTOP)
+            new = await tail.until(
+                lambda e: e.pool is not None and e.pool.kind == "LEADER" and e.pool.leader == "d1",
+                within=30,
+            )
+            assert new.pool is not None and new.pool.epoch > old_epoch
+            await client.apply_policy(policy_text(1, 3))
+            held = await until_counts(client, policy(1, 3), target(4, 1, 3), workers=4)
+            first.proc.send(signal.SIGCONT)
+            await first.proc.logged("no longer leads", within=30)
+            await asyncio.sleep(1.0)  # time for a woken leader's round, were it to write
+            assert await held_now(client, policy(1, 3)) == held
+            status = await client.pool_status("split")
+            assert status.leader == "d1" and status.epoch == new.pool.epoch
+        late = [m for m in first.moves() if _epoch_of(m["time"]) > frozen_at]
+        assert late == [], late
+        refused = [
+            json.loads(line) for line in first.audit_log.read_text().splitlines()
+            if '"NotLeaderError"' in line
+        ]  # fmt: skip
+        assert all(line["epoch"] == old_epoch for line in refused), refused
+
+
+def _epoch_of(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp).timestamp()
