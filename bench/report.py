@@ -5,6 +5,7 @@
     python -m bench.report --only exit_drain   # one benchmark: its section, the rest kept
     python -m bench.report --peer F...  # only the peer section, from bench.peer's JSON
     python -m bench.report --prefix F.. # only the prefix-routing section, from bench.prefix's JSON
+    python -m bench.report --pools T... # only the pools section, from bench.pools(_plan)'s output
 
 Each benchmark runs as its own process with modest sizes and ``--json``; the report is
 built from those files only (``bench.route`` has no JSON: its table is quoted as printed).
@@ -36,6 +37,7 @@ matplotlib.use("Agg")  # files only; before pyplot is imported
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
+from bench import pools_report
 from bench.common import markdown_table as table
 from bench.peer import report as peer_report
 from bench.prefix import report as prefix_report
@@ -556,6 +558,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "from these `python -m bench.prefix` results (one part each)",
     )
     parser.add_argument(
+        "--pools",
+        type=Path,
+        nargs="+",
+        metavar="TXT",
+        help="run nothing: (re)write only the Pools section of --out from the saved output "
+        "of `python -m bench.pools` and `python -m bench.pools_plan`",
+    )
+    parser.add_argument(
         "--only", choices=sorted(SECTIONS), help="run one benchmark; rewrite only its section"
     )
     return parser.parse_args(argv)
@@ -611,6 +621,13 @@ def write_prefix(files: list[Path], out: Path) -> int:
     return 0
 
 
+def write_pools(files: list[Path], out: Path) -> int:
+    previous = out.read_text() if out.exists() else "# Benchmark results\n"
+    out.write_text(splice(previous, pools_report.TITLE, pools_report.section(files)))
+    print(f"wrote the pools section of {out}", file=sys.stderr)
+    return 0
+
+
 def only(name: str, out: Path, quick: bool) -> int:
     """Run the one benchmark ``name`` and rewrite its section of ``out``; the others stay."""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
@@ -634,6 +651,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return only(args.only, args.out, args.quick)
     if args.prefix:
         return write_prefix(args.prefix, args.out)
+    if args.pools:
+        return write_pools(args.pools, args.out)
     previous = args.out.read_text() if args.out.exists() else ""
     with tempfile.TemporaryDirectory(prefix="dynamod-report-") as scratch:
         work = Path(scratch)
@@ -644,7 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_propagation(scale, plots / "propagation_cdf.png")
         plot_routing(scale, plots / "routing_vs_fleet.png")
     text = document(runs, chaos, args.quick)
-    for title in (peer_report.TITLE, prefix_report.TITLE, DYNAMO_FLEETS):  # none is rerun here
+    # None of these is rerun here: their sections are kept as they are.
+    for title in (peer_report.TITLE, prefix_report.TITLE, pools_report.TITLE, DYNAMO_FLEETS):
         kept = kept_section(previous, title)
         text = text if kept is None else splice(text, title, kept)
     args.out.write_text(text)

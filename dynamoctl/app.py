@@ -21,7 +21,7 @@ from dynamoctl import options
 from dynamod import __version__
 
 HELP = """Operate dynamod: list workers, change their taints, watch discovery events, explain
-routing decisions.
+routing decisions, keep pool policies.
 
 Every command talks to dynamod's gRPC API (--endpoint). Global options may come before the
 command or after it. Tables go to stdout, diagnostics to stderr; -o json|yaml|name is for
@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "taints": ("dynamoctl.commands.taints", "app", True),
     "events": ("dynamoctl.commands.events", "app", True),
     "route": ("dynamoctl.commands.route", "app", True),
+    "pools": ("dynamoctl.commands.pools", "app", True),
     "status": ("dynamoctl.commands.status", "status", False),
     "completion": ("dynamoctl.commands.completion", "completion", False),
 }

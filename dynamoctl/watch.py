@@ -4,22 +4,25 @@
 kubectl's ``get -w --output-watch-events``. The first snapshot prints every worker as
 ADDED; a later snapshot (the daemon re-synced) is compared with what was shown, so only
 real differences print. ``EventTail`` is ``events tail``: the events as the daemon sends
-them. Column widths come from the first lines and only ever grow; every line is flushed.
+them, pool events (``POOL``) among them. Column widths come from the first lines and only
+ever grow; every line is flushed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from dynamoctl import formats
+from dynamoctl import formats, pool_formats
 from dynamoctl.output import Printer, widths_of
 
 if TYPE_CHECKING:
     from dynamod.results import EventInfo, WorkerInfo
 
-EVENT_STYLES = {"ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan"}
+EVENT_STYLES = {
+    "ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan", "POOL": "magenta",
+}  # fmt: skip
 EVENT_WIDTH = max(len(k) for k in EVENT_STYLES)  # so the EVENT column never shifts
 
 
@@ -127,15 +130,29 @@ class EventTail:
 
     def feed(self, event: EventInfo) -> None:
         if self.printer.output == "json":
-            self.printer.json_line(formats.event_object(event))
+            self.printer.json_line(_event_object(event))
         elif self.printer.output == "yaml":
-            self.printer.yaml(formats.event_object(event), document=True)
+            self.printer.yaml(_event_object(event), document=True)
             self.printer.flush()
         elif self.buffered:
-            self.pending.append(formats.event_row(event, self.printer.wide))
+            self.pending.append(_event_row(event, self.printer.wide))
         else:
-            self.columns.rows([formats.event_row(event, self.printer.wide)])
+            self.columns.rows([_event_row(event, self.printer.wide)])
 
     def close(self) -> None:
         self.columns.rows(self.pending)
         self.pending = []
+
+
+def _event_object(event: EventInfo) -> dict[str, Any]:
+    """A discovery event's object, or a pool event's (``pool_formats``)."""
+    obj = formats.event_object(event)
+    if event.pool is not None:
+        obj["pool"] = pool_formats.pool_event_object(event.pool)
+    return obj
+
+
+def _event_row(event: EventInfo, wide: bool) -> list[str]:
+    if event.pool is not None:
+        return pool_formats.pool_event_row(event, wide)
+    return formats.event_row(event, wide)

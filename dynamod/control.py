@@ -174,13 +174,19 @@ class Control:
         caller: Principal,
         dry_run: bool = False,
         progress: Progress | None = None,
+        check: Check | None = None,
+        audit: Mapping[str, object] | None = None,
     ) -> list[UpdateOutcome]:
         """Apply ``update`` to every targeted worker; return the outcomes in target order.
 
         ``progress`` (when given) is awaited with each outcome as soon as it is known. With
         one named worker, its error raises. With a selector or all, 16 workers are updated
         at a time and each failure is reported in its change. Who may write, and which
-        workers are meant, is settled before the first worker is touched."""
+        workers are meant, is settled before the first worker is touched.
+
+        ``check(before, after)`` runs, beside the caller's rights, right before each write
+        (the pool reconciler's leadership fence); ``audit`` adds fields to each worker's
+        audit line (its policy and epoch)."""
         try:
             caller.require_write()
             self._writes.admit(update)
@@ -194,7 +200,9 @@ class Control:
         async def one(record: WorkerRecord) -> UpdateOutcome:
             async with gate:
                 try:
-                    change = await self._update_one(record, update, caller, target, dry_run)
+                    change = await self._update_one(
+                        record, update, caller, target, dry_run, check, audit
+                    )
                 except DynamoError as exc:
                     if single:
                         raise
@@ -217,6 +225,8 @@ class Control:
         caller: Principal,
         target: Target,
         dry_run: bool,
+        check: Check | None = None,
+        audit: Mapping[str, object] | None = None,
     ) -> UpdateOutcome:
         if dry_run:
             return self._preview(record, update, caller)
@@ -226,14 +236,21 @@ class Control:
                     record,
                     update,
                     expect_revision=target.expect_revision,
-                    check=lambda before, after: caller.check_taints(_changed(before, after)),
+                    check=_checked(caller, check),
                     limits=self.limits,
+                    base_revision=self._seen_at(record),
                 )
         except DynamoError as exc:
-            self._audit(caller, update, record, record.taints, None, None, exc)
+            self._audit(caller, update, record, record.taints, None, None, exc, audit)
             raise
-        self._audit(caller, update, record, change.before, change.after, change.revision, None)
+        self._audit(
+            caller, update, record, change.before, change.after, change.revision, None, audit
+        )
         return change
+
+    def _seen_at(self, record: WorkerRecord) -> int | None:
+        """The revision the view holds ``record`` at, if it still holds this very record."""
+        return self.view.revision_of(record.key) if self.view.get(record.key) is record else None
 
     def _preview(
         self, record: WorkerRecord, update: TaintUpdate, caller: Principal
@@ -257,6 +274,7 @@ class Control:
         after: Iterable[str] | None,
         revision: int | None,
         error: DynamoError | None,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
         outcome = "ok" if error is None else type(error).__name__
         if error is None and after is not None and tuple(before) == tuple(after):
@@ -278,6 +296,7 @@ class Control:
             revision=revision,
             outcome=outcome,
             **({"error": str(error)} if error is not None else {}),
+            **(extra or {}),
         )
 
     def audit_refused(
@@ -375,3 +394,18 @@ def _failed(record: WorkerRecord, error: DynamoError) -> UpdateOutcome:
 
 def _changed(before: WorkerRecord, after: WorkerRecord) -> set[str]:
     return set(before.taints) ^ set(after.taints)
+
+
+Check = Callable[[WorkerRecord, WorkerRecord], None]
+
+
+def _checked(caller: Principal, check: Check | None) -> Check:
+    """The check before each write: the caller's rights on the taints changed, then
+    ``check`` (when given)."""
+
+    def both(before: WorkerRecord, after: WorkerRecord) -> None:
+        caller.check_taints(_changed(before, after))
+        if check is not None:
+            check(before, after)
+
+    return both

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,11 +31,12 @@ from dynamod.api import server as grpc_server
 from dynamod.api.service import ServiceContext
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.audit import AuditLog
-from dynamod.auth import Tokens
+from dynamod.auth import Principal, Tokens
 from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
 from dynamod.control import Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
+from dynamod.engine_events import EngineLoad
 from dynamod.errors import ConfigError
 from dynamod.frontend import Frontend
 from dynamod.frontend.dynamo_fleet import FleetFront
@@ -43,14 +44,21 @@ from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.pools.metrics import PoolMetrics
+from dynamod.pools.operations import PoolOperations
+from dynamod.pools.reconciler import Check as PoolCheck
+from dynamod.pools.reconciler import Observed, PoolReconciler, TaintWriter
 from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES
 from dynamod.prompts.processes import PromptProcesses
 from dynamod.prompts.reader import PromptReader
-from dynamod.results import DaemonState
+from dynamod.records import WorkerRecord
+from dynamod.results import DaemonState, UpdateOutcome
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.store import Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
+from dynamod.taints import TaintUpdate
+from dynamod.targets import Target
 from dynamod.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -122,13 +130,18 @@ class Daemon:
         # run in child processes, within the tokenizer limits (prompts/reader.py).
         limits = settings.tokenizer_limits
         workers = await stack.enter_async_context(PromptProcesses(PROMPT_PROCESSES, limits=limits))
+        pools: PoolReconciler | None = None
         reader = PromptReader(workers)
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(
             TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer)
         )
         feeds = EngineStreams(
-            view, router.report, kv=kv, budgets=self._budgets(), registry=self.registry
+            view,
+            lambda key, load: _reported(router, pools, key, load),
+            kv=kv,
+            budgets=self._budgets(),
+            registry=self.registry,
         )
         control = Control(
             store,
@@ -142,9 +155,11 @@ class Daemon:
             limits=settings.taint_limits,
         )
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
+        pools = self._pools(store, view, control)
         self.api = ServiceContext(
-            control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics
-        )
+            control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics,
+            PoolOperations(store, view, pools, self.audit, settings.replica_id),
+        )  # fmt: skip
         self.router = router
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")
@@ -173,9 +188,11 @@ class Daemon:
             self._announce(grpc.addresses, http, store.url, len(view))
             self.ready.set()
             dog = self._start_watchdog(group)
+            reconciler = group.create_task(pools.run(), name="pool reconciler")
             await signals.stopping.wait()
             code = await self._drain(control, grpc, front, signals)
-            for task in (watcher, followers, dog):
+            pools.events.close()
+            for task in (reconciler, watcher, followers, dog):
                 if task is not None:
                     task.cancel()
         return code
@@ -342,6 +359,54 @@ class Daemon:
         if restart_only:
             log.warning("changed settings that need a restart: %s", ", ".join(restart_only))
         log.info("reloaded: log level %s, tokens, router settings", new.log_level)
+
+    # Pools: the reconciler, its view of each worker, and its writes through Control.
+
+    def _pools(self, store: Store, view: WorkerView, control: Control) -> PoolReconciler:
+        router = control.router
+
+        def observe(key: str) -> Observed:
+            engine = router.reported(key)
+            blocks = engine.kv_blocks_used if engine is not None else 0
+            healthy = engine is None or engine.healthy
+            return Observed(healthy, router.load(key).active_requests, blocks)
+
+        return PoolReconciler(
+            store, view, _pool_writer(control, self.settings.replica_id),
+            identity=self.settings.replica_id, ttl=self.settings.pool_lease_ttl,
+            observe=observe, metrics=PoolMetrics(self.registry),
+        )  # fmt: skip
+
+
+def _reported(
+    router: Router, pools: PoolReconciler | None, key: str, load: EngineLoad | None
+) -> None:
+    """An engine's report: the router's, then the pools' (a health flip re-plans)."""
+    router.report(key, load)
+    if pools is not None:
+        pools.engine_reported(key, load is None or load.healthy)
+
+
+def _pool_writer(control: Control, identity: str) -> TaintWriter:
+    """The pool leader's writes: ``Control.update_taints`` on one worker at the revision the
+    plan saw, as ``pools@<replica>`` (rights, the lock per worker, the audit line)."""
+    caller = Principal(f"pools@{identity}", "write")
+
+    async def write(
+        record: WorkerRecord,
+        update: TaintUpdate,
+        *,
+        expect_revision: int,
+        check: PoolCheck,
+        audit: Mapping[str, object],
+    ) -> UpdateOutcome:
+        target = Target(worker=record.key, expect_revision=expect_revision)
+        [outcome] = await control.update_taints(
+            target, update, caller=caller, check=check, audit=audit
+        )
+        return outcome
+
+    return write
 
 
 async def run_daemon(

@@ -17,8 +17,9 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   └── PoolPolicyError                     a pool policy is refused at apply
     ├── NotFoundError (LookupError)                                  NOT_FOUND
     │   ├── KeyNotFoundError                    store: the key does not exist
-    │   └── WorkerNotFoundError                 no worker has that id / prefix
-    │       └── AmbiguousWorkerError            the prefix names several workers
+    │   ├── WorkerNotFoundError                 no worker has that id / prefix
+    │   │   └── AmbiguousWorkerError            the prefix names several workers
+    │   └── PolicyNotFoundError                 no pool policy has that name
     ├── RevisionMismatchError                   store CAS lost, or   FAILED_PRECONDITION
     │                                           the caller's expected revision is stale
     ├── ConflictError                           lost every CAS       ABORTED
@@ -454,3 +455,16 @@ class NotLeaderError(DynamoError):
     time. Raised by ``Leadership.fence()`` right before a write only the leader may make."""
 
     code = "FAILED_PRECONDITION"
+
+
+class PolicyNotFoundError(NotFoundError):
+    """No pool policy of that name is stored."""
+
+    def __init__(self, name: str, message: str | None = None) -> None:
+        super().__init__(
+            message or f"no pool policy named {shown(name)}; dynamoctl pools ls lists them"
+        )
+        self.name = name
+
+    def fields(self) -> dict[str, object]:
+        return {"name": self.name, "message": str(self)}

@@ -20,6 +20,7 @@ from dynamod import errors
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
+from dynamod.pool_results import PoolEventInfo
 from dynamod.records import WorkerRecord, mdcsum
 from dynamod.taints import CORDONED, DRAINING, is_topology
 
@@ -214,7 +215,7 @@ class UpdateOutcome:
         return self.before != self.after
 
 
-EventKind = Literal["ADDED", "TAINTS", "REMOVED", "RESYNC"]
+EventKind = Literal["ADDED", "TAINTS", "REMOVED", "RESYNC", "POOL"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,8 @@ class EventInfo:
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
     workers: tuple[WorkerInfo, ...] = ()
+    pool: PoolEventInfo | None = None
+    """POOL: the pool event (a tail that asked for pool events; ``pool_results``)."""
 
 
 @dataclass(frozen=True)

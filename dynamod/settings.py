@@ -68,6 +68,9 @@ worker_events_per_second                                       lines a worker's 
 worker_event_bytes_per_second                                  ... and bytes of them (a
   / _burst         2097152 / 67108864                          KV worker's burst: its
                                                                whole snapshot if larger)
+pool_lease_ttl     15                                          seconds of the pool
+                                                               leader's lease: failover
+                                                               within it plus a second
 =================  ==========================================  ==========================
 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
@@ -173,6 +176,7 @@ class DaemonSettings:
     worker_events_burst: int = 10_000
     worker_event_bytes_per_second: float = float(2 << 20)
     worker_event_bytes_burst: int = 64 << 20
+    pool_lease_ttl: float = 15.0
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -185,6 +189,10 @@ class DaemonSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if not math.isfinite(self.pool_lease_ttl) or not 1 <= self.pool_lease_ttl <= 3600:
+            raise ConfigError(
+                f"pool_lease_ttl must be 1 to 3600 seconds, got {self.pool_lease_ttl!r}"
+            )
         if self.event_history < 1:
             raise ConfigError(f"event_history must be at least 1, got {self.event_history}")
         if not 0 < self.event_history_mb < 1e6:
@@ -431,6 +439,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "worker_events_burst": _number(int),
     "worker_event_bytes_per_second": _number(float),
     "worker_event_bytes_burst": _number(int),
+    "pool_lease_ttl": _number(float),
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 

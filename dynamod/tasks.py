@@ -40,3 +40,18 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def together(*coros: Coroutine[Any, Any, object]) -> None:
+    """Run ``coros`` as tasks until all have ended; the first one to fail cancels and
+    awaits the others, and its exception propagates. Cancelling the caller cancels them all.
+
+    ``race``'s twin for "all of them", for the same reason: a ``TaskGroup`` whose body has
+    already ended leaves the caller cancelled on Python 3.11 when a child then fails."""
+    tasks = [asyncio.ensure_future(coro) for coro in coros]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from dynamod.client import AsyncClient
 
 app = typer.Typer(
-    no_args_is_help=True, help="Discovery events: workers added, removed, their taints changed."
+    no_args_is_help=True,
+    help="Discovery events: workers added, removed, their taints changed; pool events.",
 )
 
 STREAM_FORMATS = ("table", "wide", "json", "yaml")
@@ -35,12 +36,22 @@ def tail(
         bool, typer.Option("--no-follow", help="Print what is known now, then exit.")
     ] = False,
     selector: SelectorOption = None,
+    pools: Annotated[
+        bool,
+        typer.Option(
+            "--pools/--no-pools",
+            help="Include pool events (EVENT POOL): policies applied, changed, paused, "
+            "resumed, removed; the leader's moves and the drift it saw; a new leader.",
+        ),
+    ] = True,
 ) -> None:
     """Follow discovery events.
 
-    Columns: TIME, REVISION, EVENT (ADDED, TAINTS, REMOVED, RESYNC), WORKER, CHANGE.
-    Starts with a RESYNC snapshot unless --since is given. -o json prints one JSON object
-    per line. Ctrl-C ends it (exit status 0)."""
+    Columns: TIME, REVISION, EVENT (ADDED, TAINTS, REMOVED, RESYNC, POOL), WORKER, CHANGE.
+    Starts with a RESYNC snapshot unless --since is given. Pool events come in the order
+    dynamod learned them, each with the store revision it reflects (a move: the worker's
+    record it wrote); with -l only the moves and drift of matching workers. -o json prints
+    one JSON object per line. Ctrl-C ends it (exit status 0)."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -49,7 +60,9 @@ def tail(
 
         check_selector(selector)
         stream = EventTail(printer, buffered=no_follow)
-        events = client.tail_events(since=since, selector=selector or "", follow=not no_follow)
+        events = client.tail_events(
+            since=since, selector=selector or "", follow=not no_follow, pools=pools
+        )
         async for event in events:
             stream.feed(event)
         stream.close()

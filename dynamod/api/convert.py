@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 
 from dynamod import jsoncodec
+from dynamod.api.pool_convert import pool_event_from_pb, pool_event_to_pb
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
@@ -44,6 +45,7 @@ KINDS: dict[EventKind, int] = {
     "TAINTS": pb.Event.TAINTS,
     "REMOVED": pb.Event.REMOVED,
     "RESYNC": pb.Event.RESYNC,
+    "POOL": pb.Event.POOL,
 }
 KIND_NAMES = {number: name for name, number in KINDS.items()}
 
@@ -221,6 +223,8 @@ def event_to_pb(event: EventInfo) -> pb.Event:
     )
     if event.worker is not None:
         message.worker.CopyFrom(worker_to_pb(event.worker))
+    if event.pool is not None:
+        message.pool.CopyFrom(pool_event_to_pb(event.pool))
     return message
 
 
@@ -233,6 +237,7 @@ def event_from_pb(message: pb.Event) -> EventInfo:
         added=tuple(message.added),
         removed=tuple(message.removed),
         workers=tuple(worker_from_pb(w) for w in message.workers),
+        pool=pool_event_from_pb(message.pool) if message.HasField("pool") else None,
     )
 
 

@@ -25,7 +25,7 @@ import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dynamod.api import convert, worker_pages
+from dynamod.api import convert, pool_service, worker_pages
 from dynamod.api.status import fit, status_of, trailers
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.api.v1 import dynamo_pb2 as pb
@@ -50,6 +50,7 @@ from dynamod.errors import (
     StreamLimitError,
     UnauthenticatedError,
 )
+from dynamod.pools.operations import PoolOperations
 from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
 from dynamod.taints import RoutingConstraints, TaintUpdate
@@ -73,8 +74,11 @@ class ServiceContext:
         registry: CollectorRegistry,
         slots: StreamSlots,
         metrics: DaemonMetrics | None = None,
+        pools: PoolOperations | None = None,
     ) -> None:
         self.control = control
+        self.pools = pools
+        """The pool policies' operations (``PoolService``, pool events in ``TailEvents``)."""
         self.metrics = metrics
         self.tokens = tokens
         self.slots = slots
@@ -345,7 +349,11 @@ class EventService(rpc.EventServiceServicer):
                 await self.api.fail("TailEvents", context, exc)
             since = request.since if request.HasField("since") else None
             view = self.api.control.view
-            if request.no_follow:
+            if request.pools and self.api.pools is not None:
+                follow = not request.no_follow
+                async for message in pool_service.tail(self.api, since, selector, follow, _infos):
+                    yield message
+            elif request.no_follow:
                 for event in view.backlog(since):
                     for info in _infos(self.api.control, event, selector):
                         yield convert.event_to_pb(info)
@@ -463,6 +471,9 @@ def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
     rpc.add_EventServiceServicer_to_server(EventService(api), server)
     rpc.add_RouterServiceServicer_to_server(RouterService(api), server)
     rpc.add_StatusServiceServicer_to_server(StatusService(api), server)
+    names = ["PoolService"] if api.pools is not None else []
+    if api.pools is not None:
+        rpc.add_PoolServiceServicer_to_server(pool_service.PoolService(api, api.pools), server)
     return [
         pb.DESCRIPTOR.services_by_name[name].full_name
         for name in (
@@ -471,5 +482,6 @@ def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
             "EventService",
             "RouterService",
             "StatusService",
+            *names,
         )
     ]

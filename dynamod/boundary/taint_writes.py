@@ -69,11 +69,13 @@ class TaintWrites(Protocol):
         expect_revision: int | None,
         check: Check,
         limits: TaintLimits,
+        base_revision: int | None = None,
     ) -> UpdateOutcome:
         """Apply ``update`` to the worker ``record`` names, computed on its freshly read
         taints; ``check(before, after)`` may refuse it before anything is written;
         ``expect_revision`` fails it (``RevisionMismatchError``) on another revision;
-        ``limits`` refuse growth past them. Returns what changed."""
+        ``limits`` refuse growth past them; ``base_revision``: the revision ``record`` is
+        known to be at (a writer may then skip reading it again). Returns what changed."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class StoreWrites:
         expect_revision: int | None,
         check: Check,
         limits: TaintLimits,
+        base_revision: int | None = None,
     ) -> UpdateOutcome:
         return await update_taints(
             self.store,
@@ -102,6 +105,7 @@ class StoreWrites:
             check=check,
             base=record,
             limits=limits,
+            base_revision=base_revision,
         )
 
 
@@ -133,7 +137,10 @@ class RouteWrites:
         expect_revision: int | None,
         check: Check,
         limits: TaintLimits,
+        base_revision: int | None = None,
     ) -> UpdateOutcome:
+        # A Dynamo worker's card is always read again: its route has no compare-and-swap
+        # for a known revision to stand in for.
         fresh, revision = await self._read(record.key, expect_revision)
         before = caller_taints(fresh.taints)
         after = update.apply(before)

@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from dynamod.api import convert
+from dynamod.api import convert, pool_convert
 from dynamod.api.status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
@@ -36,6 +36,7 @@ from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve, target_of
 from dynamod.errors import DynamoError, UnreachableError
+from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.records import ModelCard
 from dynamod.results import (
     DrainEvent,
@@ -87,6 +88,7 @@ class AsyncClient(AsyncDynamoHelpers):
         self._events = rpc.EventServiceStub(self._channel)
         self._router = rpc.RouterServiceStub(self._channel)
         self._status = rpc.StatusServiceStub(self._channel)
+        self._pools = rpc.PoolServiceStub(self._channel)
 
     def _open(self, target: str) -> aio.Channel:
         creds = self._credentials
@@ -270,11 +272,17 @@ class AsyncClient(AsyncDynamoHelpers):
             yield convert.drain_event_from_pb(message)
 
     async def tail_events(
-        self, *, since: int | None = None, selector: str = "", follow: bool = True
+        self,
+        *,
+        since: int | None = None,
+        selector: str = "",
+        follow: bool = True,
+        pools: bool = False,
     ) -> AsyncGenerator[EventInfo, None]:
         """Discovery events; ends when the daemon ends the stream (or at once with
-        ``follow=False`` after what is known)."""
-        request = pb.TailEventsRequest(selector=selector, no_follow=not follow)
+        ``follow=False`` after what is known). With ``pools``, the pool events too (kind
+        ``POOL``, ``EventInfo.pool``)."""
+        request = pb.TailEventsRequest(selector=selector, no_follow=not follow, pools=pools)
         if since is not None:
             request.since = since
         call = self._events.TailEvents(request, metadata=self._metadata())
@@ -312,6 +320,44 @@ class AsyncClient(AsyncDynamoHelpers):
 
     async def status(self) -> StatusInfo:
         return convert.status_from_pb(await self._call(self._status.GetStatus, pb.StatusRequest()))
+
+    # Pool policies (dynamod/pools): the PoolService.
+
+    async def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
+        """Store a pool policy (YAML or JSON text); a refused one raises ``PoolPolicyError``
+        naming the field and the rule, and stores nothing. With ``dry_run`` check and plan
+        only. The outcome says ``created``, ``changed`` or ``unchanged`` and the moves the
+        daemon plans for it."""
+        request = pb.ApplyPolicyRequest(document=document, dry_run=dry_run)
+        return pool_convert.apply_from_pb(await self._call(self._pools.ApplyPolicy, request))
+
+    async def list_policies(self) -> list[PolicyInfo]:
+        reply = await self._call(self._pools.ListPolicies, pb.ListPoliciesRequest())
+        return [pool_convert.policy_from_pb(p) for p in reply.policies]
+
+    async def get_policy(self, name: str) -> PolicyInfo:
+        """The stored policy ``name``; ``PolicyNotFoundError`` when there is none."""
+        reply = await self._call(self._pools.GetPolicy, pb.PolicyRequest(name=name))
+        return pool_convert.policy_from_pb(reply.policy)
+
+    async def pool_status(self, name: str) -> PoolStatusInfo:
+        """Target and actual counts per pool, pending and recent moves, drift, the leader."""
+        reply = await self._call(self._pools.GetPoolStatus, pb.PolicyRequest(name=name))
+        return pool_convert.status_from_pb(reply)
+
+    async def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        """Pause ``name`` (planned and reported, nothing written); whether this changed it."""
+        reply = await self._call(self._pools.PausePolicy, pb.PolicyRequest(name=name))
+        return pool_convert.policy_from_pb(reply.policy), reply.changed
+
+    async def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        reply = await self._call(self._pools.ResumePolicy, pb.PolicyRequest(name=name))
+        return pool_convert.policy_from_pb(reply.policy), reply.changed
+
+    async def remove_policy(self, name: str) -> RemoveOutcome:
+        """Delete ``name``; every worker keeps its taints as they are."""
+        reply = await self._call(self._pools.RemovePolicy, pb.PolicyRequest(name=name))
+        return pool_convert.remove_from_pb(reply)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -32,6 +32,7 @@ from dynamod.client import drain
 from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Credentials, resolve
+from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.results import (
     DrainEvent,
     DrainResult,
@@ -162,6 +163,42 @@ class Client(DynamoHelpers):
 
     def status(self) -> StatusInfo:
         return self._run(self._async.status())
+
+    def tail_events(
+        self,
+        *,
+        since: int | None = None,
+        selector: str = "",
+        follow: bool = True,
+        pools: bool = False,
+    ) -> Iterator[EventInfo]:
+        """``AsyncClient.tail_events``, event by event; leaving the loop ends the stream."""
+        return self._iterate(
+            self._async.tail_events(since=since, selector=selector, follow=follow, pools=pools)
+        )
+
+    # Pool policies: as ``AsyncClient``'s.
+
+    def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
+        return self._run(self._async.apply_policy(document, dry_run=dry_run))
+
+    def list_policies(self) -> list[PolicyInfo]:
+        return self._run(self._async.list_policies())
+
+    def get_policy(self, name: str) -> PolicyInfo:
+        return self._run(self._async.get_policy(name))
+
+    def pool_status(self, name: str) -> PoolStatusInfo:
+        return self._run(self._async.pool_status(name))
+
+    def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        return self._run(self._async.pause_policy(name))
+
+    def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
+        return self._run(self._async.resume_policy(name))
+
+    def remove_policy(self, name: str) -> RemoveOutcome:
+        return self._run(self._async.remove_policy(name))
 
     def _iterate(self, stream: AsyncGenerator[EventInfo, None]) -> Iterator[EventInfo]:
         """The events of ``stream``, each fetched on the client's loop; the stream is

@@ -41,6 +41,7 @@ async def update_taints(
     check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
     base: WorkerRecord | None = None,
     limits: TaintLimits | None = None,
+    base_revision: int | None = None,
 ) -> UpdateOutcome:
     """Apply ``update`` to the worker record at ``key`` atomically; return what changed.
 
@@ -60,17 +61,28 @@ async def update_taints(
     stored record that differs from it outside the taints was changed out of band, and
     routers ignore it: the update is then computed on ``base`` and written over it, so
     that what the call reports is what routers see.
+
+    ``base_revision`` is the store revision ``base`` was seen at (a router's view). When it
+    is ``expect_revision``, the record is known: the read is skipped and the
+    compare-and-swap alone checks the revision (one store round trip instead of two; the
+    pool leader writes this way, at the revision its plan saw).
     """
     backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
+    known = base is not None and expect_revision is not None and base_revision == expect_revision
+    stored: WorkerRecord | None
     for attempt in range(1, CAS_ATTEMPTS + 1):
-        entry = await store.get(key)
-        if entry is None:
-            raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
-        revision = entry.revision
-        if expect_revision is not None and revision != expect_revision:
-            raise RevisionMismatchError(key, expect_revision, revision)
-        stored = parse_stored(entry.value, key, base)
-        before = within_boundary(base, stored)
+        if known:
+            assert base is not None and expect_revision is not None
+            revision, stored, before = expect_revision, base, base
+        else:
+            entry = await store.get(key)
+            if entry is None:
+                raise WorkerNotFoundError(key, f"no worker is registered at {key!r}")
+            revision = entry.revision
+            if expect_revision is not None and revision != expect_revision:
+                raise RevisionMismatchError(key, expect_revision, revision)
+            stored = parse_stored(entry.value, key, base)
+            before = within_boundary(base, stored)
         after = before.updated(update, limits)
         if after == stored:
             return _change(before, after, revision)

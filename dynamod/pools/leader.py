@@ -72,7 +72,7 @@ from dynamod.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from dynamod.store import Delete, Lease, Put, Resync, Store, Watch
+from dynamod.store import Delete, Entry, Lease, Put, Resync, Store, Watch
 from dynamod.store.base import validate_key
 from dynamod.tasks import cancel_and_wait, race
 
@@ -150,8 +150,12 @@ class Leadership:
 async def read_leader(store: Store, key: str = LEADER_KEY) -> LeaderInfo | None:
     """Who holds ``key`` now, or None; the epoch is the create's revision."""
     entry = await store.get(key)
-    if entry is None:
-        return None
+    return None if entry is None else leader_of(entry)
+
+
+def leader_of(entry: Entry) -> LeaderInfo:
+    """Who a leader key's entry names (a watcher's ``Put``); the epoch is the create's
+    revision, which the first write of a term is."""
     identity, _, epoch = _decode(entry.value)
     return LeaderInfo(identity, epoch or entry.revision)
 

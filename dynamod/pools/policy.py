@@ -1,7 +1,7 @@
 """Pool policies: the desired shares of pool taints over a set of workers, checked at apply.
 
-A policy is a YAML or JSON document, stored canonical (``to_json``) at
-``v1/pools/<name>`` beside the workers::
+A policy is a YAML or JSON document, stored canonical (``to_dict``, in ``stored.encode``)
+at ``v1/pools/<name>`` beside the workers::
 
     name: interactive-split       # required: a DNS label, 1-63 of a-z 0-9 '-'
     selector: model=demo-llama    # required: dynamoctl's -l language; the workers it owns

@@ -12,6 +12,8 @@ standard status codes, with the domain message as details:
   UNAVAILABLE          the discovery store cannot be reached, or the daemon is draining
   PERMISSION_DENIED    the credentials may not do this (e.g. outside their taint prefixes)
   UNAUTHENTICATED      no credentials, or unknown ones
+Pool policies add: INVALID_ARGUMENT for a refused policy (the message names the field and
+the rule), NOT_FOUND for no such policy, ABORTED when concurrent writers kept winning.
 """
 
 from collections import abc as _abc
@@ -674,22 +676,29 @@ class TailEventsRequest(_message.Message):
     SINCE_FIELD_NUMBER: _builtins.int
     SELECTOR_FIELD_NUMBER: _builtins.int
     NO_FOLLOW_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
     since: _builtins.int
     """replay events after this revision (unset: from now)"""
     selector: _builtins.str
     """only events of workers that match"""
     no_follow: _builtins.bool
     """end after what is already known"""
+    pools: _builtins.bool
+    """Also the pool events (kind POOL): policies applied, changed, paused, resumed, removed;
+    moves and drift of the leader; a new leader. With a selector, only the moves and drift
+    of workers it matches.
+    """
     def __init__(
         self,
         *,
         since: _builtins.int | None = ...,
         selector: _builtins.str = ...,
         no_follow: _builtins.bool = ...,
+        pools: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_since", b"_since", "since", b"since"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_since", b"_since", "no_follow", b"no_follow", "selector", b"selector", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_since", b"_since", "no_follow", b"no_follow", "pools", b"pools", "selector", b"selector", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__since: _TypeAlias = _typing.Literal["since"]  # noqa: Y015
     _WhichOneofArgType__since: _TypeAlias = _typing.Literal["_since", b"_since"]  # noqa: Y015
@@ -712,6 +721,8 @@ class Event(_message.Message):
         TAINTS: Event._Kind.ValueType  # 2
         REMOVED: Event._Kind.ValueType  # 3
         RESYNC: Event._Kind.ValueType  # 4
+        POOL: Event._Kind.ValueType  # 5
+        """a pool event (TailEventsRequest.pools)"""
 
     class Kind(_Kind, metaclass=_KindEnumTypeWrapper): ...
     KIND_UNSPECIFIED: Event.Kind.ValueType  # 0
@@ -719,6 +730,8 @@ class Event(_message.Message):
     TAINTS: Event.Kind.ValueType  # 2
     REMOVED: Event.Kind.ValueType  # 3
     RESYNC: Event.Kind.ValueType  # 4
+    POOL: Event.Kind.ValueType  # 5
+    """a pool event (TailEventsRequest.pools)"""
 
     KIND_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
@@ -727,6 +740,7 @@ class Event(_message.Message):
     ADDED_FIELD_NUMBER: _builtins.int
     REMOVED_FIELD_NUMBER: _builtins.int
     WORKERS_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
     kind: Global___Event.Kind.ValueType
     revision: _builtins.int
     time: _builtins.float
@@ -747,6 +761,10 @@ class Event(_message.Message):
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]:
         """RESYNC: the whole (filtered) view"""
 
+    @_builtins.property
+    def pool(self) -> Global___PoolEvent:
+        """POOL"""
+
     def __init__(
         self,
         *,
@@ -757,10 +775,11 @@ class Event(_message.Message):
         added: _abc.Iterable[_builtins.str] | None = ...,
         removed: _abc.Iterable[_builtins.str] | None = ...,
         workers: _abc.Iterable[Global___Worker] | None = ...,
+        pool: Global___PoolEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["worker", b"worker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["pool", b"pool", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "kind", b"kind", "removed", b"removed", "revision", b"revision", "time", b"time", "worker", b"worker", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "kind", b"kind", "pool", b"pool", "removed", b"removed", "revision", b"revision", "time", b"time", "worker", b"worker", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -959,3 +978,496 @@ class StatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class PoolEvent(_message.Message):
+    """Pool policies (dynamod/pools): desired shares of pool taints over the workers a selector
+    owns, stored at v1/pools/<name>, kept true by the one leader among the daemons.
+
+    A pool event in TailEvents. kind: APPLIED, CHANGED, PAUSED, RESUMED, REMOVED (a
+    policy), MOVED (the leader set a worker's pool), DRIFT (another writer changed a pool
+    taint of an owned worker), LEADER (a daemon leads the pools: its epoch; empty leader:
+    nobody leads), LOST (this stream fell behind; pool events were dropped).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    FROM_POOL_FIELD_NUMBER: _builtins.int
+    TO_POOL_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    policy: _builtins.str
+    worker: _builtins.str
+    """MOVED, DRIFT: instance id"""
+    from_pool: _builtins.str
+    """MOVED: "" when the worker held none or several"""
+    to_pool: _builtins.str
+    """MOVED: the new pool; DRIFT: the pool assigned"""
+    why: _builtins.str
+    """MOVED: joined, fixup, drift, rebalance, retired;"""
+    epoch: _builtins.int
+    """DRIFT: what the leader did about it
+    MOVED, LEADER: the leader's fencing epoch
+    """
+    leader: _builtins.str
+    """MOVED, LEADER: the leading daemon's identity"""
+    message: _builtins.str
+    """the event in words"""
+    @_builtins.property
+    def held(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """DRIFT: the policy's pool taints the worker held"""
+
+    def __init__(
+        self,
+        *,
+        kind: _builtins.str = ...,
+        policy: _builtins.str = ...,
+        worker: _builtins.str = ...,
+        from_pool: _builtins.str = ...,
+        to_pool: _builtins.str = ...,
+        why: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        leader: _builtins.str = ...,
+        held: _abc.Iterable[_builtins.str] | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_pool", b"from_pool", "held", b"held", "kind", b"kind", "leader", b"leader", "message", b"message", "policy", b"policy", "to_pool", b"to_pool", "why", b"why", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolEvent: _TypeAlias = PoolEvent  # noqa: Y015
+
+@_typing.final
+class Policy(_message.Message):
+    """A stored policy."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    DOCUMENT_JSON_FIELD_NUMBER: _builtins.int
+    RETIRED_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    revision: _builtins.int
+    """store revision of v1/pools/<name>"""
+    document_json: _builtins.str
+    """the policy document: keys that differ from defaults"""
+    @_builtins.property
+    def retired(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """pool taints of replaced versions, stripped by the leader"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        document_json: _builtins.str = ...,
+        retired: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document_json", b"document_json", "name", b"name", "retired", b"retired", "revision", b"revision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Policy: _TypeAlias = Policy  # noqa: Y015
+
+@_typing.final
+class PoolMove(_message.Message):
+    """A worker's move: its pool taints of the policy become exactly to_pool."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    FROM_POOL_FIELD_NUMBER: _builtins.int
+    TO_POOL_FIELD_NUMBER: _builtins.int
+    WHY_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    from_pool: _builtins.str
+    """"" when it held none or several"""
+    to_pool: _builtins.str
+    why: _builtins.str
+    """joined, fixup, drift, rebalance, retired"""
+    time: _builtins.float
+    """made: unix seconds; pending: 0"""
+    epoch: _builtins.int
+    """made: the leader's fencing epoch"""
+    revision: _builtins.int
+    """made: the record's revision after it"""
+    leader: _builtins.str
+    """made: the leading daemon's identity"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        from_pool: _builtins.str = ...,
+        to_pool: _builtins.str = ...,
+        why: _builtins.str = ...,
+        time: _builtins.float = ...,
+        epoch: _builtins.int = ...,
+        revision: _builtins.int = ...,
+        leader: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_pool", b"from_pool", "leader", b"leader", "revision", b"revision", "time", b"time", "to_pool", b"to_pool", "why", b"why", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolMove: _TypeAlias = PoolMove  # noqa: Y015
+
+@_typing.final
+class PoolDrift(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    ASSIGNED_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    TIME_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    assigned: _builtins.str
+    """the pool the leader had set"""
+    revision: _builtins.int
+    """the record's revision that changed it"""
+    time: _builtins.float
+    """when the leader saw it, unix seconds"""
+    action: _builtins.str
+    """"put back", or why it was left as it is"""
+    @_builtins.property
+    def held(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the policy's pool taints it held"""
+
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        held: _abc.Iterable[_builtins.str] | None = ...,
+        assigned: _builtins.str = ...,
+        revision: _builtins.int = ...,
+        time: _builtins.float = ...,
+        action: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "assigned", b"assigned", "held", b"held", "revision", b"revision", "time", b"time", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolDrift: _TypeAlias = PoolDrift  # noqa: Y015
+
+@_typing.final
+class PoolCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    WANTED_FIELD_NUMBER: _builtins.int
+    ACTUAL_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    weight: _builtins.float
+    wanted: _builtins.int
+    """routable workers it should have (largest remainder)"""
+    actual: _builtins.int
+    """routable workers holding exactly this pool"""
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        weight: _builtins.float = ...,
+        wanted: _builtins.int = ...,
+        actual: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual", b"actual", "pool", b"pool", "wanted", b"wanted", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolCount: _TypeAlias = PoolCount  # noqa: Y015
+
+@_typing.final
+class DomainCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOMAIN_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    WANTED_FIELD_NUMBER: _builtins.int
+    domain: _builtins.str
+    """the spread_by domain's value ("" for none)"""
+    pool: _builtins.str
+    wanted: _builtins.int
+    def __init__(
+        self,
+        *,
+        domain: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        wanted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["domain", b"domain", "pool", b"pool", "wanted", b"wanted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DomainCount: _TypeAlias = DomainCount  # noqa: Y015
+
+@_typing.final
+class ApplyPolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    document: _builtins.str
+    """YAML or JSON, at most 64 KiB"""
+    dry_run: _builtins.bool
+    """check and plan; write nothing"""
+    def __init__(
+        self,
+        *,
+        document: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyPolicyRequest: _TypeAlias = ApplyPolicyRequest  # noqa: Y015
+
+@_typing.final
+class ApplyPolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    MOVES_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    outcome: _builtins.str
+    """created, changed, unchanged"""
+    dry_run: _builtins.bool
+    @_builtins.property
+    def policy(self) -> Global___Policy: ...
+    @_builtins.property
+    def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolMove]:
+        """what the answering daemon plans for it now"""
+
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy | None = ...,
+        outcome: _builtins.str = ...,
+        moves: _abc.Iterable[Global___PoolMove] | None = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dry_run", b"dry_run", "moves", b"moves", "outcome", b"outcome", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ApplyPolicyResponse: _TypeAlias = ApplyPolicyResponse  # noqa: Y015
+
+@_typing.final
+class ListPoliciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoliciesRequest: _TypeAlias = ListPoliciesRequest  # noqa: Y015
+
+@_typing.final
+class ListPoliciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Policy]:
+        """by name"""
+
+    def __init__(
+        self,
+        *,
+        policies: _abc.Iterable[Global___Policy] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoliciesResponse: _TypeAlias = ListPoliciesResponse  # noqa: Y015
+
+@_typing.final
+class PolicyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyRequest: _TypeAlias = PolicyRequest  # noqa: Y015
+
+@_typing.final
+class PolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    changed: _builtins.bool
+    """PausePolicy / ResumePolicy: whether this call changed it"""
+    @_builtins.property
+    def policy(self) -> Global___Policy: ...
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy | None = ...,
+        changed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changed", b"changed", "policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyResponse: _TypeAlias = PolicyResponse  # noqa: Y015
+
+@_typing.final
+class RemovePolicyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    WORKERS_HOLDING_FIELD_NUMBER: _builtins.int
+    workers_holding: _builtins.int
+    """workers still holding one of its pool taints (left as is)"""
+    @_builtins.property
+    def policy(self) -> Global___Policy:
+        """as it was"""
+
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy | None = ...,
+        workers_holding: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy", "workers_holding", b"workers_holding"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemovePolicyResponse: _TypeAlias = RemovePolicyResponse  # noqa: Y015
+
+@_typing.final
+class PoolStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    LEADING_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    BY_DOMAIN_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
+    EXCLUDED_FIELD_NUMBER: _builtins.int
+    RECENT_FIELD_NUMBER: _builtins.int
+    DRIFT_FIELD_NUMBER: _builtins.int
+    BUDGET_LEFT_FIELD_NUMBER: _builtins.int
+    CONFLICT_FIELD_NUMBER: _builtins.int
+    replica: _builtins.str
+    """the answering daemon"""
+    leader: _builtins.str
+    """who leads the pools ("" when nobody does)"""
+    epoch: _builtins.int
+    leading: _builtins.bool
+    """whether the answering daemon leads"""
+    workers: _builtins.int
+    """workers the selector owns (routable or not)"""
+    budget_left: _builtins.int
+    """moves the leader may still make in the budget window"""
+    conflict: _builtins.str
+    """why the policy is not reconciled ("" when it is)"""
+    @_builtins.property
+    def policy(self) -> Global___Policy: ...
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolCount]: ...
+    @_builtins.property
+    def by_domain(self) -> _containers.RepeatedCompositeFieldContainer[Global___DomainCount]:
+        """spread_by: wanted per domain value and pool"""
+
+    @_builtins.property
+    def pending(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolMove]:
+        """the plan's moves not made yet"""
+
+    @_builtins.property
+    def excluded(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """owned workers not routable: not counted, not moved"""
+
+    @_builtins.property
+    def recent(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolMove]:
+        """the leader's journal: recent moves, newest last"""
+
+    @_builtins.property
+    def drift(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolDrift]:
+        """the leader's journal: drift seen, newest last"""
+
+    def __init__(
+        self,
+        *,
+        policy: Global___Policy | None = ...,
+        replica: _builtins.str = ...,
+        leader: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        leading: _builtins.bool = ...,
+        workers: _builtins.int = ...,
+        pools: _abc.Iterable[Global___PoolCount] | None = ...,
+        by_domain: _abc.Iterable[Global___DomainCount] | None = ...,
+        pending: _abc.Iterable[Global___PoolMove] | None = ...,
+        excluded: _abc.Iterable[_builtins.str] | None = ...,
+        recent: _abc.Iterable[Global___PoolMove] | None = ...,
+        drift: _abc.Iterable[Global___PoolDrift] | None = ...,
+        budget_left: _builtins.int | None = ...,
+        conflict: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left", "budget_left", b"budget_left", "policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left", "budget_left", b"budget_left", "by_domain", b"by_domain", "conflict", b"conflict", "drift", b"drift", "epoch", b"epoch", "excluded", b"excluded", "leader", b"leader", "leading", b"leading", "pending", b"pending", "policy", b"policy", "pools", b"pools", "recent", b"recent", "replica", b"replica", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__budget_left: _TypeAlias = _typing.Literal["budget_left"]  # noqa: Y015
+    _WhichOneofArgType__budget_left: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_left) -> _WhichOneofReturnType__budget_left | None: ...
+
+Global___PoolStatusResponse: _TypeAlias = PoolStatusResponse  # noqa: Y015

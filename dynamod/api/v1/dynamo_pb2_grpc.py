@@ -563,3 +563,334 @@ class StatusService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PoolServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ApplyPolicy = channel.unary_unary(
+                '/dynamo.v1.PoolService/ApplyPolicy',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyResponse.FromString,
+                _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/dynamo.v1.PoolService/ListPolicies',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesResponse.FromString,
+                _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/dynamo.v1.PoolService/GetPolicy',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.GetPoolStatus = channel.unary_unary(
+                '/dynamo.v1.PoolService/GetPoolStatus',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PoolStatusResponse.FromString,
+                _registered_method=True)
+        self.PausePolicy = channel.unary_unary(
+                '/dynamo.v1.PoolService/PausePolicy',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.ResumePolicy = channel.unary_unary(
+                '/dynamo.v1.PoolService/ResumePolicy',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+                _registered_method=True)
+        self.RemovePolicy = channel.unary_unary(
+                '/dynamo.v1.PoolService/RemovePolicy',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.RemovePolicyResponse.FromString,
+                _registered_method=True)
+
+
+class PoolServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ApplyPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPoolStatus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PausePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumePolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemovePolicy(self, request, context):
+        """Deletes the policy; every worker keeps its taints as they are.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PoolServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ApplyPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApplyPolicy,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyResponse.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.SerializeToString,
+            ),
+            'GetPoolStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPoolStatus,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PoolStatusResponse.SerializeToString,
+            ),
+            'PausePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.PausePolicy,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.SerializeToString,
+            ),
+            'ResumePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumePolicy,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.SerializeToString,
+            ),
+            'RemovePolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemovePolicy,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.RemovePolicyResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'dynamo.v1.PoolService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('dynamo.v1.PoolService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class PoolService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ApplyPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/ApplyPolicy',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ApplyPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/ListPolicies',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.ListPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/GetPolicy',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPoolStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/GetPoolStatus',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PoolStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PausePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/PausePolicy',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/ResumePolicy',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemovePolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dynamo.v1.PoolService/RemovePolicy',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.PolicyRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.RemovePolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -12,6 +12,8 @@ standard status codes, with the domain message as details:
   UNAVAILABLE          the discovery store cannot be reached, or the daemon is draining
   PERMISSION_DENIED    the credentials may not do this (e.g. outside their taint prefixes)
   UNAUTHENTICATED      no credentials, or unknown ones
+Pool policies add: INVALID_ARGUMENT for a refused policy (the message names the field and
+the rule), NOT_FOUND for no such policy, ABORTED when concurrent writers kept winning.
 """
 
 from collections import abc as _abc
@@ -215,3 +217,82 @@ class StatusServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_dynamo_pb2.StatusResponse, _abc.Awaitable[_dynamo_pb2.StatusResponse]]: ...
 
 def add_StatusServiceServicer_to_server(servicer: StatusServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class PoolServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> PoolServiceAsyncStub: ...
+    ApplyPolicy: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.ApplyPolicyRequest, _dynamo_pb2.ApplyPolicyResponse]
+    ListPolicies: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.ListPoliciesRequest, _dynamo_pb2.ListPoliciesResponse]
+    GetPolicy: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]
+    GetPoolStatus: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PoolStatusResponse]
+    PausePolicy: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]
+    ResumePolicy: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]
+    RemovePolicy: _grpc.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.RemovePolicyResponse]
+    """Deletes the policy; every worker keeps its taints as they are."""
+
+@_typing.type_check_only
+class PoolServiceAsyncStub(PoolServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ApplyPolicy: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.ApplyPolicyRequest, _dynamo_pb2.ApplyPolicyResponse]  # type: ignore[assignment]
+    ListPolicies: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.ListPoliciesRequest, _dynamo_pb2.ListPoliciesResponse]  # type: ignore[assignment]
+    GetPolicy: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]  # type: ignore[assignment]
+    GetPoolStatus: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PoolStatusResponse]  # type: ignore[assignment]
+    PausePolicy: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]  # type: ignore[assignment]
+    ResumePolicy: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.PolicyResponse]  # type: ignore[assignment]
+    RemovePolicy: _aio.UnaryUnaryMultiCallable[_dynamo_pb2.PolicyRequest, _dynamo_pb2.RemovePolicyResponse]  # type: ignore[assignment]
+    """Deletes the policy; every worker keeps its taints as they are."""
+
+class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ApplyPolicy(
+        self,
+        request: _dynamo_pb2.ApplyPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.ApplyPolicyResponse, _abc.Awaitable[_dynamo_pb2.ApplyPolicyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPolicies(
+        self,
+        request: _dynamo_pb2.ListPoliciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.ListPoliciesResponse, _abc.Awaitable[_dynamo_pb2.ListPoliciesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetPolicy(
+        self,
+        request: _dynamo_pb2.PolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.PolicyResponse, _abc.Awaitable[_dynamo_pb2.PolicyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetPoolStatus(
+        self,
+        request: _dynamo_pb2.PolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.PoolStatusResponse, _abc.Awaitable[_dynamo_pb2.PoolStatusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def PausePolicy(
+        self,
+        request: _dynamo_pb2.PolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.PolicyResponse, _abc.Awaitable[_dynamo_pb2.PolicyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResumePolicy(
+        self,
+        request: _dynamo_pb2.PolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.PolicyResponse, _abc.Awaitable[_dynamo_pb2.PolicyResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RemovePolicy(
+        self,
+        request: _dynamo_pb2.PolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_dynamo_pb2.RemovePolicyResponse, _abc.Awaitable[_dynamo_pb2.RemovePolicyResponse]]:
+        """Deletes the policy; every worker keeps its taints as they are."""
+
+def add_PoolServiceServicer_to_server(servicer: PoolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

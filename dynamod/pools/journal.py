@@ -1,0 +1,186 @@
+"""The leader's journal of a policy: its recent moves and the drift it saw, in the store.
+
+Only the leader knows which writes are its moves (and their epochs) and which changes were
+drift; it writes that down at ``v1/pool-journal/<policy>`` so that every daemon can show it
+(``pools status`` answers on any daemon, ``events tail`` shows moves and drift on any
+daemon) and so that it outlives a failover. The value is JSON: ``leader``, ``epoch``,
+``seq`` (entries ever appended), and the last ``KEEP`` moves and ``KEEP`` drift entries,
+each with its ``seq``. A reader that saw ``seq`` N before reports every entry above N as
+new.
+
+Writes are the leader's alone: ``JournalWriter.flush`` calls the term's ``fence()`` right
+before a compare-and-swap at the revision it last read or wrote, so a deposed leader's
+late write fails at the store once the next leader has written (and is refused by the fence
+before that). A journal is written after each round that moved a worker or saw drift, and
+every ``FLUSH_EVERY`` entries within a long round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from dynamod.errors import KeyNotFoundError, RevisionMismatchError
+from dynamod.pool_results import DriftSeen, PoolMove
+from dynamod.store import Entry, Store
+
+log = logging.getLogger(__name__)
+
+JOURNAL_PREFIX: Final = "v1/pool-journal"
+KEEP: Final = 100
+"""Moves, and drift entries, a journal keeps (the newest)."""
+FLUSH_EVERY: Final = 100
+"""A round that makes more moves than this writes its journal every this many entries, so
+that no entry is dropped unseen by the readers."""
+
+
+@dataclass(frozen=True)
+class Journal:
+    """A policy's journal as read: entries are ``(seq, move)`` and ``(seq, drift)``, oldest
+    first."""
+
+    policy: str
+    leader: str = ""
+    epoch: int = 0
+    seq: int = 0
+    moves: tuple[tuple[int, PoolMove], ...] = ()
+    drift: tuple[tuple[int, DriftSeen], ...] = ()
+    revision: int = 0
+
+    def newer(self, seen: int) -> list[tuple[int, PoolMove | DriftSeen]]:
+        """The entries after sequence ``seen``, in order."""
+        entries: list[tuple[int, PoolMove | DriftSeen]] = [*self.moves, *self.drift]
+        return sorted((e for e in entries if e[0] > seen), key=lambda e: e[0])
+
+
+def journal_key(policy: str) -> str:
+    return f"{JOURNAL_PREFIX}/{policy}"
+
+
+def encode(journal: Journal) -> bytes:
+    body = {
+        "policy": journal.policy,
+        "leader": journal.leader,
+        "epoch": journal.epoch,
+        "seq": journal.seq,
+        "moves": [{"seq": seq, **_move_json(move)} for seq, move in journal.moves],
+        "drift": [{"seq": seq, **_drift_json(drift)} for seq, drift in journal.drift],
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def decode(entry: Entry) -> Journal | None:
+    """The journal in ``entry``; None (logged) when it cannot be read."""
+    try:
+        body = json.loads(entry.value)
+        return Journal(
+            policy=str(body["policy"]),
+            leader=str(body["leader"]),
+            epoch=int(body["epoch"]),
+            seq=int(body["seq"]),
+            moves=tuple((int(m["seq"]), _move(m)) for m in body["moves"]),
+            drift=tuple((int(d["seq"]), _drift(d)) for d in body["drift"]),
+            revision=entry.revision,
+        )
+    except (ValueError, TypeError, KeyError) as exc:
+        log.warning("pool journal at %r is unreadable and ignored: %r", entry.key, exc)
+        return None
+
+
+class JournalWriter:
+    """The leader's side of one policy's journal (see the module docstring): the journal
+    as last read or written (``base``, with its revision) and the entries appended since."""
+
+    def __init__(self, policy: str, leader: str, epoch: int) -> None:
+        self.policy = policy
+        self.leader = leader
+        self.epoch = epoch
+        self.base = Journal(policy, leader, epoch)
+        self.unwritten: list[PoolMove | DriftSeen] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def journal(self) -> Journal:
+        """The journal with every entry appended, written or not."""
+        return self._with(self.unwritten)
+
+    async def load(self, store: Store) -> None:
+        """Continue the stored journal (its history and sequence), if there is one."""
+        entry = await store.get(journal_key(self.policy))
+        found = decode(entry) if entry is not None else None
+        if found is not None:
+            self.base = replace(found, leader=self.leader, epoch=self.epoch)
+        else:  # none (revision 0: a create), or unreadable: written over at its revision
+            revision = 0 if entry is None else entry.revision
+            self.base = Journal(self.policy, self.leader, self.epoch, revision=revision)
+
+    def add(self, entry: PoolMove | DriftSeen) -> None:
+        self.unwritten.append(entry)
+
+    async def flush(self, store: Store, fence: Callable[[], int]) -> None:
+        """Write the entries appended so far: ``fence()``, then a compare-and-swap at the
+        revision last read or written; a lost race reads the stored journal again and
+        appends the entries to it (a few times, then they wait for the next flush)."""
+        async with self._lock:
+            for _ in range(3):
+                count = len(self.unwritten)
+                if not count:
+                    return
+                journal = self._with(self.unwritten[:count])
+                fence()
+                try:
+                    revision = await store.put(
+                        journal_key(self.policy), encode(journal), expect=self.base.revision
+                    )
+                except (RevisionMismatchError, KeyNotFoundError):
+                    await self.load(store)
+                    continue
+                self.base = replace(journal, revision=revision)
+                del self.unwritten[:count]
+                return
+            log.warning("pool journal of %r not written yet: it changed under us", self.policy)
+
+    def _with(self, entries: Iterable[PoolMove | DriftSeen]) -> Journal:
+        base = self.base
+        seq, moves, drift = base.seq, list(base.moves), list(base.drift)
+        for entry in entries:
+            seq += 1
+            if isinstance(entry, PoolMove):
+                moves.append((seq, entry))
+            else:
+                drift.append((seq, entry))
+        return replace(base, seq=seq, moves=tuple(moves[-KEEP:]), drift=tuple(drift[-KEEP:]))
+
+
+def _move_json(move: PoolMove) -> dict[str, Any]:
+    return {
+        "worker": move.worker, "from": move.from_pool, "to": move.to_pool, "why": move.why,
+        "time": move.time, "epoch": move.epoch, "revision": move.revision,
+        "leader": move.leader,
+    }  # fmt: skip
+
+
+def _move(obj: dict[str, Any]) -> PoolMove:
+    return PoolMove(
+        str(obj["worker"]), str(obj["from"]), str(obj["to"]), str(obj["why"]),
+        float(obj["time"]), int(obj["epoch"]), int(obj["revision"]), str(obj["leader"]),
+    )  # fmt: skip
+
+
+def _drift_json(drift: DriftSeen) -> dict[str, Any]:
+    return {
+        "worker": drift.worker, "held": list(drift.held), "assigned": drift.assigned,
+        "revision": drift.revision, "time": drift.time, "action": drift.action,
+    }  # fmt: skip
+
+
+def _drift(obj: dict[str, Any]) -> DriftSeen:
+    held: Iterable[object] = obj["held"]
+    return DriftSeen(
+        str(obj["worker"]), tuple(str(t) for t in held), str(obj["assigned"]),
+        int(obj["revision"]), float(obj["time"]), str(obj["action"]),
+    )  # fmt: skip
