@@ -155,10 +155,11 @@ class Daemon:
             limits=settings.taint_limits,
         )
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
-        pools = self._pools(store, view, control)
+        state = await self._state_store(stack, store)
+        pools = self._pools(state, view, control)
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics,
-            PoolOperations(store, view, pools, self.audit, settings.replica_id),
+            PoolOperations(state, view, pools, self.audit, settings.replica_id),
         )  # fmt: skip
         self.router = router
         async with asyncio.TaskGroup() as group:
@@ -196,6 +197,17 @@ class Daemon:
                 if task is not None:
                     task.cancel()
         return code
+
+    async def _state_store(self, stack: contextlib.AsyncExitStack, store: Store) -> Store:
+        """Where dynamod keeps its own state (pool policies, their journal, the pool
+        leader's key): ``state_store`` when set, else the discovery store itself (a Dynamo
+        fleet's refuses every write, so pools there need one named)."""
+        url = self.settings.state_store
+        if not url or url == store.url:
+            return store
+        state = await open_store(url)
+        stack.push_async_callback(state.aclose)
+        return state
 
     async def _open_store(self) -> Store:
         url = self.settings.store

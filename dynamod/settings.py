@@ -71,6 +71,11 @@ worker_event_bytes_per_second                                  ... and bytes of 
 pool_lease_ttl     15                                          seconds of the pool
                                                                leader's lease: failover
                                                                within it plus a second
+state_store        (the store)                                 where pool policies, their
+                                                               journal and the pool
+                                                               leader's key are kept; a
+                                                               Dynamo fleet's store is
+                                                               read-only: name one there
 =================  ==========================================  ==========================
 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
@@ -177,6 +182,7 @@ class DaemonSettings:
     worker_event_bytes_per_second: float = float(2 << 20)
     worker_event_bytes_burst: int = 64 << 20
     pool_lease_ttl: float = 15.0
+    state_store: str = ""
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -440,6 +446,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "worker_event_bytes_per_second": _number(float),
     "worker_event_bytes_burst": _number(int),
     "pool_lease_ttl": _number(float),
+    "state_store": str,
 }
 ROUTER_FIELDS = {f.name: f for f in dataclasses.fields(RouterKnobs)}
 
@@ -535,6 +542,8 @@ def verify(settings: DaemonSettings) -> None:
     (but for a port taken in between)."""
     Tokens.load(settings.tokens_file)
     check_url(settings.store)
+    if settings.state_store:
+        check_url(settings.state_store)
     _verify_tls(settings)
     if settings.audit_log is not None:
         _verify_writable(settings.audit_log, "audit_log")

@@ -123,7 +123,9 @@ def plane(
     fleet = DynamoFleet(dynamo_venv, dynamo_model, workdir, request.param, SPECS)
     with fleet:
         argv = daemon_argv(fleet.store_url, short / "d.sock", "--log-level", "info")
-        daemon = started(argv, r"^dynamod ready:", workdir / "dynamod.log")
+        # Dynamo's store is read-only: dynamod keeps its own state (pools) in one of its own.
+        state = {"DYNAMO_STATE_STORE": (workdir / "state").as_uri(), "DYNAMO_POOL_LEASE_TTL": "3"}
+        daemon = started(argv, r"^dynamod ready:", workdir / "dynamod.log", state)
         plane = Plane(fleet, daemon, short / "d.sock", workdir / "home")
         try:
             # The LoRA card comes a second after its base: listed with it once it is there.
@@ -214,6 +216,41 @@ def test_a_worker_without_the_route_gets_a_clear_error(plane: Plane) -> None:
 def test_the_cordon_is_refused_as_not_carrying_over(plane: Plane) -> None:
     refused = plane.ctl("workers", "cordon", plane.id("zoned"), ok=False)
     assert refused.returncode == 1 and "does not carry over" in refused.stderr
+
+
+def test_a_pool_policy_keeps_dynamo_workers_in_their_pools_through_their_routes(
+    plane: Plane, tmp_path: Path
+) -> None:
+    """Pools work on a Dynamo fleet through the same write path as any taint change (each
+    worker's own route), with the policy kept in dynamod's own ``state_store``."""
+    zoned, lora, stock = plane.id("zoned"), plane.id("lora"), plane.id("stock")
+    policy = tmp_path / "split.yaml"
+    policy.write_text(
+        f"name: dyn-split\nselector: model=lab-model,id!={stock}\n"
+        "pools:\n  pool=fast: 1\n  pool=slow: 1\n"
+    )
+    plane.ctl("pools", "apply", "-f", str(policy))
+    try:
+
+        def split() -> dict[str, str] | None:
+            listed = plane.workers()
+            held = {w: {t for t in listed[w]["caller_taints"] if t.startswith("pool=")}
+                    for w in (zoned, lora)}  # fmt: skip
+            pools = sorted(p for taints in held.values() for p in taints)
+            return (
+                {w: next(iter(t)) for w, t in held.items()}
+                if pools == ["pool=fast", "pool=slow"]
+                else None
+            )
+
+        held = until(split, "the policy's pools on the two routed workers", [], ROUTED_WITHIN)
+        fast = "zoned" if held[zoned] == "pool=fast" else "lora"
+        plane.routes(["pool=fast"], fast)  # Dynamo's own frontend routes by the pools
+    finally:
+        said = plane.ctl("pools", "rm", "dyn-split").stdout
+        assert "taints" in said  # it says the taints stay as they are
+        plane.ctl("taints", "set", zoned, "pool=slow")  # as the fleet started
+        plane.ctl("taints", "clear", lora)
 
 
 def test_dynamods_front_sends_requests_to_dynamos_frontend(plane: Plane) -> None:

@@ -115,5 +115,6 @@ class DynamoStore(Store):
             f"cannot {what}: {self.url} is an NVIDIA Dynamo fleet, which dynamod reads and "
             "never writes (Dynamo's frontend refuses card changes other than taints, and a "
             "worker rewrites its card from the stored one); a worker's taints change "
-            "through its own route: dynamoctl taints set/add/rm/clear"
+            "through its own route: dynamoctl taints set/add/rm/clear; dynamod's own state "
+            "(pool policies) goes to the store its state_store setting names"
         )
