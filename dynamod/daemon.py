@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from dynamod import __version__, logs, systemd
-from dynamod.api import server as grpc_server
+from dynamod.api import grpc_server
 from dynamod.api.service import ServiceContext
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.audit import AuditLog
@@ -44,8 +44,8 @@ from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
-from dynamod.pools.metrics import PoolMetrics
 from dynamod.pools.operations import PoolOperations
+from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconciler import Check as PoolCheck
 from dynamod.pools.reconciler import Observed, PoolReconciler, TaintWriter
 from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES

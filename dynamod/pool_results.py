@@ -105,7 +105,7 @@ class PoolStatusInfo:
     ``leading``: whether the answering daemon (``replica``) is that leader. The counts,
     ``pending`` moves and ``excluded`` workers are the plan this daemon computes from its
     own view (the leader's, with what it assigned; a follower's from the taints alone).
-    ``recent`` moves and ``drift`` come from the leader's journal in the store, the newest
+    ``recent`` moves and ``drift`` come from the leader's history in the store, the newest
     last. ``budget_left``: moves the leader may still make in the budget's window (None
     without ``max_moves``, or on a follower). ``conflict``: why the policy is not
     reconciled, when it overlaps another stored policy ("" otherwise)."""

@@ -23,8 +23,8 @@ from dynamod.auth import Principal
 from dynamod.discovery.view import Subscription
 from dynamod.discovery_events import DiscoveryEvent
 from dynamod.errors import ShuttingDownError, WorkerNotFoundError
-from dynamod.pools.events import PoolEvent, PoolEvents, PoolSubscription
 from dynamod.pools.operations import PoolOperations
+from dynamod.pools.pool_events import PoolEvent, PoolEvents, PoolSubscription
 from dynamod.results import EventInfo
 from dynamod.selectors import Selector
 

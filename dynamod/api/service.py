@@ -26,7 +26,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dynamod.api import convert, pool_service, worker_pages
-from dynamod.api.status import fit, status_of, trailers
+from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc

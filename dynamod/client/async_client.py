@@ -29,7 +29,7 @@ import grpc
 from grpc import aio
 
 from dynamod.api import convert, pool_convert
-from dynamod.api.status import from_status
+from dynamod.api.error_status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain

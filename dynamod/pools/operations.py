@@ -8,7 +8,7 @@ one, is one audit line (``action`` ``pool-apply``, ``pool-pause``, ``pool-resume
 ``pool-remove``; the policy, its revision, the outcome). A dry run of an apply needs read
 access only and is not audited. Reads (``ls``, ``get``) go to the store, so a policy
 applied through another daemon is seen at once; ``status`` is this daemon's plan and the
-leader's journal as this daemon last saw it.
+leader's history as this daemon last saw it.
 """
 
 from __future__ import annotations
@@ -120,19 +120,19 @@ class PoolOperations:
         return RemoveOutcome(old.info(), holding)
 
     async def status(self, name: str) -> PoolStatusInfo:
-        """The policy as this daemon plans it now, with the leader's journal."""
+        """The policy as this daemon plans it now, with the leader's history."""
         reconciler = self.reconciler
         stored = reconciler.view.policies.get(name) or await get_policy(self.store, name)
         plan = reconciler.plan_of(stored)
         leader = reconciler.view.leader
-        journal = reconciler.view.journals.get(name)
+        history = reconciler.view.histories.get(name)
         counts = tuple(
             PoolCount(pool, float(weight), plan.wanted.get(pool, 0), plan.actual.get(pool, 0))
             for pool, weight in stored.policy.pools.items()
         )
         by_domain = {domain or "": dict(pools) for domain, pools in plan.wanted_by_domain.items()}
-        recent: tuple[PoolMove, ...] = tuple(m for _, m in journal.moves) if journal else ()
-        drift: tuple[DriftSeen, ...] = tuple(d for _, d in journal.drift) if journal else ()
+        recent: tuple[PoolMove, ...] = tuple(m for _, m in history.moves) if history else ()
+        drift: tuple[DriftSeen, ...] = tuple(d for _, d in history.drift) if history else ()
         return PoolStatusInfo(
             policy=stored.info(),
             replica=self.replica,

@@ -1,7 +1,7 @@
 """The pool reconciler: every dynamod plans each stored policy; the one leader writes it.
 
 ``PoolReconciler.run()`` is one task of the daemon's task group. It runs the pool view
-(``view.PolicyView``: policies, journals, leader), campaigns for the leader key
+(``view.PolicyView``: policies, histories, leader), campaigns for the leader key
 (``leader.LeaderElection``) and plans again at every change that can matter: a worker
 added, removed or re-tainted (the worker view's listener), a worker's engine turning
 healthy or unhealthy (``engine_reported``), a policy applied, changed, paused, resumed or
@@ -19,7 +19,7 @@ A round, for each policy in force (``stored.in_force``), by name:
    worker in this term.
 3. Drift: a worker whose pool taints differ from ``assigned`` was changed by another writer
    (the leader's own writes update ``assigned`` as they commit, and a round never plans
-   while its writes are in flight). It is reported once per change — a journal entry
+   while its writes are in flight). It is reported once per change — a history entry
    (so a DRIFT event on every daemon), a warning line, ``dynamod_pool_drift_total`` — and
    put back by the plan's moves unless the policy is paused (a paused policy is planned
    and reported, and nothing is written).
@@ -63,15 +63,15 @@ from dynamod.errors import (
 )
 from dynamod.lifecycle import wait_any
 from dynamod.pool_results import DriftSeen, PoolMove
-from dynamod.pools.budget import MoveBudget
-from dynamod.pools.events import PoolEvents
-from dynamod.pools.journal import FLUSH_EVERY, JournalWriter
+from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
-from dynamod.pools.metrics import PoolMetrics
+from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.plan import OwnedWorker, Plan, first_moves, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.policy_view import PolicyView
+from dynamod.pools.pool_events import PoolEvents
+from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.stored import StoredPolicy, in_force
-from dynamod.pools.view import PolicyView
 from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
 from dynamod.store import Store
@@ -140,7 +140,7 @@ def nothing_observed(key: str) -> Observed:
 class _PolicyTerm:
     """A leader's memory of one policy during its term."""
 
-    journal: JournalWriter
+    history: HistoryWriter
     budget: MoveBudget
     assigned: dict[str, str] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
@@ -364,15 +364,15 @@ class PoolReconciler:
             memory = await self._memory(term, stored.policy)
             await self._reconcile(term, stored, memory)
         for memory in term.policies.values():
-            await memory.journal.flush(self.store, term.fence)
+            await memory.history.flush(self.store, term.fence)
 
     async def _memory(self, term: _Term, policy: PoolPolicy) -> _PolicyTerm:
         memory = term.policies.get(policy.name)
         budget = MoveBudget.of(policy)
         if memory is None:
-            journal = JournalWriter(policy.name, self.identity, term.epoch)
-            await journal.load(self.store)
-            memory = term.policies[policy.name] = _PolicyTerm(journal, budget)
+            history = HistoryWriter(policy.name, self.identity, term.epoch)
+            await history.load(self.store)
+            memory = term.policies[policy.name] = _PolicyTerm(history, budget)
         elif (memory.budget.max_moves, memory.budget.interval) != (
             budget.max_moves,
             budget.interval,
@@ -452,7 +452,7 @@ class PoolReconciler:
             memory.reported[worker] = held
             action = _drift_action(policy, worker in result.excluded)
             seen = DriftSeen(worker, held, memory.assigned[worker], revision, time.time(), action)
-            memory.journal.add(seen)
+            memory.history.add(seen)
             self.metrics.drift.labels(policy.name).inc()
             log.warning(
                 "pool policy %s: worker %s holds %s instead of %s, changed by another writer "
@@ -476,8 +476,8 @@ class PoolReconciler:
         async def writing() -> None:
             for step in pending:
                 await self._move(term, stored, memory, step, records[step.worker])
-                if len(memory.journal.unwritten) >= FLUSH_EVERY:
-                    await memory.journal.flush(self.store, term.fence)
+                if len(memory.history.unwritten) >= FLUSH_EVERY:
+                    await memory.history.flush(self.store, term.fence)
 
         await together(*(writing() for _ in range(min(CONCURRENCY, len(steps)))))
 
@@ -537,7 +537,7 @@ class PoolReconciler:
             move.worker, move.from_pool or "", move.to_pool, move.why, time.time(), term.epoch,
             outcome.revision, self.identity,
         )  # fmt: skip
-        memory.journal.add(made)
+        memory.history.add(made)
         self.metrics.moves.labels(policy.name, move.why).inc()
         term.backoff.reset()
         log.info(

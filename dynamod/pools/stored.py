@@ -11,7 +11,7 @@ read (``PoolPolicy``), then against the other stored policies (``refuse_overlaps
 written with a compare-and-swap at the revision read (a create is create-only), so two
 applies of one name never lose each other. Applying a document equal to the stored one
 writes nothing and keeps the revision. ``set_paused`` and ``remove_policy`` are
-compare-and-swaps too; a removal also deletes the leader's journal of the policy. The
+compare-and-swaps too; a removal also deletes the leader's history of the policy. The
 store has no transaction over two keys, so two applies of *different* overlapping
 policies racing on two daemons can both pass the overlap check; the reconciler then
 reconciles only the one whose name sorts first (``in_force``).
@@ -35,7 +35,7 @@ from dynamod.errors import (
     RevisionMismatchError,
 )
 from dynamod.pool_results import ApplyKind, PolicyInfo
-from dynamod.pools.journal import journal_key
+from dynamod.pools.history import history_key
 from dynamod.pools.policy import POOLS_PREFIX, PoolPolicy, overlaps, refuse_overlaps
 from dynamod.store import Entry, Store
 
@@ -171,7 +171,7 @@ async def remove_policy(store: Store, name: str) -> StoredPolicy:
         raise PolicyNotFoundError(name) from None
     except RevisionMismatchError:
         raise _conflict(name, "remove") from None
-    await store.delete(journal_key(name))  # its history goes with it
+    await store.delete(history_key(name))  # its history goes with it
     return old
 
 

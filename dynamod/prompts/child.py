@@ -10,7 +10,7 @@ nothing but frames reaches stdout.
 It runs models' own tokenizers, which are untrusted code (``tokenizers/limits.py``), so:
 its address space is capped (``process_memory``); every call into a model's tokenizer —
 building it from its bundle, rendering its chat template, encoding — runs within a CPU
-budget (``cpu_seconds``, plus as much per MiB of text; ``budget.py``); and whatever such a
+budget (``cpu_seconds``, plus as much per MiB of text; ``cpu_budget.py``); and whatever such a
 call raises is answered as a refusal, never left to end the process. It keeps the last
 ``CAPACITY`` tokenizers it was sent, and at most ``cache_bytes`` of their bundles.
 """
@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from dynamod.errors import DynamoError, PromptWorkerError
 from dynamod.http.openai import API_BY_KIND, json_object
-from dynamod.prompts import budget, wire
+from dynamod.prompts import cpu_budget, wire
 from dynamod.prompts.body import read_head, read_prompt, tokenize_text
 from dynamod.tokenizers import ChatMessage, SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.base import TokenizerFailedError
@@ -95,9 +95,9 @@ class Worker:
     def _build(self, checksum: str, raw: bytes) -> Tokenizer:
         seconds = self._limits.cpu_for(len(raw))
         try:
-            with budget.cpu_budget(seconds):
+            with cpu_budget.cpu_budget(seconds):
                 return load(raw, checksum, max_output=self._limits.max_output)
-        except budget.CpuBudgetExceeded as exc:
+        except cpu_budget.CpuBudgetExceeded as exc:
             raise TokenizerUnavailableError(f"building the tokenizer {exc}") from None
         except DynamoError:
             raise
@@ -146,9 +146,9 @@ class Budgeted:
 
     def _within(self, characters: int, call: Callable[[], T]) -> T:
         try:
-            with budget.cpu_budget(self._limits.cpu_for(characters)):
+            with cpu_budget.cpu_budget(self._limits.cpu_for(characters)):
                 return call()
-        except budget.CpuBudgetExceeded as exc:
+        except cpu_budget.CpuBudgetExceeded as exc:
             raise TokenizerFailedError(
                 f"its chat template or tokenizer {exc} (template_cpu_seconds: "
                 f"{self._limits.cpu_seconds:g} s, plus as much per MiB of prompt)"
@@ -171,8 +171,8 @@ def main() -> int:
     limits = TokenizerLimits(**json.loads(sys.argv[1])) if len(sys.argv) > 1 else TokenizerLimits()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    budget.install()
-    budget.limit_memory(limits.process_memory)
+    cpu_budget.install()
+    cpu_budget.limit_memory(limits.process_memory)
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints go to stderr
     with answers:

@@ -17,7 +17,7 @@ import pytest
 from grpc import aio
 
 from dynamod import errors
-from dynamod.api.status import fit, status_of, trailers
+from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import AsyncClient

@@ -128,7 +128,7 @@ def test_a_cpu_budget_stops_python_at_the_bound_and_restores_the_process() -> No
     script = textwrap.dedent(
         """
         import resource, signal
-        from dynamod.prompts import budget
+        from dynamod.prompts import cpu_budget as budget
         before = resource.getrlimit(resource.RLIMIT_CPU)
         budget.install()
         try:
@@ -155,7 +155,7 @@ def test_code_that_never_returns_to_python_is_ended_by_the_kernel_past_the_budge
     script = textwrap.dedent(
         """
         from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-        from dynamod.prompts import budget
+        from dynamod.prompts import cpu_budget as budget
         t = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
         t.pre_tokenizer = pre_tokenizers.Split(Regex(r"(a|aa)+b"), behavior="isolated")
         budget.install()

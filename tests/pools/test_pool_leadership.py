@@ -61,7 +61,7 @@ def test_the_pure_pool_modules_load_without_the_store() -> None:
     anything above the value layer); the leader is imported from its own module."""
     code = (
         "import sys, dynamod.pools, dynamod.pools.policy, dynamod.pools.plan, "
-        "dynamod.pools.budget, dynamod.pools.apportion\n"
+        "dynamod.pools.move_budget, dynamod.pools.apportion\n"
         "bad = sorted(m for m in sys.modules if m.startswith(('dynamod.store', "
         "'dynamod.discovery', 'dynamod.router', 'dynamod.control', 'grpc', 'aiohttp')))\n"
         "print(','.join(bad))"

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamod.pools.apportion import apportion, spread
-from dynamod.pools.budget import MoveBudget
+from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.plan import Move, OwnedWorker, first_moves, held_pools, plan, rank
 from dynamod.pools.policy import PoolPolicy
 

@@ -13,8 +13,8 @@ import pytest
 
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import StoreUnavailableError
-from dynamod.pools.events import PoolEvent
 from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.pool_events import PoolEvent
 from dynamod.pools.stored import apply_policy, remove_policy, set_paused
 from dynamod.records import WorkerRecord
 from dynamod.store import Store, open_store

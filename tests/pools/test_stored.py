@@ -11,7 +11,7 @@ import pytest
 from dynamod.discovery.registration import register
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import PolicyNotFoundError, PoolPolicyError, RevisionMismatchError
-from dynamod.pools.journal import journal_key
+from dynamod.pools.history import history_key
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.stored import (
     apply_policy,
@@ -72,11 +72,11 @@ async def test_pause_resume_remove_and_a_dropped_pool(store: Store) -> None:
     assert (await set_paused(store, "split", True))[1] is False
     resumed, changed = await set_paused(store, "split", False)
     assert changed and not resumed.policy.paused
-    await store.put(journal_key("split"), b"{}")
+    await store.put(history_key("split"), b"{}")
     removed = await remove_policy(store, "split")
     assert removed.policy.name == "split"
     assert await store.get("v1/pools/split") is None
-    assert await store.get(journal_key("split")) is None
+    assert await store.get(history_key("split")) is None
     with pytest.raises(PolicyNotFoundError) as missing:
         await remove_policy(store, "split")
     assert missing.value.name == "split"

@@ -21,8 +21,8 @@ from grpc import aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.service import ServiceContext, add_services
-from dynamod.api.status import fit, status_of, trailers
 from dynamod.control import MAX_EXPLAIN_PROMPT
 from dynamod.errors import ConfigError, DynamoError, ListenError
 from dynamod.settings import DaemonSettings, check_socket_path, parse_hostport

@@ -1,9 +1,9 @@
-"""The pool view: the stored policies, the leader's journals and who leads, kept current.
+"""The pool view: the stored policies, the leader's histories and who leads, kept current.
 
 ``PolicyView.run()`` watches three prefixes of the store — ``v1/pools`` (the policies),
-``v1/pool-journal`` (the leader's moves and drift) and the leader key — and every daemon
+``v1/pool-history`` (the leader's moves and drift) and the leader key — and every daemon
 runs one, leader or not. Each change becomes a pool event (``events.PoolEvents``): a
-policy APPLIED, CHANGED, PAUSED, RESUMED or REMOVED; each new journal entry MOVED or
+policy APPLIED, CHANGED, PAUSED, RESUMED or REMOVED; each new history entry MOVED or
 DRIFT; a new leader LEADER. The first snapshot of each prefix is the state the daemon
 starts from and makes no events; a later snapshot (a reconnect) is compared with what was
 known, so only real differences do. ``listen(callback)`` is told after every change of the
@@ -19,11 +19,11 @@ from dataclasses import replace
 
 from dynamod.errors import PoolPolicyError
 from dynamod.pool_results import DriftSeen, PoolEventInfo, PoolEventKind, PoolMove
-from dynamod.pools.events import PoolEvents
-from dynamod.pools.journal import JOURNAL_PREFIX, Journal
-from dynamod.pools.journal import decode as decode_journal
+from dynamod.pools.history import HISTORY_PREFIX, PoolHistory
+from dynamod.pools.history import decode as decode_journal
 from dynamod.pools.leader import LEADER_KEY, LeaderInfo, leader_of
 from dynamod.pools.policy import POOLS_PREFIX
+from dynamod.pools.pool_events import PoolEvents
 from dynamod.pools.stored import StoredPolicy, decode, name_of
 from dynamod.store import Entry, Put, Resync, Store, WatchEvent
 
@@ -33,7 +33,7 @@ Apply = Callable[[WatchEvent, bool], None]
 
 
 class PolicyView:
-    """See the module docstring. ``policies`` by name, ``journals`` by policy name,
+    """See the module docstring. ``policies`` by name, ``histories`` by policy name,
     ``leader`` (None while nobody leads); ``ready`` once each prefix's first snapshot is
     applied."""
 
@@ -41,7 +41,7 @@ class PolicyView:
         self.store = store
         self.events = events
         self.policies: dict[str, StoredPolicy] = {}
-        self.journals: dict[str, Journal] = {}
+        self.histories: dict[str, PoolHistory] = {}
         self.leader: LeaderInfo | None = None
         self.ready = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
@@ -56,7 +56,9 @@ class PolicyView:
         """Watch the three prefixes until cancelled (or the store closes)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow(POOLS_PREFIX, self._on_policies), name="pool policies")
-            group.create_task(self._follow(JOURNAL_PREFIX, self._on_journals), name="pool journals")
+            group.create_task(
+                self._follow(HISTORY_PREFIX, self._on_histories), name="pool histories"
+            )
             group.create_task(self._follow(LEADER_KEY, self._on_leader), name="pool leader")
 
     async def _follow(self, prefix: str, apply: Apply) -> None:
@@ -98,31 +100,31 @@ class PolicyView:
         self.events.publish(PoolEventInfo(kind, name, message=message), revision)
         log.info("pool %s", message)
 
-    # Journals
+    # Histories
 
-    def _on_journals(self, event: WatchEvent, first: bool) -> None:
+    def _on_histories(self, event: WatchEvent, first: bool) -> None:
         if isinstance(event, Resync):
             found = (decode_journal(e) for e in event.entries)
             now = {j.policy: j for j in found if j is not None}
-            for gone in set(self.journals) - set(now):
-                del self.journals[gone]
-            for journal in now.values():
-                self._journal(journal, quiet=first)
+            for gone in set(self.histories) - set(now):
+                del self.histories[gone]
+            for history in now.values():
+                self._journal(history, quiet=first)
         elif isinstance(event, Put):
             read = decode_journal(event.entry)
             if read is not None:
                 self._journal(read, quiet=first)
         else:
-            self.journals.pop(event.key.removeprefix(f"{JOURNAL_PREFIX}/"), None)
+            self.histories.pop(event.key.removeprefix(f"{HISTORY_PREFIX}/"), None)
 
-    def _journal(self, journal: Journal, quiet: bool) -> None:
-        old = self.journals.get(journal.policy)
-        self.journals[journal.policy] = journal
-        seen = 0 if old is None or old.seq > journal.seq else old.seq
+    def _journal(self, history: PoolHistory, quiet: bool) -> None:
+        old = self.histories.get(history.policy)
+        self.histories[history.policy] = history
+        seen = 0 if old is None or old.seq > history.seq else old.seq
         if quiet:
             return
-        for _, entry in journal.newer(seen):
-            info, revision = _journal_event(journal.policy, entry)
+        for _, entry in history.newer(seen):
+            info, revision = _journal_event(history.policy, entry)
             self.events.publish(info, revision)
 
     # The leader

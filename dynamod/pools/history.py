@@ -1,17 +1,17 @@
-"""The leader's journal of a policy: its recent moves and the drift it saw, in the store.
+"""The leader's history of a policy: its recent moves and the drift it saw, in the store.
 
 Only the leader knows which writes are its moves (and their epochs) and which changes were
-drift; it writes that down at ``v1/pool-journal/<policy>`` so that every daemon can show it
+drift; it writes that down at ``v1/pool-history/<policy>`` so that every daemon can show it
 (``pools status`` answers on any daemon, ``events tail`` shows moves and drift on any
 daemon) and so that it outlives a failover. The value is JSON: ``leader``, ``epoch``,
 ``seq`` (entries ever appended), and the last ``KEEP`` moves and ``KEEP`` drift entries,
 each with its ``seq``. A reader that saw ``seq`` N before reports every entry above N as
 new.
 
-Writes are the leader's alone: ``JournalWriter.flush`` calls the term's ``fence()`` right
+Writes are the leader's alone: ``HistoryWriter.flush`` calls the term's ``fence()`` right
 before a compare-and-swap at the revision it last read or wrote, so a deposed leader's
 late write fails at the store once the next leader has written (and is refused by the fence
-before that). A journal is written after each round that moved a worker or saw drift, and
+before that). A history is written after each round that moved a worker or saw drift, and
 every ``FLUSH_EVERY`` entries within a long round.
 """
 
@@ -30,17 +30,17 @@ from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
 
-JOURNAL_PREFIX: Final = "v1/pool-journal"
+HISTORY_PREFIX: Final = "v1/pool-history"
 KEEP: Final = 100
-"""Moves, and drift entries, a journal keeps (the newest)."""
+"""Moves, and drift entries, a history keeps (the newest)."""
 FLUSH_EVERY: Final = 100
-"""A round that makes more moves than this writes its journal every this many entries, so
+"""A round that makes more moves than this writes its history every this many entries, so
 that no entry is dropped unseen by the readers."""
 
 
 @dataclass(frozen=True)
-class Journal:
-    """A policy's journal as read: entries are ``(seq, move)`` and ``(seq, drift)``, oldest
+class PoolHistory:
+    """A policy's history as read: entries are ``(seq, move)`` and ``(seq, drift)``, oldest
     first."""
 
     policy: str
@@ -57,27 +57,27 @@ class Journal:
         return sorted((e for e in entries if e[0] > seen), key=lambda e: e[0])
 
 
-def journal_key(policy: str) -> str:
-    return f"{JOURNAL_PREFIX}/{policy}"
+def history_key(policy: str) -> str:
+    return f"{HISTORY_PREFIX}/{policy}"
 
 
-def encode(journal: Journal) -> bytes:
+def encode(history: PoolHistory) -> bytes:
     body = {
-        "policy": journal.policy,
-        "leader": journal.leader,
-        "epoch": journal.epoch,
-        "seq": journal.seq,
-        "moves": [{"seq": seq, **_move_json(move)} for seq, move in journal.moves],
-        "drift": [{"seq": seq, **_drift_json(drift)} for seq, drift in journal.drift],
+        "policy": history.policy,
+        "leader": history.leader,
+        "epoch": history.epoch,
+        "seq": history.seq,
+        "moves": [{"seq": seq, **_move_json(move)} for seq, move in history.moves],
+        "drift": [{"seq": seq, **_drift_json(drift)} for seq, drift in history.drift],
     }
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def decode(entry: Entry) -> Journal | None:
-    """The journal in ``entry``; None (logged) when it cannot be read."""
+def decode(entry: Entry) -> PoolHistory | None:
+    """The history in ``entry``; None (logged) when it cannot be read."""
     try:
         body = json.loads(entry.value)
-        return Journal(
+        return PoolHistory(
             policy=str(body["policy"]),
             leader=str(body["leader"]),
             epoch=int(body["epoch"]),
@@ -87,64 +87,64 @@ def decode(entry: Entry) -> Journal | None:
             revision=entry.revision,
         )
     except (ValueError, TypeError, KeyError) as exc:
-        log.warning("pool journal at %r is unreadable and ignored: %r", entry.key, exc)
+        log.warning("pool history at %r is unreadable and ignored: %r", entry.key, exc)
         return None
 
 
-class JournalWriter:
-    """The leader's side of one policy's journal (see the module docstring): the journal
+class HistoryWriter:
+    """The leader's side of one policy's history (see the module docstring): the history
     as last read or written (``base``, with its revision) and the entries appended since."""
 
     def __init__(self, policy: str, leader: str, epoch: int) -> None:
         self.policy = policy
         self.leader = leader
         self.epoch = epoch
-        self.base = Journal(policy, leader, epoch)
+        self.base = PoolHistory(policy, leader, epoch)
         self.unwritten: list[PoolMove | DriftSeen] = []
         self._lock = asyncio.Lock()
 
     @property
-    def journal(self) -> Journal:
-        """The journal with every entry appended, written or not."""
+    def history(self) -> PoolHistory:
+        """The history with every entry appended, written or not."""
         return self._with(self.unwritten)
 
     async def load(self, store: Store) -> None:
-        """Continue the stored journal (its history and sequence), if there is one."""
-        entry = await store.get(journal_key(self.policy))
+        """Continue the stored history (its history and sequence), if there is one."""
+        entry = await store.get(history_key(self.policy))
         found = decode(entry) if entry is not None else None
         if found is not None:
             self.base = replace(found, leader=self.leader, epoch=self.epoch)
         else:  # none (revision 0: a create), or unreadable: written over at its revision
             revision = 0 if entry is None else entry.revision
-            self.base = Journal(self.policy, self.leader, self.epoch, revision=revision)
+            self.base = PoolHistory(self.policy, self.leader, self.epoch, revision=revision)
 
     def add(self, entry: PoolMove | DriftSeen) -> None:
         self.unwritten.append(entry)
 
     async def flush(self, store: Store, fence: Callable[[], int]) -> None:
         """Write the entries appended so far: ``fence()``, then a compare-and-swap at the
-        revision last read or written; a lost race reads the stored journal again and
+        revision last read or written; a lost race reads the stored history again and
         appends the entries to it (a few times, then they wait for the next flush)."""
         async with self._lock:
             for _ in range(3):
                 count = len(self.unwritten)
                 if not count:
                     return
-                journal = self._with(self.unwritten[:count])
+                history = self._with(self.unwritten[:count])
                 fence()
                 try:
                     revision = await store.put(
-                        journal_key(self.policy), encode(journal), expect=self.base.revision
+                        history_key(self.policy), encode(history), expect=self.base.revision
                     )
                 except (RevisionMismatchError, KeyNotFoundError):
                     await self.load(store)
                     continue
-                self.base = replace(journal, revision=revision)
+                self.base = replace(history, revision=revision)
                 del self.unwritten[:count]
                 return
-            log.warning("pool journal of %r not written yet: it changed under us", self.policy)
+            log.warning("pool history of %r not written yet: it changed under us", self.policy)
 
-    def _with(self, entries: Iterable[PoolMove | DriftSeen]) -> Journal:
+    def _with(self, entries: Iterable[PoolMove | DriftSeen]) -> PoolHistory:
         base = self.base
         seq, moves, drift = base.seq, list(base.moves), list(base.drift)
         for entry in entries:

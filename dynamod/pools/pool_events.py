@@ -7,7 +7,7 @@ Every pool event carries the store revision it reflects: a policy's put or delet
 tail from revision R replays the pool events after R with the worker events after R, and
 a consumer can order the merged stream by revision. Every daemon learns the same events
 from the store (policies and the leader key from their keys, moves and drift from the
-leader's journal), so a tail shows them whichever daemon it asks.
+leader's history), so a tail shows them whichever daemon it asks.
 
 A subscription's queue is bounded; one that falls behind is told so with one LOST event
 (how many it missed) instead of blocking anyone.
