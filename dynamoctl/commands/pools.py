@@ -140,7 +140,7 @@ def status(ctx: typer.Context, name: Name) -> None:
     The target and actual routable workers per pool, the moves still pending, the recent
     moves the leader made (time, epoch, revision), the drift it saw and what it did, and
     which daemon leads. Counts and pending moves are the answering daemon's plan; recent
-    moves and drift come from the leader's journal, so any daemon can answer."""
+    moves and drift come from the leader's history, so any daemon can answer."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from dynamod.errors import PoolPolicyError
 from dynamod.pool_results import DriftSeen, PoolEventInfo, PoolEventKind, PoolMove
 from dynamod.pools.history import HISTORY_PREFIX, PoolHistory
-from dynamod.pools.history import decode as decode_journal
+from dynamod.pools.history import decode as decode_history
 from dynamod.pools.leader import LEADER_KEY, LeaderInfo, leader_of
 from dynamod.pools.policy import POOLS_PREFIX
 from dynamod.pools.pool_events import PoolEvents
@@ -104,27 +104,27 @@ class PolicyView:
 
     def _on_histories(self, event: WatchEvent, first: bool) -> None:
         if isinstance(event, Resync):
-            found = (decode_journal(e) for e in event.entries)
+            found = (decode_history(e) for e in event.entries)
             now = {j.policy: j for j in found if j is not None}
             for gone in set(self.histories) - set(now):
                 del self.histories[gone]
             for history in now.values():
-                self._journal(history, quiet=first)
+                self._history(history, quiet=first)
         elif isinstance(event, Put):
-            read = decode_journal(event.entry)
+            read = decode_history(event.entry)
             if read is not None:
-                self._journal(read, quiet=first)
+                self._history(read, quiet=first)
         else:
             self.histories.pop(event.key.removeprefix(f"{HISTORY_PREFIX}/"), None)
 
-    def _journal(self, history: PoolHistory, quiet: bool) -> None:
+    def _history(self, history: PoolHistory, quiet: bool) -> None:
         old = self.histories.get(history.policy)
         self.histories[history.policy] = history
         seen = 0 if old is None or old.seq > history.seq else old.seq
         if quiet:
             return
         for _, entry in history.newer(seen):
-            info, revision = _journal_event(history.policy, entry)
+            info, revision = _history_event(history.policy, entry)
             self.events.publish(info, revision)
 
     # The leader
@@ -190,7 +190,7 @@ def _policy_message(kind: PoolEventKind, name: str, stored: StoredPolicy | None)
     return f"policy {name} {verb}: selector {policy.selector}, pools {pools}"
 
 
-def _journal_event(policy: str, entry: PoolMove | DriftSeen) -> tuple[PoolEventInfo, int]:
+def _history_event(policy: str, entry: PoolMove | DriftSeen) -> tuple[PoolEventInfo, int]:
     if isinstance(entry, PoolMove):
         came = entry.from_pool or "no pool"
         message = (

@@ -1438,11 +1438,11 @@ class PoolStatusResponse(_message.Message):
 
     @_builtins.property
     def recent(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolMove]:
-        """the leader's journal: recent moves, newest last"""
+        """the leader's history: recent moves, newest last"""
 
     @_builtins.property
     def drift(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolDrift]:
-        """the leader's journal: drift seen, newest last"""
+        """the leader's history: drift seen, newest last"""
 
     def __init__(
         self,
