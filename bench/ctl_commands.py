@@ -16,7 +16,7 @@ and then dynamoctl:
   ``dynamoctl/fastpath.py``: no typer, no gRPC, no rich);
 * Tab completion of a command name — what every Tab costs;
 * ``workers ls`` against a dynamod holding 1,000 and 10,000 workers (records registered
-  straight into the file store with ``dynamod.discovery.updates.register``), as a table
+  straight into the file store with ``dynamod.discovery.registration.register``), as a table
   and as JSON; ``first row`` is a table run until its first line reaches stdout (the
   listing streams in pages: the rest is still on its way);
 * ``taints set ID TAINT`` — start-up, one compare-and-swap write through dynamod to the

@@ -173,7 +173,7 @@ def section_scale(data: Json) -> list[str]:
         "",
         *table(head, rows),
     ]
-    out += [f"- `dynamod.api.client` at the largest fleet: `{n}`" for n in notes]
+    out += [f"- `dynamod.client` at the largest fleet: `{n}`" for n in notes]
     return [*out, "", "![propagation CDF](plots/propagation_cdf.png)",
             "![routing against fleet size](plots/routing_vs_fleet.png)", ""]  # fmt: skip
 

@@ -33,7 +33,7 @@ from dynamod.settings import DaemonSettings
 log = logging.getLogger(__name__)
 
 RESTART_FIRST = 0.5
-RESTART_MAX = 10.0
+RESTART_CAP = 10.0
 """Bounds of the back-off before a demo worker that exited is started again."""
 
 MODEL = "demo-llama"
@@ -106,7 +106,7 @@ class Child:
         self.line = ""
 
     async def supervise(self) -> None:
-        backoff = Backoff(RESTART_FIRST, RESTART_MAX)
+        backoff = Backoff(RESTART_FIRST, RESTART_CAP)
         while True:
             await self._start()
             code = await self._wait_ready_then_exit()

@@ -61,7 +61,7 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
 
 Each class's ``code`` is the gRPC status code name it travels as (``code_name``); a class
 without one in the column above inherits its parent's, and the root's is ``INTERNAL``.
-``api/status.py`` maps these names to gRPC's own codes; the tables of the HTTP surfaces
+``api/error_status.py`` maps these names to gRPC's own codes; the tables of the HTTP surfaces
 live beside them.
 
 "You closed it" (``StoreClosedError``) and "it broke under you"
@@ -81,7 +81,7 @@ class DynamoError(Exception):
 
     ``fields()`` are the constructor's arguments: ``type(error)(**error.fields())`` builds
     the same error again, with the same message. That is how an error crosses the wire
-    (``api/status.py``) and reaches a Python caller of ``dynamod.client`` whole: a class
+    (``api/error_status.py``) and reaches a Python caller of ``dynamod.client`` whole: a class
     whose constructor takes more than a message says so by overriding ``fields``."""
 
     retryable: bool = False

@@ -21,7 +21,7 @@ class Busy(enum.Enum):
     ENGINE_QUEUE = "engine_waiting"
     """The worker's engine reports requests waiting in its own queue."""
     UNHEALTHY = "unhealthy"
-    """The worker reports that its engine cannot serve (``router/reported.py``)."""
+    """The worker reports that its engine cannot serve (``router/saturation.py``)."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The file (``--config FILE``, else ``$DYNAMO_CONFIG``, else ``/etc/dynamod/dynamod.toml`` when
 it exists) holds top-level keys named like the fields below and a ``[router]`` table of
-router knobs (``dynamod.router.RouterConfig``). The environment uses ``DYNAMO_<FIELD>``
+router knobs (``dynamod.router.RouterKnobs``). The environment uses ``DYNAMO_<FIELD>``
 (``DYNAMO_STORE``, ``DYNAMO_LISTEN`` as a comma-separated list, ``DYNAMO_ROUTER_<KNOB>``).
 Unknown keys and malformed values are refused with a message naming them, so a typo never
 silently falls back to a default.
@@ -72,7 +72,7 @@ pool_lease_ttl     15                                          seconds of the po
                                                                leader's lease: failover
                                                                within it plus a second
 state_store        (the store)                                 where pool policies, their
-                                                               journal and the pool
+                                                               history and the pool
                                                                leader's key are kept; a
                                                                Dynamo fleet's store is
                                                                read-only: name one there
@@ -81,7 +81,7 @@ state_store        (the store)                                 where pool polici
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
 README's "Limits and threat model" says what each refusal is):
 
-========================  =======  ======================================
+========================  =======  =============================================
 setting                   default  meaning
 ========================  =======  =============================================
 tokenizer_bundle_max_mb   128      MiB of a tokenizer bundle read from a worker
@@ -91,7 +91,7 @@ template_cpu_seconds      2        CPU seconds of a model's template and tokeniz
 template_max_output_mb    32       Mi characters a chat template may render
 prompt_process_memory_mb  4096     MiB of address space of one prompt process
 ========================  =======  =============================================
-=======
+
 ``verify`` checks what a start needs beyond the values themselves, and ``dynamod
 check-config`` and every start run it alike: files, the store URL, and every listener —
 each TCP address (the front's and gRPC's) is bound and released, all of them held at

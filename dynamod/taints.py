@@ -30,7 +30,7 @@ A worker's taints are a set, stored sorted and de-duplicated, so order never mat
 Taints under ``dynamo.topology/`` are generated from the record's ``topology_domains`` and
 no caller may add or remove them. A ``TaintUpdate`` is one change to a worker's
 caller-managed taints. Everything here is pure and synchronous, and works on strings alone
-(``model.py`` applies taints to records).
+(``records.py`` applies taints to records).
 """
 
 from __future__ import annotations

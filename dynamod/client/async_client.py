@@ -4,7 +4,7 @@ Endpoints: ``unix:///run/dynamod/dynamod.sock`` (or a bare path) for the local s
 ``host:port`` for TCP (with ``tls=True`` for TLS, ``ca`` / ``cert`` / ``key`` for mTLS).
 What is not given comes from the environment and the config file dynamoctl reads
 (``dynamod.client.endpoint``). Every call has a deadline. gRPC errors come back as our own
-classes (``api/status.py``); an endpoint that does not answer raises ``UnreachableError``
+classes (``api/error_status.py``); an endpoint that does not answer raises ``UnreachableError``
 naming it.
 
 One vocabulary, the operator API dynamoctl uses: ``list_workers`` / ``stream_workers`` /

@@ -41,10 +41,10 @@ from dynamod.tasks import cancel_and_wait, race
 log = logging.getLogger(__name__)
 
 REREGISTER_FIRST = 0.1
-REREGISTER_MAX = 2.0
+REREGISTER_CAP = 2.0
 """Bounds of the back-off between attempts to register again after the lease was lost."""
 RESTORE_FIRST = 0.05
-RESTORE_MAX = 2.0
+RESTORE_CAP = 2.0
 """Bounds of the back-off before each write-back of a record changed out of band."""
 
 
@@ -223,7 +223,7 @@ class Registration:
         return restored
 
     async def _register_again(self) -> None:
-        backoff = Backoff(REREGISTER_FIRST, REREGISTER_MAX)
+        backoff = Backoff(REREGISTER_FIRST, REREGISTER_CAP)
         while True:
             try:
                 await self._register()
@@ -239,7 +239,7 @@ class _WriteBacks:
     not write (a taint update: real progress) starts the back-off over."""
 
     def __init__(self) -> None:
-        self._backoff = Backoff(RESTORE_FIRST, RESTORE_MAX)
+        self._backoff = Backoff(RESTORE_FIRST, RESTORE_CAP)
         self._not_before = 0.0
         self._written: int | None = None
 

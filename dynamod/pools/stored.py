@@ -41,8 +41,11 @@ from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
 
-ATTEMPTS: Final = 4
+CAS_ATTEMPTS: Final = 4
 """Compare-and-swap attempts of one apply, pause or resume before ``ConflictError``."""
+BACKOFF_FIRST: Final = 0.005
+BACKOFF_CAP: Final = 0.1
+"""The back-off between those attempts (another daemon's write just won)."""
 _NAME_CHARACTERS: Final = re.compile(r"[a-z0-9-]{1,63}")
 
 
@@ -121,8 +124,8 @@ async def apply_policy(
 ) -> tuple[StoredPolicy, ApplyKind]:
     """Store ``policy`` (see the module docstring); what is stored now and what changed.
     With ``dry_run`` every check runs and nothing is written."""
-    backoff = Backoff(0.005, 0.1)
-    for _ in range(ATTEMPTS):
+    backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
+    for _ in range(CAS_ATTEMPTS):
         stored = await list_policies(store)
         refuse_overlaps(policy, (s.policy for s in stored))
         old = next((s for s in stored if s.name == policy.name), None)
@@ -146,8 +149,8 @@ async def apply_policy(
 async def set_paused(store: Store, name: str, paused: bool) -> tuple[StoredPolicy, bool]:
     """Pause or resume the stored policy ``name``; it as stored now, and whether this call
     changed it (pausing a paused policy writes nothing)."""
-    backoff = Backoff(0.005, 0.1)
-    for _ in range(ATTEMPTS):
+    backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
+    for _ in range(CAS_ATTEMPTS):
         old = await get_policy(store, name)
         if old.policy.paused == paused:
             return old, False
@@ -205,7 +208,7 @@ def _plausible(name: str) -> bool:
 
 def _conflict(name: str, what: str) -> ConflictError:
     return ConflictError(
-        f"{what} of pool policy {name!r} lost the compare-and-swap race {ATTEMPTS} times in "
+        f"{what} of pool policy {name!r} lost the compare-and-swap race {CAS_ATTEMPTS} times in "
         f"a row to concurrent writers; retry",
-        attempts=ATTEMPTS,
+        attempts=CAS_ATTEMPTS,
     )

@@ -1,5 +1,5 @@
 """KV-aware prefix overlap: which blocks each worker's engine really holds, from the KV
-cache events engines publish (``reported.KvEvent``; workers forward them on their engine
+cache events engines publish (``engine_events.KvEvent``; workers forward them on their engine
 events stream, ``dynamod.boundary`` follows it and calls ``attach`` / ``apply`` / ``detach``).
 
 * **Keys.** A block is indexed under the router's own chained hash of its tokens
@@ -11,7 +11,7 @@ events stream, ``dynamod.boundary`` follows it and calls ``attach`` / ``apply`` 
   and is dropped (``dropped`` counts it); a removal of an unknown block is ignored.
 * **Gaps and restarts.** Every (re)connection of a worker's stream begins with the
   worker's whole cache (a ``cleared`` event, then what is stored), so the index of that
-  worker is rebuilt from nothing, never patched over a gap (``reported.py``).
+  worker is rebuilt from nothing, never patched over a gap (``saturation.py``).
 * **Memory.** Per block: one entry engine hash → router hash in the worker's dict, one in
   the shared holders dict (the worker's key, or a set when several workers hold it). Each
   worker keeps at most ``limit`` blocks (``attach``: the smaller of the router's

@@ -41,7 +41,7 @@ The contract:
   and given back by ``release`` (idempotent; ``route`` calls it on exit).
 * What a worker's engine reports (``report``) enters only whether it is busy: a worker is
   busy while its engine reports requests waiting in its own queue, or reports itself
-  unhealthy (``reported.py``); the report that frees it dispatches waiting requests.
+  unhealthy (``saturation.py``); the report that frees it dispatches waiting requests.
 * ``watch(callback)``: ``callback(key)`` after every change of the load on a worker or of
   its engine's report, inside the call that made it (a drain waits on these, not on a
   timer: ``dynamod/drain_watch.py``); ``watch_queue(callback)``: ``callback(model,

@@ -80,7 +80,7 @@ from dynamod.errors import (
 log = logging.getLogger(__name__)
 
 RESYNC_FIRST: Final = 0.05
-RESYNC_MAX: Final = 2.0
+RESYNC_CAP: Final = 2.0
 """Bounds of the back-off between attempts to list a prefix again for a ``Resync``."""
 
 MAX_KEY = 1024
@@ -211,7 +211,7 @@ class Watch:
         raise StopAsyncIteration
 
     async def _resync(self) -> WatchEvent:
-        backoff = Backoff(RESYNC_FIRST, RESYNC_MAX)
+        backoff = Backoff(RESYNC_FIRST, RESYNC_CAP)
         while True:
             self._needs_resync = False
             try:

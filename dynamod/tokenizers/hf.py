@@ -23,7 +23,7 @@ the output is read piece by piece and refused past ``max_output`` characters, an
 whatever the template raises becomes one ``TokenizerFailedError`` (its
 ``raise_exception``: ``TemplateRefusedError``, the request's refusal). CPU time and the
 memory no operator check sees (a string doubled with ``~``, a filter's padding) are the
-bounds of the process that renders it (``prompts/budget.py``, ``prompts/child.py``).
+bounds of the process that renders it (``prompts/cpu_budget.py``, ``prompts/child.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ those bounds; the daemon's settings (``tokenizer_bundle_max_mb`` and the rest) m
 Where each bound is enforced: the bundle's bytes and the cache by the daemon's registry
 (``boundary/tokenizer_registry.py``); the rendered characters by the template's own
 sandbox (``hf.py``); CPU time and memory by the prompt processes that run it
-(``prompts/budget.py``, ``prompts/child.py``).
+(``prompts/cpu_budget.py``, ``prompts/child.py``).
 """
 
 from __future__ import annotations

@@ -3,12 +3,18 @@ tests/test_generated.py's job.)"""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from dataclasses import fields
 
 import pytest
 
 from dynamoctl.app import command
+from dynamod.lifecycle import EX_FAILURE, EX_OK, EX_SOFTWARE, EX_UNAVAILABLE
+from dynamod.main import EX_CONFIG
+from dynamod.router.knobs import RouterKnobs
+from dynamod.settings import DaemonSettings
 from scripts.docs import esc
 from tests.support.processes import ROOT
 
@@ -53,3 +59,22 @@ def test_the_daemon_pages_have_their_sections(page: str, sections: tuple[str, ..
     text = (ROOT / "man" / page).read_text()
     for section in sections:
         assert f".SH {section}" in text or f'.SH "{section}"' in text, section
+
+
+def test_dynamod_8_documents_every_setting_and_exit_status() -> None:
+    """Each key of the configuration file and of its ``[router]`` table, and each exit
+    status the daemon uses, has its place in CONFIGURATION and EXIT STATUS."""
+    text = (ROOT / "man" / "dynamod.8").read_text()
+    configuration = text[text.index(".SH CONFIGURATION") : text.index(".SH STORE URLS")]
+    keys = [f.name for f in fields(DaemonSettings) if f.name != "router"]
+    keys += [f.name for f in fields(RouterKnobs)]
+    words = set(re.findall(r"[a-z_]+", esc_free(configuration)))
+    assert not [k for k in keys if k not in words], "settings missing from dynamod(8)"
+    statuses = text[text.index(".SH EXIT STATUS") : text.index(".SH ENVIRONMENT")]
+    codes = {EX_OK, EX_FAILURE, EX_UNAVAILABLE, EX_SOFTWARE, EX_CONFIG}
+    assert {int(c) for c in re.findall(r"^\.B (\d+)$", statuses, re.M)} >= codes
+
+
+def esc_free(roff: str) -> str:
+    """Roff text with its escaped hyphens as plain ones."""
+    return roff.replace("\\-", "-")

@@ -1,5 +1,5 @@
 """Errors keep their fields across the wire: every class of the error tree, raised behind a
-real gRPC server and encoded as the daemon encodes it (``api/status.py``), arrives in
+real gRPC server and encoded as the daemon encodes it (``api/error_status.py``), arrives in
 ``dynamod.client`` as the same class built through its own constructor, with the same
 fields and message; and the errors a real daemon raises for a caller's mistakes carry
 their fields to the caller, one worker's share of a bulk update included."""

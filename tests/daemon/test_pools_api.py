@@ -23,7 +23,7 @@ from dynamod.results import EventInfo
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for
-from tests.eventually import eventually
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,7 @@ SGLang and TRT-LLM workers: their taints start empty):
   endpoint the way Dynamo's vLLM worker does (``register_model(..., lora_name=...)``);
   the mocker does not serve LoRA requests: this is the record's shape only.
 
-From the lab notes' ``lab_mocker.py`` (``/work/dynamo-lab``), which captured the records
-in ``tests/data/dynamo``.
+Modelled on the launcher that captured the records in ``tests/data/dynamo``.
 """
 
 from __future__ import annotations

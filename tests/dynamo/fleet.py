@@ -4,8 +4,8 @@
 the one 1.6.1 router mode that honours ``nvext.routing_constraints``) and mocker workers
 on etcd (a private ``tests.support.servers.EtcdServer``) or on Dynamo's file store, from the venv
 ``bench.peer.venv`` builds. A worker is ``WorkerSpec``: initial caller taints, a topology
-zone, a LoRA card, or the stock mocker with no taint route. From the lab's
-``launch.py`` (``/work/dynamo-lab``), which measured what the tests rely on.
+zone, a LoRA card, or the stock mocker with no taint route. It launches Dynamo 1.6.1 the
+way the session that measured what these tests rely on did.
 
 Every Dynamo process runs in a session of its own, with ``PR_SET_PDEATHSIG``: if the test
 process dies, the kernel kills them. Waiting for readiness polls (Dynamo gives no signal

@@ -1,7 +1,7 @@
 """The bounds on a model's own chat template and tokenizer, where they are enforced: the
 template's sandbox (``tokenizers/hf.py``: operators checked before they build, output read
 piece by piece, every error one ``TokenizerFailedError``) and the prompt process's CPU
-budget (``prompts/budget.py``: a timer for Python, the kernel's limit for the rest)."""
+budget (``prompts/cpu_budget.py``: a timer for Python, the kernel's limit for the rest)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from dynamod.client import AsyncClient, Credentials
 from dynamod.pools.plan import held_pools
 from dynamod.pools.policy import PoolPolicy
 from dynamod.results import WorkerInfo
-from tests.eventually import eventually
+from tests.support.eventually import eventually
 from tests.support.processes import Proc, daemon, worker
 
 POOL_TTL = 2.0

@@ -34,7 +34,6 @@ import pytest
 from dynamod.client import AsyncClient
 from dynamod.pools.policy import PoolPolicy
 from dynamod.results import EventInfo
-from tests.eventually import eventually
 from tests.pools.live import (
     POOL_TTL,
     WORKER_TTL,
@@ -47,6 +46,7 @@ from tests.pools.live import (
     policy_text,
     until_counts,
 )
+from tests.support.eventually import eventually
 
 FAST = {"routing_constraints": {"required_taints": ["pool=fast"]}}
 

@@ -3,10 +3,11 @@
 Most waits in this suite are on events (a watch, a condition, a process's output). Some
 things have no event a test can await: another process's listing, a daemon's metrics page,
 a process's state in ``/proc``. Those are sampled, and a sampled signal is held until it is
-seen: ``eventually(probe)`` calls ``probe`` every ``every`` seconds until it returns
-something truthy, and returns that; past ``within`` seconds it fails with ``what`` and the
-last value the probe gave. It never asserts how long anything took (the machines are
-shared and noisy): ``within`` is a deadline for a hang, not a measure.
+seen: ``eventually(probe, accept)`` calls ``probe`` every ``every`` seconds until it
+returns something ``accept`` takes (anything truthy, by default), and returns that; past
+``within`` seconds it fails with ``what`` and the last value the probe gave. It never
+asserts how long anything took (the machines are shared and noisy): ``within`` is a
+deadline for a hang, not a measure.
 
 ``eventually_blocking`` is the same for synchronous tests (hypothesis, threads).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -24,22 +25,47 @@ WITHIN = 60.0
 EVERY = 0.1
 
 
+@overload
 async def eventually(
     probe: Callable[[], Awaitable[T | None]],
+    *,
+    within: float = ...,
+    every: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+@overload
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    accept: Callable[[T], object],
+    *,
+    within: float = ...,
+    every: float = ...,
+    what: str = ...,
+) -> T: ...
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[Any]],
+    accept: Callable[[Any], object] = bool,
     *,
     within: float = WITHIN,
     every: float = EVERY,
     what: str = "",
-) -> T:
-    """``await probe()``'s first truthy value."""
-    last: T | None = None
+) -> Any:
+    """``await probe()``'s first value that ``accept`` takes."""
+    last: list[object] = []
     try:
         async with asyncio.timeout(within):
-            while not (last := await probe()):  # noqa: ASYNC110 - a sample, no event to await
+            while not accept(value := await probe()):
+                last[:] = [value]
                 await asyncio.sleep(every)  # sampling another process: nothing to await
-            return last
+            return value
     except TimeoutError:
-        raise AssertionError(_never(what or _name(probe), within, last)) from None
+        raise AssertionError(
+            _never(what or _name(probe), within, last[0] if last else None)
+        ) from None
 
 
 def eventually_blocking(

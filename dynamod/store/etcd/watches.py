@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 Message = Any
 BACKOFF_FIRST: Final = 0.05
-BACKOFF_MAX: Final = 2.0
+BACKOFF_CAP: Final = 2.0
 # etcd ends the watches of a member that lost its leader when the stream asks it to, so a
 # partitioned member cannot leave a watch silently stale.
 REQUIRE_LEADER: Final = (("hasleader", "true"),)
@@ -88,7 +88,7 @@ class WatchStream:
 
     async def run(self, stream: Stream, position: Position) -> None:
         """Feed the watch from ``stream``, and from a new stream each time one ends."""
-        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
         try:
             while True:
                 received, resumable = await self._forward(stream, position)

@@ -20,8 +20,8 @@ from pathlib import Path
 from dynamod.backoff import Backoff
 from dynamod.errors import StoreClosedError
 
-FIRST_BACKOFF = 0.001
-MAX_BACKOFF = 0.01
+BACKOFF_FIRST = 0.001
+BACKOFF_CAP = 0.01
 
 
 class FileLock:
@@ -38,7 +38,7 @@ class FileLock:
     async def acquire(self) -> None:
         """Take the lock, however long that takes: the caller bounds it with a deadline.
         ``StoreClosedError`` once ``close()`` ran."""
-        backoff = Backoff(FIRST_BACKOFF, MAX_BACKOFF)
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
         while not self._try():
             await backoff.wait()
 

@@ -38,12 +38,12 @@ from dynamod.tasks import cancel_and_wait, race
 log = logging.getLogger(__name__)
 
 RECONNECT_FIRST: Final = 0.1
-RECONNECT_MAX: Final = 2.0
+RECONNECT_CAP: Final = 2.0
 """Bounds of the back-off between attempts to reconnect to NATS (``dynamod.backoff``): a
 fleet that lost its server reconnects spread over the window, not in lockstep."""
 PING_INTERVAL: Final = 5
 BACKOFF_FIRST: Final = 0.05
-BACKOFF_MAX: Final = 2.0
+BACKOFF_CAP: Final = 2.0
 REESTABLISH_ATTEMPT: Final = 1.0
 """Seconds one attempt to re-create a watch's consumer may wait."""
 _AUTH_VIOLATION: Final = "Authorization Violation"  # the server's words for a refused login
@@ -68,7 +68,7 @@ class NatsStore(Store):
         self._last_error = ""
         self._refusal = ""
         self._refused_event = asyncio.Event()
-        self._reconnects = Backoff(RECONNECT_FIRST, RECONNECT_MAX)
+        self._reconnects = Backoff(RECONNECT_FIRST, RECONNECT_CAP)
 
     @classmethod
     async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
@@ -239,7 +239,7 @@ class NatsStore(Store):
             watch.push(self._bucket.event(msg))
 
     async def _reestablish(self, prefix: str) -> Consumer:
-        backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
+        backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
         while True:
             await self._connected.wait()
             try:
