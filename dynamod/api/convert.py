@@ -285,26 +285,30 @@ def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:
     return [worker_from_pb(m, cards) for m in messages]
 
 
-def target_to_pb(target: Target, request: pb.UpdateTaintsRequest) -> None:
-    """Put ``target`` in ``request``'s ``target`` (and ``expect_revision``)."""
+def target_to_pb(target: Target, request: pb.UpdateTaintsRequest | pb.WaitDrainedRequest) -> None:
+    """Put ``target`` in ``request``'s ``target`` oneof (and an update's
+    ``expect_revision``)."""
     if target.worker is not None:
         request.worker = target.worker
     elif target.selector is not None:
         request.selector = target.selector
     else:
         request.all = True
-    if target.expect_revision is not None:
+    if target.expect_revision is not None and isinstance(request, pb.UpdateTaintsRequest):
         request.expect_revision = target.expect_revision
 
 
-def target_from_pb(request: pb.UpdateTaintsRequest) -> Target:
+def target_from_pb(request: pb.UpdateTaintsRequest | pb.WaitDrainedRequest) -> Target:
     """The ``Target`` of ``request``; ``InvalidInputError`` when it names none."""
     which = request.WhichOneof("target")
+    expect = None
+    if isinstance(request, pb.UpdateTaintsRequest) and request.HasField("expect_revision"):
+        expect = request.expect_revision
     return Target(
         worker=request.worker if which == "worker" else None,
         selector=request.selector if which == "selector" else None,
         all=which == "all" and request.all,
-        expect_revision=request.expect_revision if request.HasField("expect_revision") else None,
+        expect_revision=expect,
     )
 
 
@@ -357,20 +361,5 @@ def wait_drained_to_pb(
     target: Target, timeout: float | None, after_revision: int
 ) -> pb.WaitDrainedRequest:
     request = pb.WaitDrainedRequest(timeout_seconds=timeout or 0.0, after_revision=after_revision)
-    if target.worker is not None:
-        request.worker = target.worker
-    elif target.selector is not None:
-        request.selector = target.selector
-    else:
-        request.all = True
+    target_to_pb(target, request)
     return request
-
-
-def wait_drained_target(request: pb.WaitDrainedRequest) -> Target:
-    """The ``Target`` of a drain wait; ``InvalidInputError`` when it names none."""
-    which = request.WhichOneof("target")
-    return Target(
-        worker=request.worker if which == "worker" else None,
-        selector=request.selector if which == "selector" else None,
-        all=which == "all" and request.all,
-    )

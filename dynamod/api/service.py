@@ -232,7 +232,7 @@ class WorkerService(rpc.WorkerServiceServicer):
         async def body(_: Principal) -> None:
             if self.api.draining:
                 raise ShuttingDownError("dynamod is shutting down; retry on another replica")
-            target = convert.wait_drained_target(request)
+            target = convert.target_from_pb(request)
             deadline = _drain_deadline(request.timeout_seconds)
             with self.api.control.watch_drain(
                 target, after_revision=request.after_revision

@@ -34,7 +34,7 @@ from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
-from dynamod.client.endpoint import Credentials, resolve, target_of
+from dynamod.client.endpoint import Credentials, completed, target_of
 from dynamod.errors import DynamoError, UnreachableError
 from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.records import ModelCard
@@ -71,17 +71,14 @@ class AsyncClient(AsyncDynamoHelpers):
         credentials: Credentials | None = None,
         timeout: float | None = None,
     ) -> None:
-        if endpoint is None or credentials is None or timeout is None:
-            found = resolve(endpoint, timeout=timeout)
-            endpoint, timeout = found.endpoint, found.timeout
-            credentials = found.credentials if credentials is None else credentials
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self._credentials = credentials
+        dial = completed(endpoint, credentials, timeout)
+        self.endpoint = dial.endpoint
+        self.timeout = dial.timeout
+        self._credentials = dial.credentials
         self._calls: set[Any] = set()
         self._closed = False
         self._loop = _running_loop()
-        self._channel = self._open(target_of(endpoint))
+        self._channel = self._open(target_of(dial.endpoint))
         drain.track(self)
         self._workers = rpc.WorkerServiceStub(self._channel)
         self._taints = rpc.TaintServiceStub(self._channel)

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from dynamod.client import drain
 from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
-from dynamod.client.endpoint import Credentials, resolve
+from dynamod.client.endpoint import Connection, Credentials, completed
 from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.results import (
     DrainEvent,
@@ -60,22 +60,19 @@ class Client(DynamoHelpers):
         credentials: Credentials | None = None,
         timeout: float | None = None,
     ) -> None:
-        if endpoint is None or credentials is None or timeout is None:
-            found = resolve(endpoint, timeout=timeout)
-            endpoint, timeout = found.endpoint, found.timeout
-            credentials = found.credentials if credentials is None else credentials
-        self.endpoint = endpoint
+        dial = completed(endpoint, credentials, timeout)
+        self.endpoint = dial.endpoint
         self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
-            target=_serve, args=(self._loop,), name=f"dynamod-client {endpoint}", daemon=True
+            target=_serve, args=(self._loop,), name=f"dynamod-client {dial.endpoint}", daemon=True
         )
         self._thread.start()
         # A client dropped without close() still ends its thread when collected (close()
         # detaches this: its loop is closed by then, and may not be called).
         self._dropped = weakref.finalize(self, self._loop.call_soon_threadsafe, self._loop.stop)
         self._dropped.atexit = False
-        self._async = self._run(_open(endpoint, credentials, timeout))
+        self._async = self._run(_open(dial))
         drain.forget(self._async)  # drained as part of this client, never on its own
         drain.track(self)
 
@@ -224,9 +221,9 @@ class Client(DynamoHelpers):
             closing.result(timeout=RELEASE_SECONDS)
 
 
-async def _open(endpoint: str, credentials: Credentials, seconds: float) -> AsyncClient:
+async def _open(dial: Connection) -> AsyncClient:
     """The ``AsyncClient``, made on the client's own loop (its channel belongs there)."""
-    return AsyncClient(endpoint, credentials=credentials, timeout=seconds)
+    return AsyncClient(dial.endpoint, credentials=dial.credentials, timeout=dial.timeout)
 
 
 async def _next(stream: AsyncIterator[EventInfo]) -> EventInfo:

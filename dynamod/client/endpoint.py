@@ -136,6 +136,18 @@ def resolve(
     return connection(**chosen)
 
 
+def completed(
+    endpoint: str | None, credentials: Credentials | None, timeout: float | None
+) -> Connection:
+    """A client's arguments, what is not given (None) resolved as dynamoctl would."""
+    if endpoint is not None and credentials is not None and timeout is not None:
+        return Connection(endpoint, credentials, timeout)
+    found = resolve(endpoint, timeout=timeout)
+    return Connection(
+        found.endpoint, found.credentials if credentials is None else credentials, found.timeout
+    )
+
+
 def connection(
     *,
     endpoint: str | None,

@@ -27,6 +27,7 @@ from dynamod.router.kvindex import KvIndex
 from dynamod.store.memory import MemoryStore
 from dynamod.tasks import cancel_and_wait
 from tests.hostile_workers.events_fakes import MALFORMED, SNAPSHOT, Hostile, line
+from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,14 +40,11 @@ DONE = web.AppKey("done", asyncio.Event)
 @contextlib.asynccontextmanager
 async def serving(app: web.Application) -> AsyncIterator[str]:
     app[DONE] = done = asyncio.Event()
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        done.set()
-        await runner.cleanup()
+    async with served(app) as url:
+        try:
+            yield url
+        finally:
+            done.set()
 
 
 def streaming(*chunks: bytes, pause: float = 0.0) -> web.Application:

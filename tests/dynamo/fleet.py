@@ -19,9 +19,7 @@ import base64
 import ctypes
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from bench.peer.stacks import system_port
 from tests.support.eventually import eventually_blocking
 from tests.support.servers import EtcdServer, free_port
 
@@ -283,20 +282,6 @@ def until(probe: Callable[[], T | None], what: str, procs: Iterable[Proc],
         return None if found is None else (found,)
 
     return eventually_blocking(sample, within=within, what=what)[0]
-
-
-def system_port() -> int:
-    """A free port <= 32767 for DYN_SYSTEM_PORT, which Dynamo parses as a signed 16-bit
-    number (the kernel's ephemeral ports start at 32768, so port 0 will not do)."""
-    for _ in range(500):
-        port = random.randint(20000, 32767)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32767")
 
 
 def build_model(venv: Path, model_dir: Path) -> Path:

@@ -23,6 +23,7 @@ from dynamod.errors import (
 )
 from tests.dynamo import values
 from tests.support.servers import free_port
+from tests.support.web import served
 
 CAPTURED: dict[str, dict[str, Any]] = values.captured_json("route_responses.json")
 
@@ -51,15 +52,8 @@ async def route() -> AsyncIterator[Replay]:
     replay = Replay()
     app = web.Application()
     app.router.add_route("*", "/engine/update/model_taints", replay.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    replay.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with served(app) as replay.url:
         yield replay
-    finally:
-        await runner.cleanup()
 
 
 async def test_ok_gives_the_taints_held_and_the_body_is_the_whole_set(route: Replay) -> None:
@@ -122,17 +116,12 @@ async def test_a_worker_that_never_answers_is_given_up_within_the_deadline() -> 
 
     app = web.Application()
     app.router.add_post("/engine/update/model_taints", hang)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
-        with pytest.raises(WorkerUnavailableError, match=re.escape("no answer within 0.2 s")):
-            await post_taints(url, ["x"], worker="w0", within=0.2)
-    finally:
-        released.set()
-        await runner.cleanup()
+    async with served(app) as url:
+        try:
+            with pytest.raises(WorkerUnavailableError, match=re.escape("no answer within 0.2 s")):
+                await post_taints(url, ["x"], worker="w0", within=0.2)
+        finally:
+            released.set()
 
 
 async def test_a_worker_without_a_known_system_address_says_how_to_give_one() -> None:

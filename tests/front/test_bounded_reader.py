@@ -4,6 +4,7 @@ an announced length over the budget is refused before the body is read."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -12,6 +13,7 @@ from aiohttp import web
 
 from dynamod.errors import OversizeError
 from dynamod.http.bounded import LineReader, read_body
+from tests.support.web import served
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]
@@ -19,22 +21,15 @@ Serve = Callable[[Handler], Awaitable[str]]
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
+    """Serves a handler at ``/`` until the test ends; its URL."""
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_get("/", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        port = runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}/"
+        async def start(handler: Handler) -> str:
+            app = web.Application()
+            app.router.add_get("/", handler)
+            return await stack.enter_async_context(served(app)) + "/"
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+        yield start
 
 
 def streamed(*pieces: bytes) -> Handler:

@@ -4,6 +4,7 @@ its limit is refused by name, and a stream cut mid-event says how much it droppe
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -13,6 +14,7 @@ from aiohttp import web
 from dynamod.errors import OversizeError
 from dynamod.http.sse import EventReader, is_done
 from tests.front.test_bounded_reader import Handler, Serve, streamed
+from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -23,20 +25,15 @@ DONE = b"data: [DONE]\n\n"
 
 @pytest.fixture
 async def serve() -> AsyncIterator[Serve]:
-    runners: list[web.AppRunner] = []
+    """Serves a handler at ``/`` until the test ends; its URL."""
+    async with contextlib.AsyncExitStack() as stack:
 
-    async def start(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_get("/", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        async def start(handler: Handler) -> str:
+            app = web.Application()
+            app.router.add_get("/", handler)
+            return await stack.enter_async_context(served(app)) + "/"
 
-    yield start
-    for runner in runners:
-        await runner.cleanup()
+        yield start
 
 
 async def events_of(url: str, limit: int) -> tuple[list[bytes], int]:

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 
@@ -38,7 +37,8 @@ from aiohttp import web
 from dynamod.discovery.registration import Registration, new_instance_id
 from dynamod.engine_events import RECORD_FIELD, EngineLoad, offer
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
-from dynamod.store import open_store
+from dynamod.store import Store, open_store
+from tests.support.web import served, until_signalled
 
 LONG = 2 << 20
 SNAPSHOT = {"seq": 0, "type": "snapshot", "state": EngineLoad().to_json()}
@@ -142,17 +142,12 @@ class Hostile:
         return response
 
 
-async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
 async def hostile(mode: str, store_url: str, model: str) -> None:
-    runner, system = await serve(Hostile(mode).app())
-    store = await open_store(store_url)
+    async with served(Hostile(mode).app()) as system, await open_store(store_url) as store:
+        await register_hostile(mode, store, model, system)
+
+
+async def register_hostile(mode: str, store: Store, model: str, system: str) -> None:
     card = ModelCard(name=model)
     record = WorkerRecord(
         instance_id=new_instance_id(),
@@ -168,16 +163,11 @@ async def hostile(mode: str, store_url: str, model: str) -> None:
         version="hostile",
         extra={RECORD_FIELD: offer(kv=mode == "kv_flood")},
     )
-    try:
-        async with Registration(store, record, ttl=2):
-            print(
-                f"hostile ready: id={record.instance_id} key={record.key} system={system}",
-                flush=True,
-            )
-            await stopped()
-    finally:
-        await store.aclose()
-        await runner.cleanup()
+    async with Registration(store, record, ttl=2):
+        print(
+            f"hostile ready: id={record.instance_id} key={record.key} system={system}", flush=True
+        )
+        await until_signalled()
 
 
 async def upstream_inf(model: str) -> None:
@@ -199,21 +189,9 @@ async def upstream_inf(model: str) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
-    runner, http = await serve(app)
-    try:
+    async with served(app) as http:
         print(f"upstream ready: http={http}", flush=True)
-        await stopped()
-    finally:
-        await runner.cleanup()
-
-
-async def stopped() -> None:
-    """Until SIGTERM or SIGINT."""
-    done = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, done.set)
-    await done.wait()
+        await until_signalled()
 
 
 def main() -> None:

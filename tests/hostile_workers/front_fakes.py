@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import time
 
 from aiohttp import web
@@ -44,6 +43,7 @@ from dynamod.tokenizers import SimpleTokenizer
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
 from dynamod.tokenizers.bundle import published, with_tokenizer
 from dynamod.worker.engines.mocker import MockerConfig
+from tests.support.web import served, until_signalled
 
 MODEL = "llama"
 PIECE = b"a" * 65536
@@ -138,23 +138,6 @@ def _inference_app(mode: str, size_mb: int) -> web.Application:
     return app
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}"
-
-
-async def _until_stopped() -> None:
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-
-
 async def run_worker(args: argparse.Namespace) -> None:
     tokenizer = SimpleTokenizer()
     app = _inference_app(args.mode, args.size_mb)
@@ -163,7 +146,11 @@ async def run_worker(args: argparse.Namespace) -> None:
         return web.Response(body=published(tokenizer), content_type="application/json")
 
     app.router.add_get(TOKENIZER_PATH, bundle)
-    runner, url = await _serve(app)
+    async with served(app) as url:
+        await register_worker(args, tokenizer, url)
+
+
+async def register_worker(args: argparse.Namespace, tokenizer: SimpleTokenizer, url: str) -> None:
     mocker = MockerConfig()
     card = ModelCard(
         MODEL,
@@ -185,15 +172,12 @@ async def run_worker(args: argparse.Namespace) -> None:
         pid=0,
         version="fake",
     )
-    try:
-        async with await open_store(args.store) as store, Registration(store, record, ttl=2):
-            print(
-                f"front-fake worker ready: id={record.instance_id} http={url} key={record.key}",
-                flush=True,
-            )
-            await _until_stopped()
-    finally:
-        await runner.cleanup()
+    async with await open_store(args.store) as store, Registration(store, record, ttl=2):
+        print(
+            f"front-fake worker ready: id={record.instance_id} http={url} key={record.key}",
+            flush=True,
+        )
+        await until_signalled()
 
 
 async def run_upstream(args: argparse.Namespace) -> None:
@@ -222,12 +206,9 @@ async def run_upstream(args: argparse.Namespace) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/control/metrics", set_metrics)
-    runner, url = await _serve(app)
-    try:
+    async with served(app) as url:
         print(f"front-fake upstream ready: url={url}", flush=True)
-        await _until_stopped()
-    finally:
-        await runner.cleanup()
+        await until_signalled()
 
 
 def main() -> None:

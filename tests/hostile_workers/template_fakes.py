@@ -33,6 +33,7 @@ from dynamod.records import ModelCard, WorkerRecord
 from dynamod.store import open_store
 from dynamod.tokenizers.base import bundle_checksum
 from tests.support.factories import make_record
+from tests.support.web import served
 
 WORDS = ["hello", "there", "a", "chat", "user", "assistant", "<s>", "</s>"]
 FINE = (
@@ -135,8 +136,8 @@ async def main(store_url: str) -> None:
     system.router.add_get("/fetches/{model}", fakes.count)
     inference.router.add_post("/v1/chat/completions", fakes.chat)
     async with contextlib.AsyncExitStack() as stack:
-        system_url = await serve(stack, system)
-        inference_url = await serve(stack, inference)
+        system_url = await stack.enter_async_context(served(system))
+        inference_url = await stack.enter_async_context(served(inference))
         store = await open_store(store_url)
         stack.push_async_callback(store.aclose)
         for model in MODELS:
@@ -144,16 +145,6 @@ async def main(store_url: str) -> None:
             await stack.enter_async_context(Registration(store, worker, ttl=2))
         print(f"template fakes ready: system={system_url}", flush=True)
         await asyncio.Event().wait()
-
-
-async def serve(stack: contextlib.AsyncExitStack, app: web.Application) -> str:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return f"http://{host}:{port}"
 
 
 def record(model: str, checksum: str, system_url: str, inference_url: str) -> WorkerRecord:

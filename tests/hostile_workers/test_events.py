@@ -54,6 +54,7 @@ from tests.support.processes import (
     started,
     worker_argv,
 )
+from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -302,14 +303,11 @@ async def publishing(engine: StoringEngine) -> AsyncIterator[str]:
     app = web.Application()
     publisher = EnginePublisher(engine)  # type: ignore[arg-type]
     publisher.add_to(app)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        publisher.close()
-        await runner.cleanup()
+    async with served(app) as url:
+        try:
+            yield url
+        finally:
+            publisher.close()
 
 
 async def test_a_removal_of_30000_blocks_reaches_the_index_whole_in_several_lines() -> None:

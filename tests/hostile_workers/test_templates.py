@@ -46,6 +46,7 @@ from dynamod.tokenizers.limits import MIB, TokenizerLimits
 from tests.hostile_workers.template_fakes import FINE, MODELS, bundle, tokenizer_json
 from tests.support.factories import make_record
 from tests.support.processes import Spawned, daemon_argv, started, worker_argv
+from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -314,15 +315,8 @@ async def bundles() -> AsyncIterator[tuple[BundleServer, str]]:
     server = BundleServer({f"/{name}": bundle(FINE.replace("assistant", name)) for name in "ab"})
     app = web.Application()
     app.router.add_get("/{name}", server.handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    try:
-        yield server, f"http://{host}:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield server, url
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,33 @@
+"""Small HTTP servers for tests and the fake processes they start: ``served(app)`` runs an
+aiohttp app on a free loopback port for the length of a block and yields its base URL;
+``until_signalled()`` is the life of a fake process (until SIGTERM or SIGINT)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+
+@contextlib.asynccontextmanager
+async def served(app: web.Application) -> AsyncIterator[str]:
+    """``app`` on ``127.0.0.1`` at a free port; its base URL (no trailing slash)."""
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def until_signalled() -> None:
+    """Wait for SIGTERM or SIGINT."""
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    await done.wait()
