@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -194,10 +194,6 @@ def in_force(policies: Sequence[StoredPolicy]) -> tuple[list[StoredPolicy], dict
             f"can select), which is reconciled instead; change or remove one of them"
         )
     return chosen, conflicts
-
-
-def by_name(policies: Iterable[StoredPolicy]) -> Mapping[str, StoredPolicy]:
-    return {s.name: s for s in policies}
 
 
 def _plausible(name: str) -> bool:

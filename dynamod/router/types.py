@@ -10,7 +10,7 @@ from dynamod.errors import InvalidInputError
 from dynamod.load import Busy, Load
 from dynamod.records import WorkerRecord
 from dynamod.router.fit import ANY, CardNeeds
-from dynamod.router.prefix import APPROXIMATE, prefix_hashes
+from dynamod.router.prefix import APPROXIMATE
 from dynamod.router.scoring import CostTerms
 from dynamod.router.table import Ineligible
 from dynamod.taints import RoutingConstraints
@@ -46,25 +46,6 @@ class RouteRequest:
             )
         object.__setattr__(self, "block_hashes", tuple(self.block_hashes))
         object.__setattr__(self, "exclude", frozenset(self.exclude))
-
-    @classmethod
-    def for_prompt(
-        cls,
-        model: str,
-        constraints: RoutingConstraints,
-        prompt_ids: Sequence[int],
-        block_size: int,
-        max_wait: float | None = None,
-    ) -> RouteRequest:
-        """A request for a tokenized prompt: its length and its blocks' chained hashes with
-        the model's KV block size (so prefix overlap matches what workers cache)."""
-        return cls(
-            model,
-            constraints,
-            prompt_tokens=len(prompt_ids),
-            block_hashes=prefix_hashes(prompt_ids, block_size),
-            max_wait=max_wait,
-        )
 
 
 @dataclass(frozen=True)
