@@ -187,15 +187,21 @@ class EngineStreams:
                 self._kv.gone(key)
             self.connected.discard(key)
 
-    def _deliver(self, feed: _Feed, event: EngineLoad | KvBatch) -> None:
+    def _deliver(self, feed: _Feed, event: EngineLoad | KvBatch | None) -> None:
+        """Count the line toward the connection's progress (a heartbeat too: an idle
+        worker's stream is real progress), then apply what it carries."""
         key, now = feed.record.key, time.monotonic()
         if feed.opened is None:
+            if event is None:
+                return  # the connection counts from its snapshot
             feed.opened = now
             self.connected.add(key)
         elif not feed.progressed and now - feed.opened >= self._budgets.progress:
             feed.progressed = True
             feed.backoff.reset()
             self.breaches.clear(key)
+        if event is None:
+            return
         if isinstance(event, EngineLoad):
             self.breaches.report(key, event)
         elif self._kv is not None:

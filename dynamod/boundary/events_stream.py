@@ -27,10 +27,12 @@ class FeedError(InvalidInputError):
 
 async def events(
     session: aiohttp.ClientSession, url: str, budgets: Budgets, rate: RateBudget
-) -> AsyncIterator[EngineLoad | KvBatch]:
+) -> AsyncIterator[EngineLoad | KvBatch | None]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
-    carry its whole cache, then whatever changes. Every line is paid for from ``rate``.
+    carry its whole cache, then whatever changes; ``None`` for a line that carries nothing
+    to apply (a heartbeat, or a type it does not know: a newer worker's), which still says
+    the stream is alive. Every line is paid for from ``rate``.
 
     Raises ``aiohttp.ClientError`` (or ``OSError``) when it cannot be reached, answers
     anything but 200 or breaks the connection; ``TimeoutError`` when it does not answer,
@@ -38,19 +40,27 @@ async def events(
     ``OversizeError`` for a line over ``budgets.line`` bytes; ``TooFastError`` past its
     rate budget; ``FeedError`` (an ``InvalidInputError``) when what it sends breaks the
     protocol (a KV line out of sequence included: the caller reconnects, and the new
-    connection starts whole). Types it does not know are skipped (a newer worker's).
+    connection starts whole). A line counts as sent in time when it had arrived by the
+    deadline, even if the daemon's own loop, starved, only reads it later.
     """
     stall = budgets.stall
-    # No total: a stream lasts as long as the worker; each read is bounded instead.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall, sock_read=stall)
+    # No total: a stream lasts as long as the worker; each line is bounded instead (not
+    # each read: aiohttp's read timeout would fail a line that arrived in time on a loop
+    # that was starved meanwhile, which ``arrived`` below forgives).
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall)
     async with asyncio.timeout(stall):
         response = await session.get(url, timeout=timeout, raise_for_status=True)
     async with response:
         lines = LineReader(response.content, budgets.line, f"the engine events of {url}")
         kv_seq = since_yield = lines_since = 0
         while True:
-            async with asyncio.timeout(stall):
-                line = await lines.next_line()
+            try:
+                async with asyncio.timeout(stall):
+                    line = await lines.next_line()
+            except TimeoutError:
+                line = lines.arrived()
+                if line is None:
+                    raise
             if line is None:
                 return
             rate.spend(len(line))
@@ -69,6 +79,8 @@ async def events(
                     )
                 kv_seq += 1
                 yield _batch_of(event, url)
+            else:
+                yield None
 
 
 def _event_of(line: bytes, url: str) -> dict[str, object]:

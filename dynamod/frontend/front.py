@@ -99,7 +99,7 @@ from dynamod.prompts.body import CardLimits, Routable
 from dynamod.prompts.reader import PromptReader, Read
 from dynamod.records import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
-from dynamod.router.fit import ModelReading, Reading
+from dynamod.router.fit import ModelReading, Reading, forwards
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
 
@@ -422,13 +422,13 @@ class _FirstEvents:
 def _limits(chosen: ModelReading) -> CardLimits:
     """What reading a body checks: the reading's block size and body checks, and the
     largest context of its workers (a request over it fits no worker: 400)."""
-    reading = chosen.reading
-    return CardLimits(reading.block_size, chosen.context_length, reading.checked, chosen.card.name)
+    block_size = chosen.reading.block_size
+    return CardLimits(block_size, chosen.context_length, chosen.checked, chosen.card.name)
 
 
 def _alone(card: ModelCard) -> ModelReading:
     """The reading of one worker's card, for a model whose workers all left meanwhile."""
-    return ModelReading(Reading.of(card), card, (card.context_length,), 1, 0)
+    return ModelReading(Reading.of(card), card, (card.context_length,), 1, 0, not forwards(card))
 
 
 def _refused(exc: FieldError | PromptWorkerError) -> web.Response:

@@ -60,6 +60,19 @@ class LineReader:
                 return self._take(len(self._buffer)) if self._buffer else None
             self._buffer += chunk
 
+    def arrived(self) -> bytes | None:
+        """The next whole line if it has already been received, taken without waiting;
+        None when it has not. For a caller whose wait for ``next_line`` timed out: on a
+        starved event loop the line may have arrived in time and only been read late."""
+        self._buffer += self._content.read_nowait()
+        end = self._buffer.find(b"\n", self._scanned)
+        if end >= 0:
+            return self._take(end + 1)
+        self._scanned = len(self._buffer)
+        if self._scanned > self._limit:
+            raise OversizeError(f"a line of {self._what}", self._limit)
+        return None
+
     def _take(self, size: int) -> bytes:
         if size > self._limit:
             raise OversizeError(f"a line of {self._what}", self._limit)

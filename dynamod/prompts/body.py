@@ -1,24 +1,26 @@
 """Reading an inference request before it is routed: pure functions, run on the event loop
-for a small body and in a prompt worker process for a large one (``workers.py``).
+for a small body and in a prompt worker process for a large one (``processes.py``).
 
 Two steps, because the tokenizer to use depends on the model the body names:
 
-1. ``head(body)``: what the front needs before it knows the model's card: ``model``, and
-   ``nvext.routing_constraints`` (``RoutingConstraints.from_json``, an unknown key refused
-   and named) and ``nvext.max_wait`` (seconds the request may wait for a worker). Other
-   ``nvext`` keys are the worker's.
-2. ``prepare(body, raw, api, tokenizer, model)``: once the model's card and tokenizer are
-   known. Where the model's workers check bodies (``http.openai.FORWARDING_ENGINES``
-   aside) the body's fields get the very checks the worker makes (``sampling``), and the
-   prompt must fit the context (``check_fits``): the front refuses what a worker would,
-   before routing. Then the prompt's token ids (``api.prompt``: the model's chat template
-   for a chat), the body to forward (a text or chat prompt's ids travel on as
-   ``nvext.token_ids``, so the worker need not tokenize again: ``http.openai``), and the
-   chained hashes of its KV blocks (``router.prefix.prefix_hashes``).
+1. ``read_head(body)``: what the front needs before it knows the model's card: ``model``,
+   ``nvext.routing_constraints`` (``RoutingConstraints.from_json``, an unknown key
+   refused and named) and ``nvext.max_wait`` (seconds the request may wait for a worker).
+   Other ``nvext`` keys are the worker's.
+2. ``read_prompt(body, raw, api, tokenizer, model)``: once the model's card and tokenizer
+   are known. Where no worker of the model forwards bodies to an upstream that checks
+   them (``CardLimits.checked``, from ``router.fit.ModelReading.checked``) the body's
+   fields get the very checks the worker makes (``sampling``), and the prompt must fit
+   the context (``check_fits``): the front refuses what a worker would, before routing.
+   Then the prompt's token ids (``api.prompt``: the model's chat template for a chat),
+   the body to forward (a text or chat prompt's ids travel on as ``nvext.token_ids``, so
+   the worker need not tokenize again: ``http.openai``), and the chained hashes of its KV
+   blocks (``router.prefix.prefix_hashes``).
 
-``tokenize(text, tokenizer, block_size)`` is the same for ``explain``: a bare prompt's
-token count and block hashes. Every function raises ``FieldError`` (or, for ``tokenize``,
-``InvalidInputError``) with the reason; every result pickles, for the worker processes.
+``tokenize_text(text, tokenizer, block_size)`` is the same for ``explain``: a bare
+prompt's token count and block hashes. Every function raises ``FieldError`` (or, for
+``tokenize_text``, ``InvalidInputError``) with the reason; every result pickles, for the
+worker processes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from dataclasses import dataclass
 
 from dynamod.errors import ConstraintError
 from dynamod.http.openai import (
-    FORWARDING_ENGINES,
     FieldError,
     Json,
     OpenAIApi,
@@ -37,7 +38,6 @@ from dynamod.http.openai import (
     sampling,
     with_forwarded_ids,
 )
-from dynamod.records import ModelCard
 from dynamod.router.prefix import prefix_hashes
 from dynamod.taints import RoutingConstraints
 from dynamod.tokenizers import Tokenizer
@@ -62,11 +62,6 @@ class CardLimits:
     """Whether the model's workers check bodies themselves, so the front checks first."""
     name: str = ""
     """The model's name, for the messages that blame the model rather than the request."""
-
-    @classmethod
-    def of(cls, card: ModelCard) -> CardLimits:
-        checked = card.engine not in FORWARDING_ENGINES
-        return cls(card.kv_block_size, card.context_length, checked, card.name)
 
 
 @dataclass(frozen=True)

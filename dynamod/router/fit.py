@@ -7,12 +7,19 @@ publishes its own card, and the workers of one model may disagree: a rolling upg
 with another ``max_model_len``, or a hostile record. So no one card decides for the
 others:
 
-* a worker's ``Reading`` is how it reads a body: the tokenizer its card names, its KV
-  block size, and whether it checks bodies itself. A model's workers are meant to agree
-  on it; the front reads every body the way *most* of them do (``ModelReading``; a tie
-  goes to the reading that has been there longest) and a request is routed only to
-  workers of that reading. The others are *disagreeing* workers: left out of routing,
-  counted and logged by the router, never allowed to decide for the rest.
+* a worker's ``Reading`` is how it reads a body: the tokenizer its card names and its
+  KV block size. A model's workers are meant to agree on it; the front reads every body
+  the way *most* of them do (``ModelReading``; a tie goes to the reading that has been
+  there longest) and a request is routed only to workers of that reading. The others are
+  *disagreeing* workers: left out of routing, counted and logged by the router, never
+  allowed to decide for the rest.
+* whether the front checks a body's fields first is not part of a reading: a worker
+  whose engine forwards bodies to an upstream that checks them (``--engine openai``
+  beside a ``vllm serve``) reads a body as one whose engine runs in process does, and
+  the two serve one model side by side. The front checks fields and context only where
+  *every* worker of the reading would refuse what those checks refuse
+  (``ModelReading.checked``); otherwise each worker refuses for itself what it cannot
+  take, and an upstream keeps what it accepts (``n`` > 1, for one).
 * a worker's context length is a condition on each request: a worker whose context
   cannot hold the prompt plus its output is not eligible for it. A request no worker of
   the reading can hold is refused by the front (400, naming the largest context there
@@ -38,24 +45,26 @@ from dynamod.tokenizers.bundle import TokenizerRef
 @dataclass(frozen=True, slots=True)
 class Reading:
     """How a worker reads a body: ``tokenizer`` (the checksum of the tokenizer bundle its
-    card names; ``""`` for a card that names none), ``block_size`` (its KV block size) and
-    ``checked`` (its worker checks bodies itself: its engine does not forward them)."""
+    card names; ``""`` for a card that names none) and ``block_size`` (its KV block
+    size)."""
 
     tokenizer: str
     block_size: int
-    checked: bool
 
     @classmethod
     def of(cls, card: ModelCard) -> Reading:
         ref = TokenizerRef.of(card)
-        checked = card.engine not in FORWARDING_ENGINES
-        return cls(ref.checksum if ref is not None else "", card.kv_block_size, checked)
+        return cls(ref.checksum if ref is not None else "", card.kv_block_size)
 
     def describe(self) -> str:
         """``tokenizer sha256:1a2b3c4d…, block size 16``."""
         tokenizer = f"tokenizer {self.tokenizer[:15]}…" if self.tokenizer else "no tokenizer"
-        checks = "" if self.checked else ", forwarded unchecked"
-        return f"{tokenizer}, block size {self.block_size}{checks}"
+        return f"{tokenizer}, block size {self.block_size}"
+
+
+def forwards(card: ModelCard) -> bool:
+    """Whether the card's worker forwards bodies to an upstream that checks them."""
+    return card.engine in FORWARDING_ENGINES
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +94,9 @@ class ModelReading:
     ``reading``: the one most of its workers publish; ``card``: the card of one of those
     (for its tokenizer); ``contexts``: the distinct context lengths of the workers of that
     reading, ascending; ``workers``: how many publish it; ``disagreeing``: how many of the
-    model's workers publish another reading (and are left out of routing).
+    model's workers publish another reading (and are left out of routing); ``checked``:
+    none of the reading's workers forwards bodies (``forwards``), so the front checks a
+    body's fields and context before routing.
     """
 
     reading: Reading
@@ -93,6 +104,7 @@ class ModelReading:
     contexts: tuple[int, ...]
     workers: int
     disagreeing: int
+    checked: bool
 
     @property
     def context_length(self) -> int:

@@ -48,7 +48,7 @@ from dynamod.discovery_events import (
     WorkerRemoved,
 )
 from dynamod.records import ModelCard, WorkerRecord
-from dynamod.router.fit import ANY, CardNeeds, ModelReading, Reading
+from dynamod.router.fit import ANY, CardNeeds, ModelReading, Reading, forwards
 from dynamod.router.groups import Group
 from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 
@@ -116,7 +116,7 @@ class Ineligible:
 class _ModelIndex:
     """The workers of one model (arrival order), its groups, and the eligibility cache."""
 
-    __slots__ = ("chosen", "eligible", "groups", "readings", "workers")
+    __slots__ = ("chosen", "eligible", "forwarding", "groups", "readings", "workers")
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerRecord] = {}
@@ -124,15 +124,16 @@ class _ModelIndex:
         self.eligible: dict[frozenset[str], tuple[Group, ...]] = {}
         self.readings: dict[Reading, int] = {}
         """Workers per reading, in the order the readings appeared (ties go to the first)."""
+        self.forwarding: dict[Reading, int] = {}
+        """Workers per reading whose engine forwards bodies (``fit.forwards``)."""
         self.chosen: ModelReading | None = None
         """``reading(model)``, once computed since the last change of the workers."""
 
-    def count(self, reading: Reading, change: int) -> None:
-        left = self.readings.get(reading, 0) + change
-        if left:
-            self.readings[reading] = left
-        else:
-            del self.readings[reading]
+    def count(self, card: ModelCard, change: int) -> None:
+        reading = Reading.of(card)
+        _add(self.readings, reading, change)
+        if forwards(card):
+            _add(self.forwarding, reading, change)
         self.chosen = None
 
     def reading(self) -> ModelReading:
@@ -145,7 +146,17 @@ class _ModelIndex:
         ours = [g for g in self.groups.values() if g.reading == reading]
         card = next(iter(ours[0].members.values())).model_card
         contexts = tuple(sorted({g.context_length for g in ours}))
-        return ModelReading(reading, card, contexts, workers, len(self.workers) - workers)
+        disagreeing = len(self.workers) - workers
+        checked = reading not in self.forwarding
+        return ModelReading(reading, card, contexts, workers, disagreeing, checked)
+
+
+def _add(counts: dict[Reading, int], reading: Reading, change: int) -> None:
+    left = counts.get(reading, 0) + change
+    if left:
+        counts[reading] = left
+    else:
+        del counts[reading]
 
 
 class RoutingTable:
@@ -263,8 +274,8 @@ class RoutingTable:
         if index is None:
             index = self._models[record.model] = _ModelIndex()
         if old is not None:
-            index.count(Reading.of(old.model_card), -1)
-        index.count(Reading.of(record.model_card), +1)
+            index.count(old.model_card, -1)
+        index.count(record.model_card, +1)
         index.workers[key] = record
         self._records[key] = record
         self._revisions[key] = revision
@@ -307,7 +318,7 @@ class RoutingTable:
             return frozenset()
         index = self._models[record.model]
         del index.workers[key]
-        index.count(Reading.of(record.model_card), -1)
+        index.count(record.model_card, -1)
         self._leave(index, self._groups[key], key)
         if not index.workers:
             del self._models[record.model]

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import pytest
@@ -20,13 +23,14 @@ from dynamod.boundary.breaches import kind_of
 from dynamod.boundary.events_stream import events
 from dynamod.discovery.registration import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
-from dynamod.engine_events import RECORD_FIELD, EngineLoad, KvBatch, offer
+from dynamod.engine_events import EVENTS_PATH, RECORD_FIELD, EngineLoad, KvBatch, offer
 from dynamod.errors import OversizeError
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.kvindex import KvIndex
 from dynamod.store.memory import MemoryStore
 from dynamod.tasks import cancel_and_wait
 from tests.hostile_workers.events_fakes import MALFORMED, SNAPSHOT, Hostile, line
+from tests.support.eventually import eventually
 from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(60)
@@ -71,7 +75,8 @@ async def read_all(url: str, budgets: Budgets, got: list[EngineLoad | KvBatch]) 
     async with aiohttp.ClientSession() as session:
         stream = events(session, url + "/engine/events", budgets, RateBudget(budgets))
         async for event in stream:
-            got.append(event)  # noqa: PERF401 - kept one by one: what came before a refusal
+            if event is not None:  # a heartbeat
+                got.append(event)  # noqa: PERF401 - kept one by one: what came before a refusal
 
 
 async def test_every_malformed_line_a_hostile_worker_sends_is_refused_as_malformed() -> None:
@@ -104,6 +109,96 @@ async def test_a_line_sent_a_byte_at_a_time_is_held_to_the_time_budget() -> None
     async with serving(streaming(line(SNAPSHOT), *[b"{"] * 100, pause=0.1)) as url:
         with pytest.raises(TimeoutError):
             await read_all(url, budgets, [])
+
+
+@contextlib.contextmanager
+def in_a_thread(*chunks: bytes, pause: float) -> Iterator[str]:
+    """A worker's events stream served by a thread, not the test's loop (which a test may
+    starve): ``chunks`` ``pause`` seconds apart to the first connection, then silence
+    until the test is done. Yields its URL."""
+    done = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)  # a test that never connects ends the thread too
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += connection.recv(4096)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/jsonl\r\n"
+            connection.sendall(head + b"Connection: close\r\n\r\n")
+            for chunk in chunks:
+                connection.sendall(chunk)
+                time.sleep(pause)
+            done.wait()
+
+    thread = threading.Thread(target=serve, name="events stream")
+    with listener:
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        finally:
+            done.set()
+            thread.join()
+
+
+async def test_a_line_that_arrived_in_time_on_a_starved_loop_is_no_stall() -> None:
+    """The daemon's own loop, starved past the stall budget, finds the worker's line
+    already received: that line came in time (both workers of a loaded engines fleet were
+    once marked together for the daemon's own pause)."""
+    budgets = Budgets(stall=0.5)
+    lines = (line(SNAPSHOT), b'{"type": "heartbeat"}\n')
+    with in_a_thread(*lines, pause=0.1) as url:
+        async with aiohttp.ClientSession() as session:
+            stream = events(session, url + "/engine/events", budgets, RateBudget(budgets))
+            assert await anext(stream) == EngineLoad()
+            following = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0)  # it waits for the next line
+            time.sleep(budgets.stall * 3)  # noqa: ASYNC251 - the starved loop itself
+            assert await following is None
+
+
+async def test_an_idle_worker_marked_for_a_silence_is_lifted_by_its_heartbeats() -> None:
+    """An honest idle worker sends only heartbeats: after one silent connection marked it
+    (a starved machine), a connection that keeps heartbeating past the progress budget
+    lifts the mark, with no state change needed."""
+    budgets = Budgets(stall=0.5, progress=1.0)
+    opened = 0
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        nonlocal opened
+        opened += 1
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(line(SNAPSHOT))
+        with contextlib.suppress(ConnectionError):
+            while True:  # the first connection is silent past the stall, the others beat
+                await asyncio.sleep(budgets.stall * 4 if opened == 1 else 0.05)
+                await response.write(b'{"type": "heartbeat"}\n')
+        return response
+
+    app = web.Application()
+    app.router.add_get(EVENTS_PATH, stream)
+    marks: list[EngineLoad | None] = []
+    async with MemoryStore() as store, served(app) as system:
+        record = WorkerRecord(
+            new_instance_id(), "dynamo", "backend", "generate", system, ModelCard(name="m"),
+            system_address=system, extra={RECORD_FIELD: offer()},
+        )  # fmt: skip
+        view = WorkerView(store)
+        streams = EngineStreams(view, lambda key, load: marks.append(load), budgets=budgets)
+        async with Registration(store, record, ttl=30), asyncio.TaskGroup() as group:
+            tasks = [group.create_task(view.run()), group.create_task(streams.run())]
+
+            async def lifted() -> bool:
+                return opened > 1 and streams.breaches.last(record.key) is None
+
+            await eventually(lifted, accept=bool, within=30, what="the mark lifted")
+            assert any(m is not None and "(timeout)" in m.reason for m in marks)
+            assert marks[-1] is not None and marks[-1].healthy
+            for task in tasks:
+                await cancel_and_wait(task)
 
 
 async def test_a_worker_that_sends_more_than_its_budget_is_refused_as_too_fast() -> None:

@@ -41,7 +41,7 @@ def reading_of(table: RoutingTable | Router, model: str = "m") -> ModelReading:
 
 def test_a_request_needs_the_smallest_context_that_holds_it() -> None:
     record = sized("a", 8192)
-    chosen = ModelReading(Reading.of(record.model_card), record.model_card, (2, 8192), 2, 0)
+    chosen = ModelReading(Reading.of(record.model_card), record.model_card, (2, 8192), 2, 0, True)
     assert [chosen.tier(n) for n in (1, 2, 3, 8192, 9000)] == [2, 2, 8192, 8192, 9000]
     assert chosen.needs(6) == CardNeeds(chosen.reading, 8192)
     assert chosen.needs(6) == chosen.needs(7)  # one tier, one case in the queue
@@ -60,6 +60,25 @@ def test_the_reading_most_workers_publish_decides_and_the_first_wins_a_tie() -> 
     assert table.card("m") == honest.model_card
     table.apply(WorkerRemoved(odd, 4))
     assert table.disagreeing("m") == 0 and reading_of(table).disagreeing == 0
+
+
+def test_a_forwarding_worker_reads_as_its_in_process_peers_and_turns_the_checks_off() -> None:
+    """An ``--engine openai`` worker beside a ``vllm serve`` serves the model with the
+    in-process workers (one reading, none disagreeing); while it is there the front leaves
+    the body checks to each worker, since its upstream accepts more (``n`` > 1)."""
+    in_process, other = sized("a", 8192), sized("b", 8192)
+    forwarding = replace(in_process, instance_id="f", model_card=replace(
+        in_process.model_card, engine="openai"
+    ))  # fmt: skip
+    table = RoutingTable([in_process, other])
+    assert reading_of(table).checked
+    table.apply(WorkerAdded(forwarding, 3))
+    chosen = reading_of(table)
+    assert (chosen.workers, chosen.disagreeing, chosen.checked) == (3, 0, False)
+    eligible = table.eligible("m", RoutingConstraints(), needs=chosen.needs(0))
+    assert sorted(w.instance_id for w in eligible) == ["a", "b", "f"]
+    table.apply(WorkerRemoved(forwarding, 4))
+    assert reading_of(table).checked
 
 
 def test_eligible_groups_leave_out_other_readings_and_short_contexts() -> None:

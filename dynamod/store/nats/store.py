@@ -170,6 +170,10 @@ class NatsStore(Store):
             await asyncio.wait(tasks)
         self._leases.clear()
         await self._nc.close()
+        # A connect cancelled inside nats-py's own close of a failed attempt (a refused
+        # login ends the connect that way) leaves the client marked closed with its socket
+        # open, and close() above then returns at once.
+        self._drop_transport()
 
     # -- writes and lists ---------------------------------------------------------------------
 
@@ -322,10 +326,14 @@ class NatsStore(Store):
         # nats-py reuses one transport for every attempt and opens the next socket on it
         # without closing the one a failed handshake left (a server that accepts and then
         # closes): close it here, or each such attempt leaks a socket.
+        self._drop_transport()
+        return min(servers, key=lambda server: server.reconnects), self._reconnects.delay()
+
+    def _drop_transport(self) -> None:
+        """Close the socket nats-py holds now, if any (see the callers)."""
         transport = self._nc._transport
         if transport is not None:
             transport.close()  # type: ignore[no-untyped-call]  # nats-py is untyped here
-        return min(servers, key=lambda server: server.reconnects), self._reconnects.delay()
 
     async def _on_reconnect(self) -> None:
         log.info("store %s reconnected to NATS", self.url)
