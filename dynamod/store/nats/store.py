@@ -33,7 +33,7 @@ from dynamod.store.nats.consumers import HEARTBEAT, Consumer, Consumers
 from dynamod.store.nats.leases import Held, Leases
 from dynamod.store.nats.messages import DELETE, LEASE, check_expect, kept_headers
 from dynamod.store.nats.url import NatsUrl, parse_url
-from dynamod.tasks import cancel_and_wait, race
+from dynamod.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,7 @@ class NatsStore(Store):
         self._deadlines: set[asyncio.Timeout] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._last_error = ""
-        self._refusal = ""
-        self._refused_event = asyncio.Event()
+        self._connecting = False
         self._reconnects = Backoff(RECONNECT_FIRST, RECONNECT_CAP)
 
     @classmethod
@@ -265,15 +264,20 @@ class NatsStore(Store):
         hosts = ", ".join(self._target.hosts)
         try:
             async with asyncio.timeout(self.timeout):
-                # nats-py retries a refused login until our deadline: a refusal ends it.
-                await race(self._nc.connect(**self._connect_args(), **options), self._refused())
-                if self._refusal:
-                    raise StoreError(
-                        f"NATS at {hosts} refused the login of {self.url}: "
-                        f"{self._refusal}; check the URL's credentials"
-                    )
+                # nats-py retries a refused login until our deadline: a refusal ends it
+                # (``_on_error`` raises ``_Refused`` out of nats-py's connect).
+                self._connecting = True
+                try:
+                    await self._nc.connect(**self._connect_args(), **options)
+                finally:
+                    self._connecting = False
                 self._connected.set()
                 await self._bucket.ensure()
+        except _Refused as refused:
+            raise StoreError(
+                f"NATS at {hosts} refused the login of {self.url}: {refused}; "
+                "check the URL's credentials"
+            ) from None
         except TimeoutError:
             raise StoreUnavailableError(
                 f"NATS at {hosts} did not answer within {self.timeout} s{self._last_error}"
@@ -298,17 +302,17 @@ class NatsStore(Store):
             "reconnected_cb": self._on_reconnect,
         }
 
-    async def _refused(self) -> None:
-        await self._refused_event.wait()
-
     async def _on_error(self, exc: Exception) -> None:
         # nats-py reports every failed (re)connect attempt here; the default prints a
         # traceback. The last one explains a connect that timed out (a TLS failure).
         self._last_error = f"; last error: {type(exc).__name__}: {exc}"
         log.debug("NATS client error on %s: %s", self.url, exc)
-        if isinstance(exc, nats.errors.AuthorizationError) or _AUTH_VIOLATION in str(exc):
-            self._refusal = str(exc)
-            self._refused_event.set()
+        refused = isinstance(exc, nats.errors.AuthorizationError) or _AUTH_VIOLATION in str(exc)
+        if refused and self._connecting:
+            # Raised in nats-py's connect, which ends there, the socket of the refused
+            # attempt still its own to close (cancelling the connect instead could land
+            # inside its close of that attempt, and leak the socket).
+            raise _Refused(str(exc))
 
     async def _on_disconnect(self) -> None:
         if not self._closed:
@@ -385,6 +389,10 @@ class NatsStore(Store):
 
 def _by_key(entry: Entry) -> str:
     return entry.key
+
+
+class _Refused(Exception):
+    """The server refused the login (``_on_error`` during a connect)."""
 
 
 @contextlib.contextmanager
