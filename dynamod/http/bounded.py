@@ -49,12 +49,9 @@ class LineReader:
         """The next whole line, or None at the end of the stream (a last line without its
         newline is returned as it is)."""
         while True:
-            end = self._buffer.find(b"\n", self._scanned)
-            if end >= 0:
-                return self._take(end + 1)
-            self._scanned = len(self._buffer)
-            if self._scanned > self._limit:
-                raise OversizeError(f"a line of {self._what}", self._limit)
+            line = self._buffered_line()
+            if line is not None:
+                return line
             chunk = await self._content.readany()
             if not chunk:
                 return self._take(len(self._buffer)) if self._buffer else None
@@ -65,6 +62,10 @@ class LineReader:
         None when it has not. For a caller whose wait for ``next_line`` timed out: on a
         starved event loop the line may have arrived in time and only been read late."""
         self._buffer += self._content.read_nowait()
+        return self._buffered_line()
+
+    def _buffered_line(self) -> bytes | None:
+        """A whole line from the buffer, or None; a line growing past the limit raises."""
         end = self._buffer.find(b"\n", self._scanned)
         if end >= 0:
             return self._take(end + 1)
