@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -34,8 +35,32 @@ async def contenders(
     async with contextlib.AsyncExitStack() as stack:
         elections = [LeaderElection(store, identity=f"c{i}", ttl=ttl) for i in range(count)]
         for election in elections:
-            await stack.enter_async_context(election)
+            await stack.enter_async_context(exits_in_time(election))
         yield elections
+
+
+@contextlib.asynccontextmanager
+async def exits_in_time(election: LeaderElection) -> AsyncIterator[None]:
+    """``async with election``, whose exit must end its campaign within ``2 * HANDOVER``:
+    one that outlives its cancellation fails with every task's stack (once, on a loaded
+    machine, an exit waited past the test's timeout and said nothing more)."""
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(election)
+        exiting = stack.pop_all()
+        try:
+            yield
+        finally:
+            closing = asyncio.ensure_future(exiting.aclose())
+            done, _ = await asyncio.wait([closing], timeout=2 * HANDOVER)
+            if not done:
+                stacks = io.StringIO()
+                for task in asyncio.all_tasks():
+                    task.print_stack(file=stacks)
+                closing.cancel()
+                raise AssertionError(
+                    f"{election.identity}'s campaign outlived its exit:\n{stacks.getvalue()}"
+                )
+            closing.result()
 
 
 async def next_leader(
