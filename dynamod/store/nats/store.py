@@ -400,12 +400,20 @@ def _cancellable() -> Iterator[None]:
     """Raise the cancellation nats-py swallowed inside the block.
 
     nats-py catches a ``CancelledError`` that lands in its flush (``_flush_pending``): the
-    call returns as if nothing happened and the cancelled task carries on (a watch pump
-    that never ends, an exit that waits forever). The task's ``cancelling()`` count still
-    shows the cancellation: when it grew during the block, it is raised again here, so
-    every caller of this store can rely on cancellation as on any other."""
+    call returns as if nothing happened, or fails later with an error of its own, and the
+    cancelled task carries on (a watch pump that never ends, a campaign that retries the
+    error, an exit that waits forever). The task's ``cancelling()`` count still shows the
+    cancellation: when it grew during the block, it is raised again here in place of
+    whatever the block ended with, so every caller of this store can rely on cancellation
+    as on any other (a deadline's own cancellation included: ``asyncio.timeout`` turns it
+    into its ``TimeoutError``)."""
     task = asyncio.current_task()
     before = task.cancelling() if task is not None else 0
-    yield
+    try:
+        yield
+    except Exception as exc:
+        if task is not None and task.cancelling() > before:
+            raise asyncio.CancelledError from exc
+        raise
     if task is not None and task.cancelling() > before:
         raise asyncio.CancelledError
