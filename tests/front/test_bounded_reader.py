@@ -4,32 +4,13 @@ an announced length over the budget is refused before the body is read."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import aiohttp
 import pytest
 from aiohttp import web
 
 from dynamod.errors import OversizeError
 from dynamod.http.bounded import LineReader, read_body
-from tests.support.web import served
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Serve = Callable[[Handler], Awaitable[str]]
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Serves a handler at ``/`` until the test ends; its URL."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def start(handler: Handler) -> str:
-            app = web.Application()
-            app.router.add_get("/", handler)
-            return await stack.enter_async_context(served(app)) + "/"
-
-        yield start
+from tests.front.conftest import Handler, Serve
 
 
 def streamed(*pieces: bytes) -> Handler:

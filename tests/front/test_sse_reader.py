@@ -4,36 +4,19 @@ its limit is refused by name, and a stream cut mid-event says how much it droppe
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
 import aiohttp
 import pytest
-from aiohttp import web
 
 from dynamod.errors import OversizeError
 from dynamod.http.sse import EventReader, is_done
-from tests.front.test_bounded_reader import Handler, Serve, streamed
-from tests.support.web import served
+from tests.front.conftest import Serve
+from tests.front.test_bounded_reader import streamed
 
 pytestmark = pytest.mark.timeout(30)
 
 ONE = b'data: {"a":1}\n\n'
 CRLF = b'data: {"b":2}\r\n\r\n'
 DONE = b"data: [DONE]\n\n"
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Serve]:
-    """Serves a handler at ``/`` until the test ends; its URL."""
-    async with contextlib.AsyncExitStack() as stack:
-
-        async def start(handler: Handler) -> str:
-            app = web.Application()
-            app.router.add_get("/", handler)
-            return await stack.enter_async_context(served(app)) + "/"
-
-        yield start
 
 
 async def events_of(url: str, limit: int) -> tuple[list[bytes], int]:
