@@ -55,11 +55,13 @@ from dynamod.records import WorkerRecord
 from dynamod.results import DaemonState, UpdateOutcome
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
+from dynamod.stats_sampler import StatsSampler
 from dynamod.store import Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 from dynamod.tasks import cancel_and_wait
+from dynamod.traffic import Traffic
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ class Daemon:
         router, kv = self._router()
         view.listen(router.apply)
         view.listen(self.metrics.on_event)
+        traffic = Traffic()  # answers per worker, for the stats stream (dynamoctl top)
+        view.listen(traffic.apply)
         # Large bodies, explain prompts and every model's own tokenizer and chat template
         # run in child processes, within the tokenizer limits (prompts/reader.py).
         limits = settings.tokenizer_limits
@@ -157,18 +161,24 @@ class Daemon:
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         state = await self._state_store(stack, store)
         pools = self._pools(state, view, control)
+        stats = StatsSampler(
+            view, router, traffic, replica=settings.replica_id, breaches=feeds.breaches,
+            pools=pools, propagation=self.metrics.propagation,
+        )  # fmt: skip
         self.api = ServiceContext(
             control, Tokens.load(settings.tokens_file), self.registry, slots, self.metrics,
-            PoolOperations(state, view, pools, self.audit, settings.replica_id),
+            PoolOperations(state, view, pools, self.audit, settings.replica_id), stats,
         )  # fmt: skip
         self.router = router
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")
             followers = group.create_task(feeds.run(), name="engine feeds")
+            sampler = group.create_task(stats.run(), name="stats sampler")
             await self._first_snapshot(view, watcher, signals)
             if signals.stopping.is_set():
                 watcher.cancel()
                 followers.cancel()
+                sampler.cancel()
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
@@ -180,6 +190,7 @@ class Daemon:
                     reader=reader,
                     gone_window=settings.model_gone_window,
                     limits=settings.answer_limits,
+                    traffic=traffic,
                 )
             )
             http = await self._start_http(stack, front, listener)
@@ -193,7 +204,7 @@ class Daemon:
             await signals.stopping.wait()
             code = await self._drain(control, grpc, front, signals)
             pools.events.close()
-            for task in (reconciler, watcher, followers, dog):
+            for task in (reconciler, watcher, followers, sampler, dog):
                 if task is not None:
                     task.cancel()
         return code
@@ -310,6 +321,8 @@ class Daemon:
         control.state = DaemonState.DRAINING
         await grpc.serving(False)
         self.api.end_tails()
+        if self.api.stats is not None:
+            self.api.stats.close()
         front.begin_drain()
         self.router.close()
         started = time.monotonic()

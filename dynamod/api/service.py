@@ -25,7 +25,7 @@ import grpc
 from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dynamod.api import convert, pool_service, worker_pages
+from dynamod.api import convert, pool_service, stats_service, worker_pages
 from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.api.v1 import dynamo_pb2 as pb
@@ -53,6 +53,7 @@ from dynamod.errors import (
 from dynamod.pools.operations import PoolOperations
 from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
 from dynamod.selectors import Selector, parse
+from dynamod.stats_sampler import StatsSampler
 from dynamod.taints import RoutingConstraints, TaintUpdate
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,13 @@ class ServiceContext:
         slots: StreamSlots,
         metrics: DaemonMetrics | None = None,
         pools: PoolOperations | None = None,
+        stats: StatsSampler | None = None,
     ) -> None:
         self.control = control
         self.pools = pools
         """The pool policies' operations (``PoolService``, pool events in ``TailEvents``)."""
+        self.stats = stats
+        """The fleet's frames (``StatsService``, ``stats_service.py``)."""
         self.metrics = metrics
         self.tokens = tokens
         self.slots = slots
@@ -474,6 +478,9 @@ def add_services(server: aio.Server, api: ServiceContext) -> list[str]:
     names = ["PoolService"] if api.pools is not None else []
     if api.pools is not None:
         rpc.add_PoolServiceServicer_to_server(pool_service.PoolService(api, api.pools), server)
+    if api.stats is not None:
+        rpc.add_StatsServiceServicer_to_server(stats_service.StatsService(api, api.stats), server)
+        names.append("StatsService")
     return [
         pb.DESCRIPTOR.services_by_name[name].full_name
         for name in (

@@ -10,7 +10,8 @@ naming it.
 One vocabulary, the operator API dynamoctl uses: ``list_workers`` / ``stream_workers`` /
 ``get_worker``, ``update_taints`` / ``stream_update_taints`` (a ``TaintUpdate`` for a
 ``Target``: one worker, a selector, or all; dry runs), ``drain`` / ``wait_drained``,
-``tail_events``, ``explain``, ``status``. NVIDIA Dynamo's one-worker helpers
+``tail_events``, ``explain``, ``status``, ``watch_stats`` (the frames of ``dynamoctl
+top``). NVIDIA Dynamo's one-worker helpers
 (``update_model_taints``, ``add_taints``, ...) are a documented compatibility layer on top
 of it (``dynamo_compat.py``).
 
@@ -28,7 +29,7 @@ from typing import Any
 import grpc
 from grpc import aio
 
-from dynamod.api import convert, pool_convert
+from dynamod.api import convert, pool_convert, stats_convert
 from dynamod.api.error_status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
@@ -49,6 +50,7 @@ from dynamod.results import (
     WorkerInfo,
     WorkerPage,
 )
+from dynamod.stats_results import FleetStats, StatsQuery
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 from dynamod.targets import Target
 
@@ -86,6 +88,7 @@ class AsyncClient(AsyncDynamoHelpers):
         self._router = rpc.RouterServiceStub(self._channel)
         self._status = rpc.StatusServiceStub(self._channel)
         self._pools = rpc.PoolServiceStub(self._channel)
+        self._stats = rpc.StatsServiceStub(self._channel)
 
     def _open(self, target: str) -> aio.Channel:
         creds = self._credentials
@@ -285,6 +288,21 @@ class AsyncClient(AsyncDynamoHelpers):
         call = self._events.TailEvents(request, metadata=self._metadata())
         async for message in self._stream(call):
             yield convert.event_from_pb(message)
+
+    async def watch_stats(
+        self, query: StatsQuery | None = None
+    ) -> AsyncGenerator[FleetStats, None]:
+        """The fleet's frames as the daemon samples them (``dynamod.stats_results``): one
+        at once (its ``interval`` 0 when nothing was sampled yet: no rates), then one a
+        second, each with workers by state, answers per second and first-byte quantiles
+        through this daemon, its router's queue, each pool's counts and leader, and the
+        rows of ``query`` (a selector, an order, ``limit`` rows from ``offset``: the daemon
+        sorts and cuts, so a frame of a large fleet stays small). Ends when the daemon
+        drains; no deadline (it is a watch)."""
+        request = stats_convert.query_to_pb(query or StatsQuery())
+        call = self._stats.WatchStats(request, metadata=self._metadata())
+        async for message in self._stream(call):
+            yield stats_convert.stats_from_pb(message)
 
     async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
         """The messages of a server stream, its errors as ours; cancelled when left."""

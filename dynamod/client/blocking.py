@@ -41,6 +41,7 @@ from dynamod.results import (
     StatusInfo,
     UpdateOutcome,
 )
+from dynamod.stats_results import FleetStats, StatsQuery
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
 
@@ -174,6 +175,10 @@ class Client(DynamoHelpers):
             self._async.tail_events(since=since, selector=selector, follow=follow, pools=pools)
         )
 
+    def watch_stats(self, query: StatsQuery | None = None) -> Iterator[FleetStats]:
+        """``AsyncClient.watch_stats``, frame by frame; leaving the loop ends the stream."""
+        return self._iterate(self._async.watch_stats(query))
+
     # Pool policies: as ``AsyncClient``'s.
 
     def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
@@ -197,7 +202,7 @@ class Client(DynamoHelpers):
     def remove_policy(self, name: str) -> RemoveOutcome:
         return self._run(self._async.remove_policy(name))
 
-    def _iterate(self, stream: AsyncGenerator[EventInfo, None]) -> Iterator[EventInfo]:
+    def _iterate(self, stream: AsyncGenerator[T, None]) -> Iterator[T]:
         """The events of ``stream``, each fetched on the client's loop; the stream is
         closed when the caller leaves the ``for`` loop (or closes the iterator)."""
         try:
@@ -210,7 +215,7 @@ class Client(DynamoHelpers):
         finally:
             self._release(stream)
 
-    def _release(self, stream: AsyncGenerator[EventInfo, None]) -> None:
+    def _release(self, stream: AsyncGenerator[T, None]) -> None:
         """Close an events stream the caller left (or dropped). Not at interpreter
         shutdown: this client's thread may be frozen by then, and waiting for it would
         hang the exit (the drain has closed the client before, if it may)."""
@@ -226,11 +231,11 @@ async def _open(dial: Connection) -> AsyncClient:
     return AsyncClient(dial.endpoint, credentials=dial.credentials, timeout=dial.timeout)
 
 
-async def _next(stream: AsyncIterator[EventInfo]) -> EventInfo:
+async def _next(stream: AsyncIterator[T]) -> T:
     return await anext(stream)
 
 
-async def _close(stream: AsyncGenerator[EventInfo, None]) -> None:
+async def _close(stream: AsyncGenerator[T, None]) -> None:
     await stream.aclose()
 
 

@@ -102,6 +102,7 @@ from dynamod.router import Assignment, Router, RouteRequest
 from dynamod.router.fit import ModelReading, Reading, forwards
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import Tokenizers
+from dynamod.traffic import Traffic
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,9 @@ class Frontend(Drains):
     (a whole body; one event of a stream). ``reader`` reads bodies (``prompts.reader``: large
     ones in the daemon's prompt worker processes; all on the loop when None).
     ``tokenizers`` gives each model's workers' own tokenizer (the daemon's registry;
-    ``Fixed`` in tests), or token counts and block hashes mean nothing. The front owns
+    ``Fixed`` in tests), or token counts and block hashes mean nothing. ``traffic`` counts
+    each answer's first byte by worker (``dynamod/traffic.py``: the stats stream's rates
+    and latencies, ``dynamoctl top``). The front owns
     one ``aiohttp.ClientSession``, opened by ``start()`` and closed by ``aclose()`` (or
     ``async with``).
     """
@@ -146,6 +149,7 @@ class Frontend(Drains):
         reader: PromptReader | None = None,
         gone_window: float = GONE_WINDOW,
         limits: AnswerLimits | None = None,
+        traffic: Traffic | None = None,
     ) -> None:
         self._router = router
         self._reader = reader if reader is not None else PromptReader(None)
@@ -161,6 +165,7 @@ class Frontend(Drains):
         self._streams = OpenStreams()
         self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
         self._unfollow: Callable[[], None] | None = None
+        self._traffic = traffic if traffic is not None else Traffic()
 
     async def start(self) -> None:
         """Open the session to the workers. Call once, before serving."""
@@ -366,13 +371,13 @@ class Frontend(Drains):
         async with upstream:
             if upstream.content_type == "text/event-stream":
                 events = _FirstEvents(
-                    lambda: self._first_byte(call),
+                    lambda: self._first_byte(call, worker.key),
                     lambda: self._router.prefill_done(assignment),
                 )
                 return await relay_stream(call.request, upstream, worker, events.saw, self._relay)
             answer = await relay_whole(upstream, worker, self._relay.limits)
             if not isinstance(answer, UpstreamFailure):
-                self._first_byte(call)
+                self._first_byte(call, worker.key)
                 self._router.prefill_done(assignment)
             return answer
 
@@ -382,9 +387,10 @@ class Frontend(Drains):
         then = "; trying another worker" if retried else ""
         log.warning("%s%s", failure.message, then)
 
-    def _first_byte(self, call: _Call) -> None:
+    def _first_byte(self, call: _Call, worker: str) -> None:
         elapsed = time.perf_counter() - call.started
         self._metrics.first_byte.labels(route=call.api.route).observe(elapsed)
+        self._traffic.answered(worker, elapsed)
 
 
 @dataclass(frozen=True)

@@ -1471,3 +1471,265 @@ class PoolStatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_left) -> _WhichOneofReturnType__budget_left | None: ...
 
 Global___PoolStatusResponse: _TypeAlias = PoolStatusResponse  # noqa: Y015
+
+@_typing.final
+class WatchStatsRequest(_message.Message):
+    """The fleet as `dynamoctl top` shows it (dynamod/stats_sampler.py, dynamod/stats_results.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SELECTOR_FIELD_NUMBER: _builtins.int
+    SORT_FIELD_NUMBER: _builtins.int
+    REVERSE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    selector: _builtins.str
+    """only the workers it matches ("": all)"""
+    sort: _builtins.str
+    """The rows' order: load (default), id, model, state, pools, taints, inflight, running,
+    waiting, kv, rps, p50, mark. Words sort A to Z, figures the largest first (load: the
+    most in flight by any count, then KV use, then answers per second); ties by id.
+    """
+    reverse: _builtins.bool
+    """the other way round"""
+    limit: _builtins.int
+    """rows per frame, at most 10000 (0: every matching worker)"""
+    offset: _builtins.int
+    """rows of that order skipped first (scrolling)"""
+    def __init__(
+        self,
+        *,
+        selector: _builtins.str = ...,
+        sort: _builtins.str = ...,
+        reverse: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "offset", b"offset", "reverse", b"reverse", "selector", b"selector", "sort", b"sort"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchStatsRequest: _TypeAlias = WatchStatsRequest  # noqa: Y015
+
+@_typing.final
+class WorkerStats(_message.Message):
+    """One worker in a frame. Rates are over the frame's interval, through the answering daemon."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    TAINTS_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    ENGINE_REPORTS_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    KV_USAGE_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    FIRST_BYTE_P50_FIELD_NUMBER: _builtins.int
+    MARK_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    model: _builtins.str
+    state: _builtins.str
+    """as Worker.state"""
+    in_flight: _builtins.int
+    """this daemon's router's requests there"""
+    engine_reports: _builtins.bool
+    """false: its engine reports nothing (no figures below)"""
+    running: _builtins.int
+    waiting: _builtins.int
+    kv_usage: _builtins.float
+    """0..1"""
+    requests_per_second: _builtins.float
+    """answers begun per second"""
+    first_byte_p50: _builtins.float
+    """seconds; unset when none began in the interval"""
+    mark: _builtins.str
+    """why the boundary marked it ("" when it is not)"""
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the pool taints it holds, of every stored policy"""
+
+    @_builtins.property
+    def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """all of them, sorted"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        state: _builtins.str = ...,
+        pools: _abc.Iterable[_builtins.str] | None = ...,
+        taints: _abc.Iterable[_builtins.str] | None = ...,
+        in_flight: _builtins.int = ...,
+        engine_reports: _builtins.bool = ...,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        kv_usage: _builtins.float = ...,
+        requests_per_second: _builtins.float = ...,
+        first_byte_p50: _builtins.float | None = ...,
+        mark: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50", "first_byte_p50", b"first_byte_p50"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50", "engine_reports", b"engine_reports", "first_byte_p50", b"first_byte_p50", "id", b"id", "in_flight", b"in_flight", "kv_usage", b"kv_usage", "mark", b"mark", "model", b"model", "pools", b"pools", "requests_per_second", b"requests_per_second", "running", b"running", "state", b"state", "taints", b"taints", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__first_byte_p50: _TypeAlias = _typing.Literal["first_byte_p50"]  # noqa: Y015
+    _WhichOneofArgType__first_byte_p50: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_byte_p50) -> _WhichOneofReturnType__first_byte_p50 | None: ...
+
+Global___WorkerStats: _TypeAlias = WorkerStats  # noqa: Y015
+
+@_typing.final
+class PoolStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    TARGET_FIELD_NUMBER: _builtins.int
+    ACTUAL_FIELD_NUMBER: _builtins.int
+    policy: _builtins.str
+    pool: _builtins.str
+    target: _builtins.int
+    """routable workers it should have, by this daemon's plan"""
+    actual: _builtins.int
+    """routable workers holding exactly this pool"""
+    def __init__(
+        self,
+        *,
+        policy: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        target: _builtins.int = ...,
+        actual: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual", b"actual", "policy", b"policy", "pool", b"pool", "target", b"target"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolStats: _TypeAlias = PoolStats  # noqa: Y015
+
+@_typing.final
+class FleetStats(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TIME_FIELD_NUMBER: _builtins.int
+    INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    WORKERS_FIELD_NUMBER: _builtins.int
+    MATCHED_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_SECOND_FIELD_NUMBER: _builtins.int
+    FIRST_BYTE_P50_FIELD_NUMBER: _builtins.int
+    FIRST_BYTE_P99_FIELD_NUMBER: _builtins.int
+    QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    LEADER_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    REVISION_FIELD_NUMBER: _builtins.int
+    PROPAGATION_P99_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    ID_PREFIX_FIELD_NUMBER: _builtins.int
+    REPLICA_FIELD_NUMBER: _builtins.int
+    time: _builtins.float
+    """unix seconds"""
+    interval_seconds: _builtins.float
+    """what the rates cover; 0: no sample yet (no figures)"""
+    workers: _builtins.int
+    """every worker of the view"""
+    matched: _builtins.int
+    """those the selector matches"""
+    requests_per_second: _builtins.float
+    """answers begun per second, every worker"""
+    first_byte_p50: _builtins.float
+    first_byte_p99: _builtins.float
+    queue_depth: _builtins.int
+    """requests waiting in this daemon's router"""
+    leader: _builtins.str
+    """who leads the pools ("" while nobody does)"""
+    epoch: _builtins.int
+    revision: _builtins.int
+    """the store revision this daemon's view has reached"""
+    propagation_p99: _builtins.float
+    """seconds from its own taint writes to its view"""
+    offset: _builtins.int
+    id_prefix: _builtins.int
+    """as ListWorkersResponse.id_prefix, over the whole view"""
+    replica: _builtins.str
+    """the answering daemon"""
+    @_builtins.property
+    def states(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """matched workers by state"""
+
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolStats]: ...
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerStats]:
+        """in the request's order, from offset on"""
+
+    def __init__(
+        self,
+        *,
+        time: _builtins.float = ...,
+        interval_seconds: _builtins.float = ...,
+        workers: _builtins.int = ...,
+        matched: _builtins.int = ...,
+        states: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        requests_per_second: _builtins.float = ...,
+        first_byte_p50: _builtins.float | None = ...,
+        first_byte_p99: _builtins.float | None = ...,
+        queue_depth: _builtins.int = ...,
+        pools: _abc.Iterable[Global___PoolStats] | None = ...,
+        leader: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        revision: _builtins.int = ...,
+        propagation_p99: _builtins.float | None = ...,
+        rows: _abc.Iterable[Global___WorkerStats] | None = ...,
+        offset: _builtins.int = ...,
+        id_prefix: _builtins.int = ...,
+        replica: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50", "_first_byte_p99", b"_first_byte_p99", "_propagation_p99", b"_propagation_p99", "first_byte_p50", b"first_byte_p50", "first_byte_p99", b"first_byte_p99", "propagation_p99", b"propagation_p99"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50", "_first_byte_p99", b"_first_byte_p99", "_propagation_p99", b"_propagation_p99", "epoch", b"epoch", "first_byte_p50", b"first_byte_p50", "first_byte_p99", b"first_byte_p99", "id_prefix", b"id_prefix", "interval_seconds", b"interval_seconds", "leader", b"leader", "matched", b"matched", "offset", b"offset", "pools", b"pools", "propagation_p99", b"propagation_p99", "queue_depth", b"queue_depth", "replica", b"replica", "requests_per_second", b"requests_per_second", "revision", b"revision", "rows", b"rows", "states", b"states", "time", b"time", "workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__first_byte_p50: _TypeAlias = _typing.Literal["first_byte_p50"]  # noqa: Y015
+    _WhichOneofArgType__first_byte_p50: _TypeAlias = _typing.Literal["_first_byte_p50", b"_first_byte_p50"]  # noqa: Y015
+    _WhichOneofReturnType__first_byte_p99: _TypeAlias = _typing.Literal["first_byte_p99"]  # noqa: Y015
+    _WhichOneofArgType__first_byte_p99: _TypeAlias = _typing.Literal["_first_byte_p99", b"_first_byte_p99"]  # noqa: Y015
+    _WhichOneofReturnType__propagation_p99: _TypeAlias = _typing.Literal["propagation_p99"]  # noqa: Y015
+    _WhichOneofArgType__propagation_p99: _TypeAlias = _typing.Literal["_propagation_p99", b"_propagation_p99"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_byte_p50) -> _WhichOneofReturnType__first_byte_p50 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_byte_p99) -> _WhichOneofReturnType__first_byte_p99 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__propagation_p99) -> _WhichOneofReturnType__propagation_p99 | None: ...
+
+Global___FleetStats: _TypeAlias = FleetStats  # noqa: Y015

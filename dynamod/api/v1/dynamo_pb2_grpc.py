@@ -894,3 +894,77 @@ class PoolService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class StatsServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.WatchStats = channel.unary_stream(
+                '/dynamo.v1.StatsService/WatchStats',
+                request_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WatchStatsRequest.SerializeToString,
+                response_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.FleetStats.FromString,
+                _registered_method=True)
+
+
+class StatsServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def WatchStats(self, request, context):
+        """A frame at once, then one per sample (every second) until the caller leaves or the
+        daemon drains: each with the header figures and only the rows asked for.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_StatsServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'WatchStats': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStats,
+                    request_deserializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.WatchStatsRequest.FromString,
+                    response_serializer=dynamod_dot_api_dot_v1_dot_dynamo__pb2.FleetStats.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'dynamo.v1.StatsService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('dynamo.v1.StatsService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class StatsService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def WatchStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dynamo.v1.StatsService/WatchStats',
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.WatchStatsRequest.SerializeToString,
+            dynamod_dot_api_dot_v1_dot_dynamo__pb2.FleetStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -296,3 +296,34 @@ class PoolServiceServicer(metaclass=_abc_1.ABCMeta):
         """Deletes the policy; every worker keeps its taints as they are."""
 
 def add_PoolServiceServicer_to_server(servicer: PoolServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class StatsServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> StatsServiceAsyncStub: ...
+    WatchStats: _grpc.UnaryStreamMultiCallable[_dynamo_pb2.WatchStatsRequest, _dynamo_pb2.FleetStats]
+    """A frame at once, then one per sample (every second) until the caller leaves or the
+    daemon drains: each with the header figures and only the rows asked for.
+    """
+
+@_typing.type_check_only
+class StatsServiceAsyncStub(StatsServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    WatchStats: _aio.UnaryStreamMultiCallable[_dynamo_pb2.WatchStatsRequest, _dynamo_pb2.FleetStats]  # type: ignore[assignment]
+    """A frame at once, then one per sample (every second) until the caller leaves or the
+    daemon drains: each with the header figures and only the rows asked for.
+    """
+
+class StatsServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def WatchStats(
+        self,
+        request: _dynamo_pb2.WatchStatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_dynamo_pb2.FleetStats], _abc.AsyncIterator[_dynamo_pb2.FleetStats]]:
+        """A frame at once, then one per sample (every second) until the caller leaves or the
+        daemon drains: each with the header figures and only the rows asked for.
+        """
+
+def add_StatsServiceServicer_to_server(servicer: StatsServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

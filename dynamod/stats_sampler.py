@@ -1,0 +1,386 @@
+"""The stats stream's daemon side (``dynamoctl top``): ``StatsSampler``.
+
+``StatsSampler.run()`` is one task of the daemon's task group. While nobody watches it
+waits on an event and costs nothing. While a watch is open (``watch()``) it samples once
+every ``interval`` seconds (1 by default): the answers each worker began since the last
+sample, and their first-byte times (``traffic.Traffic``, counted by the front), the same
+in all, and the watch lag of this daemon's own taint writes
+(``dynamod_taint_propagation_seconds``). A sample is the difference between two readings
+of counters that only grow, so a rate is exact over its interval and nothing is counted
+twice; the first sample after an idle spell is only the baseline.
+
+Each watch turns every sample into one frame for its own query (``StatsQuery``): the
+workers its selector matches, counted by state, sorted, and only the rows it asked for
+built and sent — so a frame of a 10,000-worker fleet costs one pass over the view and a
+bounded selection (``heapq``), and carries as many rows as fit the watcher's screen. A
+watch's first frame is sent at once, from the latest sample (none: no figures yet).
+A slow watcher skips samples rather than queueing them: it always gets the newest.
+
+``close()`` (the daemon's drain) ends every watch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Histogram
+
+from dynamod.boundary.breaches import Breaches
+from dynamod.discovery.view import WorkerView
+from dynamod.engine_events import EngineLoad
+from dynamod.pools.reconciler import PoolReconciler
+from dynamod.records import WorkerRecord
+from dynamod.results import WorkerState, id_prefix_length, worker_state
+from dynamod.router import Router
+from dynamod.selectors import Selector, parse
+from dynamod.stats_results import FleetStats, PoolStats, StatsQuery, WorkerStats
+from dynamod.traffic import FirstBytes, Traffic, quantile
+
+INTERVAL = 1.0
+"""Seconds between two samples while someone watches."""
+MARK_LENGTH = 200
+"""The most characters of a boundary mark a row carries."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Answers per second over an interval, and their first-byte quantiles."""
+
+    rps: float = 0.0
+    p50: float | None = None
+    p99: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What changed over one interval (``interval`` seconds; 0 for a baseline): each
+    worker's answers (only those with any), all answers, the propagation p99."""
+
+    interval: float
+    workers: dict[str, Rate]
+    fleet: Rate
+    propagation_p99: float | None = None
+
+
+BASELINE = Sample(0.0, {}, Rate())
+
+
+class _Seen:
+    """One matched worker while a frame is sorted: what its order and its row need."""
+
+    __slots__ = ("engine", "in_flight", "rate", "record", "state")
+
+    def __init__(self, record: WorkerRecord, in_flight: int, engine: EngineLoad | None,
+                 state: WorkerState, rate: Rate | None) -> None:  # fmt: skip
+        self.record = record
+        self.in_flight = in_flight
+        self.engine = engine
+        self.state = state
+        self.rate = rate
+
+    @property
+    def id(self) -> str:
+        return self.record.instance_id
+
+    def busy(self) -> int:
+        engine = self.engine
+        reported = engine.running + engine.waiting if engine is not None else 0
+        return max(self.in_flight, reported)
+
+    def kv(self) -> float:
+        return self.engine.kv_usage if self.engine is not None else -1.0
+
+    def rps(self) -> float:
+        return self.rate.rps if self.rate is not None else 0.0
+
+    def p50(self) -> float:
+        rate = self.rate
+        return rate.p50 if rate is not None and rate.p50 is not None else -1.0
+
+
+Pools = Callable[[WorkerRecord], tuple[str, ...]]
+Key = Callable[[_Seen], Any]
+
+
+def _keys(held: Pools, marks: Callable[[str], str]) -> dict[str, Key]:
+    """Each order of ``SORTS`` as a key that ``heapq.nsmallest`` takes (figures negated:
+    the largest first)."""
+    return {
+        "load": lambda s: (-s.busy(), -s.kv(), -s.rps(), s.id),
+        "id": lambda s: s.id,
+        "model": lambda s: (s.record.model, s.id),
+        "state": lambda s: (str(s.state), s.id),
+        "pools": lambda s: (",".join(held(s.record)), s.id),
+        "taints": lambda s: (",".join(s.record.taints), s.id),
+        "inflight": lambda s: (-s.in_flight, s.id),
+        "running": lambda s: (-(s.engine.running if s.engine is not None else -1), s.id),
+        "waiting": lambda s: (-(s.engine.waiting if s.engine is not None else -1), s.id),
+        "kv": lambda s: (-s.kv(), s.id),
+        "rps": lambda s: (-s.rps(), s.id),
+        "p50": lambda s: (-s.p50(), s.id),
+        "mark": lambda s: (not marks(s.record.key), marks(s.record.key), s.id),
+    }
+
+
+class StatsSampler:
+    """See the module docstring. ``breaches``: the boundary's marks; ``pools``: the pool
+    reconciler (its plan's counts and who leads); ``propagation``: the daemon's
+    propagation histogram. Each is left out of the frames when None."""
+
+    def __init__(
+        self,
+        view: WorkerView,
+        router: Router,
+        traffic: Traffic,
+        *,
+        replica: str = "",
+        breaches: Breaches | None = None,
+        pools: PoolReconciler | None = None,
+        propagation: Histogram | None = None,
+        interval: float = INTERVAL,
+    ) -> None:
+        self.view = view
+        self.router = router
+        self.traffic = traffic
+        self.replica = replica
+        self.breaches = breaches
+        self.pools = pools
+        self.propagation = propagation
+        self.interval = interval
+        self.latest = BASELINE
+        self._watches: set[StatsWatch] = set()
+        self._watched = asyncio.Event()
+        self._sampled = asyncio.Event()
+        self._closed = False
+        self._at: float | None = None
+        self._seen: dict[str, tuple[int, list[int]]] = {}
+        self._fleet: tuple[int, list[int]] = (0, [])
+        self._lag: list[float] = []
+        self._prefix: tuple[int, int, int] = (-1, -1, 8)
+
+    # The task
+
+    async def run(self) -> None:
+        """Sample while anyone watches, until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._watched.wait()
+            self._sample(loop.time())  # the baseline
+            while self._watches:
+                await asyncio.sleep(self.interval)  # a rate needs an interval: nothing to await
+                self._sample(loop.time())
+            self._watched.clear()
+            self._at = None
+            self.latest = BASELINE
+
+    def close(self) -> None:
+        """End every watch (the daemon drains)."""
+        self._closed = True
+        self._wake()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def sampled(self) -> None:
+        """Wait for the next sample (or for ``close``)."""
+        await self._sampled.wait()
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[StatsWatch]:
+        """A watch of the frames, open while the block runs."""
+        watch = StatsWatch(self)
+        self._watches.add(watch)
+        self._watched.set()
+        try:
+            yield watch
+        finally:
+            self._watches.discard(watch)
+
+    def _wake(self) -> None:
+        self._sampled.set()
+        self._sampled = asyncio.Event()
+
+    # Sampling
+
+    def _sample(self, now: float) -> None:
+        interval = 0.0 if self._at is None else now - self._at
+        self._at = now
+        workers = self._workers(interval)
+        fleet = self._rate(self.traffic.fleet, self._fleet, interval)
+        self._fleet = (self.traffic.fleet.total, list(self.traffic.fleet.counts))
+        lag = self._propagation(interval)
+        self.latest = Sample(interval, workers, fleet, lag) if interval else BASELINE
+        self._wake()
+
+    def _workers(self, interval: float) -> dict[str, Rate]:
+        """Each worker's rate since the last sample (only those with answers), and the
+        counts kept for the next one (only those with any: most of a quiet fleet has none)."""
+        rates: dict[str, Rate] = {}
+        seen, kept = self._seen, {}
+        for key, counts in self.traffic.items():
+            if not counts.total:
+                continue
+            last = seen.get(key)
+            if last is not None and last[0] == counts.total:
+                kept[key] = last
+                continue
+            if interval:
+                rates[key] = self._rate(counts, last or (0, []), interval)
+            kept[key] = (counts.total, list(counts.counts))
+        self._seen = kept
+        return rates
+
+    @staticmethod
+    def _rate(counts: FirstBytes, last: tuple[int, list[int]], interval: float) -> Rate:
+        if not interval or counts.total == last[0]:
+            return Rate()
+        before = last[1] or [0] * len(counts.counts)
+        delta = [now - then for now, then in zip(counts.counts, before, strict=True)]
+        return Rate(
+            (counts.total - last[0]) / interval, quantile(0.5, delta), quantile(0.99, delta)
+        )
+
+    def _propagation(self, interval: float) -> float | None:
+        if self.propagation is None:
+            return None
+        bounds, cumulative = _buckets(self.propagation)
+        last, self._lag = self._lag, cumulative
+        if not interval or not last:
+            return None
+        counts = [now - then for now, then in zip(_spread(cumulative), _spread(last), strict=True)]
+        return quantile(0.99, counts, bounds)
+
+    # Frames
+
+    def frame(self, query: StatsQuery, selector: Selector, sample: Sample) -> FleetStats:
+        """The frame of ``sample`` for ``query`` (``selector``: its selector, parsed)."""
+        records = self.view.records()
+        matched = [r for r in records if selector.matches(r)] if selector else records
+        seen = [self._seen_one(r, sample) for r in matched]
+        states = Counter(s.state for s in seen)
+        key = _keys(self._held(), self._mark)[query.sort]
+        rows = self._chosen(seen, key, query)
+        fleet = sample.fleet
+        leader, epoch = self._leader()
+        return FleetStats(
+            time=time.time(), interval=sample.interval, workers=len(records),
+            matched=len(matched), states=dict(states), rps=fleet.rps,
+            first_byte_p50=fleet.p50, first_byte_p99=fleet.p99,
+            queue_depth=self.router.queue_depth, pools=self._pool_counts(), leader=leader,
+            epoch=epoch, revision=self.view.revision, propagation_p99=sample.propagation_p99,
+            rows=tuple(self._row(s) for s in rows), offset=query.offset,
+            id_prefix=self._id_prefix(records), replica=self.replica,
+        )  # fmt: skip
+
+    def _seen_one(self, record: WorkerRecord, sample: Sample) -> _Seen:
+        key = record.key
+        load = self.router.load(key)
+        engine = self.router.reported(key)
+        state = worker_state(record.taints, load, engine)
+        return _Seen(record, load.active_requests, engine, state, sample.workers.get(key))
+
+    @staticmethod
+    def _chosen(seen: list[_Seen], key: Key, query: StatsQuery) -> list[_Seen]:
+        """The rows of ``query``: sorted by ``key``, ``offset`` skipped, ``limit`` kept."""
+        wanted = query.offset + query.limit if query.limit else len(seen)
+        pick = heapq.nlargest if query.reverse else heapq.nsmallest
+        return pick(wanted, seen, key=key)[query.offset :]
+
+    def _row(self, seen: _Seen) -> WorkerStats:
+        record, engine, rate = seen.record, seen.engine, seen.rate
+        return WorkerStats(
+            id=record.instance_id,
+            model=record.model,
+            state=seen.state,
+            pools=self._held()(record),
+            taints=record.taints,
+            in_flight=seen.in_flight,
+            running=engine.running if engine is not None else None,
+            waiting=engine.waiting if engine is not None else None,
+            kv_usage=engine.kv_usage if engine is not None else None,
+            rps=rate.rps if rate is not None else 0.0,
+            first_byte_p50=rate.p50 if rate is not None else None,
+            mark=self._mark(record.key),
+        )
+
+    def _mark(self, key: str) -> str:
+        breach = self.breaches.last(key) if self.breaches is not None else None
+        return "" if breach is None else f"{breach.kind}: {breach.message}"[:MARK_LENGTH]
+
+    def _held(self) -> Pools:
+        """The pool taints a record holds, of every stored policy."""
+        taints: set[str] = set()
+        if self.pools is not None:
+            for stored in self.pools.view.policies.values():
+                taints |= stored.policy.taints
+        return lambda record: tuple(t for t in record.taints if t in taints)
+
+    def _pool_counts(self) -> tuple[PoolStats, ...]:
+        """Each pool's target and actual count, as this daemon's plans published them."""
+        if self.pools is None:
+            return ()
+        metrics = self.pools.metrics
+        actual = {_policy_pool(s.labels): s.value for s in _samples(metrics.actual)}
+        return tuple(
+            PoolStats(policy, pool, int(target), int(actual.get((policy, pool), 0)))
+            for (policy, pool), target in sorted(
+                (_policy_pool(s.labels), s.value) for s in _samples(metrics.wanted)
+            )
+        )
+
+    def _leader(self) -> tuple[str, int]:
+        leader = self.pools.view.leader if self.pools is not None else None
+        return (leader.identity, leader.epoch) if leader is not None else ("", 0)
+
+    def _id_prefix(self, records: Sequence[WorkerRecord]) -> int:
+        """The id prefix of the whole view, worked out again only when it changed."""
+        revision, count, prefix = self._prefix
+        if (revision, count) != (self.view.revision, len(records)):
+            prefix = id_prefix_length(r.instance_id for r in records)
+            self._prefix = (self.view.revision, len(records), prefix)
+        return prefix
+
+
+class StatsWatch:
+    """One stream's frames; see ``StatsSampler.watch``."""
+
+    def __init__(self, sampler: StatsSampler) -> None:
+        self._sampler = sampler
+
+    async def frames(self, query: StatsQuery) -> AsyncIterator[FleetStats]:
+        """A frame at once, then one per sample, until the sampler closes."""
+        sampler = self._sampler
+        selector = parse(query.selector)
+        while not sampler.closed:
+            yield sampler.frame(query, selector, sampler.latest)
+            await sampler.sampled()
+
+
+def _samples(metric: Any) -> list[Any]:
+    return [s for family in metric.collect() for s in family.samples]
+
+
+def _policy_pool(labels: dict[str, str]) -> tuple[str, str]:
+    return labels["policy"], labels["pool"]
+
+
+def _buckets(histogram: Histogram) -> tuple[tuple[float, ...], list[float]]:
+    """A Prometheus histogram's finite bucket bounds and cumulative counts (+Inf last)."""
+    pairs = [
+        (float(s.labels["le"]), s.value) for s in _samples(histogram) if s.name.endswith("_bucket")
+    ]
+    bounds = tuple(le for le, _ in pairs if le != float("inf"))
+    return bounds, [count for _, count in pairs]
+
+
+def _spread(cumulative: list[float]) -> list[float]:
+    """Cumulative counts to per-bucket ones."""
+    return [now - before for now, before in zip(cumulative, [0.0, *cumulative[:-1]], strict=True)]
