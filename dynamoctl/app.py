@@ -21,7 +21,7 @@ from dynamoctl import options
 from dynamod import __version__
 
 HELP = """Operate dynamod: list workers, change their taints, watch discovery events, explain
-routing decisions, keep pool policies.
+routing decisions, keep pool policies, watch the fleet live (top).
 
 Every command talks to dynamod's gRPC API (--endpoint). Global options may come before the
 command or after it. Tables go to stdout, diagnostics to stderr; -o json|yaml|name is for
@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "route": ("dynamoctl.commands.route", "app", True),
     "pools": ("dynamoctl.commands.pools", "app", True),
     "status": ("dynamoctl.commands.status", "status", False),
+    "top": ("dynamoctl.commands.top", "top", False),
     "completion": ("dynamoctl.commands.completion", "completion", False),
 }
 ORDER = tuple(COMMANDS)

@@ -196,6 +196,107 @@ def _bar(stream: IO[str], total: int, label: str) -> Iterator[Callable[[], None]
         yield advance
 
 
+STATE_STYLES = {
+    "ready": "green", "cordoned": "yellow", "draining": "cyan", "drained": "blue",
+    "unhealthy": "bold red",
+}  # fmt: skip
+
+
+class Screen:
+    """A whole terminal redrawn in place (``dynamoctl top``): the alternate screen, left
+    on exit with the cursor shown again, so the shell's screen comes back as it was.
+    ``draw`` shows lines of text, a table and a status line; the table's ``mark`` column
+    (when given) is the one shown as the sort column. Use as ``with Screen(stream) as
+    screen``."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=stream, force_terminal=True, highlight=False)
+        self._live: Any = None
+
+    def __enter__(self) -> Screen:
+        from rich.live import Live
+
+        # auto_refresh=False: no refresh thread; each draw redraws.
+        self._live = Live(
+            console=self.console, screen=True, auto_refresh=False, redirect_stdout=False,
+            redirect_stderr=False,
+        )  # fmt: skip
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._live.__exit__(None, None, None)
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Columns and lines of the terminal now."""
+        width, height = self.console.size
+        return width, height
+
+    def draw(
+        self,
+        lines: Sequence[str],
+        headers: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        status: str,
+        *,
+        mark: int | None = None,
+    ) -> None:
+        self._live.update(_frame(lines, headers, rows, status, mark), refresh=True)
+
+
+def frame_svg(
+    lines: Sequence[str],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    status: str,
+    *,
+    width: int = 120,
+    title: str = "dynamoctl top",
+) -> str:
+    """One frame of ``Screen.draw`` as an SVG picture (rich's export), for documentation."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, record=True, force_terminal=True)
+    console.print(_frame(lines, headers, rows, status, None))
+    return str(console.export_svg(title=title))
+
+
+def _frame(
+    lines: Sequence[str],
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    status: str,
+    mark: int | None,
+) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold reverse")
+    for index, name in enumerate(headers):
+        shown = f"{name}{'*' if index == mark else ''}"
+        table.add_column(shown, no_wrap=True, overflow="ellipsis", max_width=_widest(name))
+    state = headers.index("STATE") if "STATE" in headers else -1
+    for cells in rows:
+        styled = [
+            Text(cell, style=STATE_STYLES.get(cell, "") if index == state else "")
+            for index, cell in enumerate(cells)
+        ]
+        table.add_row(*styled)
+    head = [Text(line, style="bold" if index == 0 else "") for index, line in enumerate(lines)]
+    return Group(*head, Text(""), table, Text(status, style="reverse"))
+
+
+def _widest(header: str) -> int | None:
+    """The widest a column may grow: taints and marks are cut (ellipsis), not wrapped."""
+    return {"TAINTS": 40, "POOLS": 24, "MARK": 48, "MODEL": 32}.get(header)
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 
