@@ -7,7 +7,8 @@ daemon makes (a store event carries no commit time, so other writers' lag cannot
 known without polling); ``dynamod_view_events_total{kind}`` counts events by kind,
 resyncs included; ``dynamod_view_revision`` is the store revision the view has reached;
 ``dynamod_store_errors_total{operation}`` counts calls that failed on an unavailable
-store; ``dynamod_audit_failures_total`` counts audit lines that could not be written;
+store (every API method's series starts at 0: ``known_operations``);
+``dynamod_audit_failures_total`` counts audit lines that could not be written;
 ``dynamod_dynamo_records_refused_total{kind}`` counts an NVIDIA Dynamo fleet's records
 (``card``, ``instance``) left out because their shape is not understood, once each.
 """
@@ -15,6 +16,7 @@ store; ``dynamod_audit_failures_total`` counts audit lines that could not be wri
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -74,6 +76,13 @@ class DaemonMetrics:
             registry=registry,
         )
         self._written: dict[str, tuple[int, float]] = {}
+
+    def known_operations(self, methods: Iterable[str]) -> None:
+        """Start ``store_errors`` at 0 for every API method: a series born at its first
+        error would hide that error from ``rate()`` and ``increase()`` (and from the
+        DynamodStoreErrors alert), which see only growth between two scrapes."""
+        for method in methods:
+            self.store_errors.labels(method)
 
     def refused_dynamo_record(self, kind: str) -> None:
         self.dynamo_refused.labels(kind).inc()

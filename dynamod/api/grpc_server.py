@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.service import ServiceContext, add_services
+from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.control import MAX_EXPLAIN_PROMPT
 from dynamod.errors import ConfigError, DynamoError, ListenError
 from dynamod.settings import DaemonSettings, check_socket_path, parse_hostport
@@ -143,12 +144,24 @@ async def start(grpc: GrpcServer, api: ServiceContext) -> None:
     server = grpc.server
     grpc.reflection_guard.api = api
     grpc.services = add_services(server, api)
+    if api.metrics is not None:
+        api.metrics.known_operations(_methods(grpc.services))
     health_pb2_grpc.add_HealthServicer_to_server(grpc.health, server)
     reflection.enable_server_reflection(
         [*grpc.services, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
     await grpc.serving(False)
     await server.start()
+
+
+def _methods(services: list[str]) -> list[str]:
+    """The methods of the services named in full (``dynamo.v1.WorkerService``)."""
+    return [
+        method.name
+        for service in pb.DESCRIPTOR.services_by_name.values()
+        if service.full_name in services
+        for method in service.methods
+    ]
 
 
 def _bind(result: GrpcServer, address: str, settings: DaemonSettings) -> None:
