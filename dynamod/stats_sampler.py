@@ -9,12 +9,16 @@ in all, and the watch lag of this daemon's own taint writes
 of counters that only grow, so a rate is exact over its interval and nothing is counted
 twice; the first sample after an idle spell is only the baseline.
 
+While watched it also keeps each worker's figures (its state, what is in flight there,
+what its engine reports) in a map of its own, brought up to date only for the workers
+that changed: those the router's ``watch`` names (a load or a report changed: a set
+insert on the router's path, and only while watched) and those the view's events name.
 Each watch turns every sample into one frame for its own query (``StatsQuery``): the
-workers its selector matches, counted by state, sorted, and only the rows it asked for
-built and sent — so a frame of a 10,000-worker fleet costs one pass over the view and a
-bounded selection (``heapq``), and carries as many rows as fit the watcher's screen. A
-watch's first frame is sent at once, from the latest sample (none: no figures yet).
-A slow watcher skips samples rather than queueing them: it always gets the newest.
+workers its selector matches, counted by state, sorted, and only the rows it asked for built and sent — so a frame of a
+10,000-worker fleet is one pass over that map and a bounded selection (``heapq``), and
+carries as many rows as fit the watcher's screen. A watch's first frame is sent at once,
+from the latest sample (none: no figures yet). A slow watcher skips samples rather than
+queueing them: it always gets the newest.
 
 ``close()`` (the daemon's drain) ends every watch.
 """
@@ -26,7 +30,7 @@ import contextlib
 import heapq
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +38,12 @@ from prometheus_client import Histogram
 
 from dynamod.boundary.breaches import Breaches
 from dynamod.discovery.view import WorkerView
+from dynamod.discovery_events import DiscoveryEvent, ViewResync
 from dynamod.engine_events import EngineLoad
+from dynamod.load import Load
 from dynamod.pools.reconciler import PoolReconciler
 from dynamod.records import WorkerRecord
-from dynamod.results import WorkerState, id_prefix_length, worker_state
+from dynamod.results import id_prefix_length, worker_state
 from dynamod.router import Router
 from dynamod.selectors import Selector, parse
 from dynamod.stats_results import FleetStats, PoolStats, StatsQuery, WorkerStats
@@ -73,47 +79,42 @@ BASELINE = Sample(0.0, {}, Rate())
 
 
 class _Seen:
-    """One matched worker while a frame is sorted: what its order and its row need."""
+    """One worker's figures, kept while watched: what its order and its row need."""
 
-    __slots__ = ("engine", "in_flight", "rate", "record", "state")
+    __slots__ = ("busy", "engine", "in_flight", "kv", "record", "state")
 
-    def __init__(self, record: WorkerRecord, in_flight: int, engine: EngineLoad | None,
-                 state: WorkerState, rate: Rate | None) -> None:  # fmt: skip
+    def __init__(self, record: WorkerRecord, load: Load, engine: EngineLoad | None) -> None:
         self.record = record
-        self.in_flight = in_flight
+        self.in_flight = in_flight = load.active_requests
         self.engine = engine
-        self.state = state
-        self.rate = rate
+        self.state = worker_state(record.taints, load, engine)
+        reported = engine.running + engine.waiting if engine is not None else 0
+        self.busy = max(in_flight, reported)
+        self.kv = engine.kv_usage if engine is not None else -1.0
 
     @property
     def id(self) -> str:
         return self.record.instance_id
-
-    def busy(self) -> int:
-        engine = self.engine
-        reported = engine.running + engine.waiting if engine is not None else 0
-        return max(self.in_flight, reported)
-
-    def kv(self) -> float:
-        return self.engine.kv_usage if self.engine is not None else -1.0
-
-    def rps(self) -> float:
-        return self.rate.rps if self.rate is not None else 0.0
-
-    def p50(self) -> float:
-        rate = self.rate
-        return rate.p50 if rate is not None and rate.p50 is not None else -1.0
 
 
 Pools = Callable[[WorkerRecord], tuple[str, ...]]
 Key = Callable[[_Seen], Any]
 
 
-def _keys(held: Pools, marks: Callable[[str], str]) -> dict[str, Key]:
+def _keys(held: Pools, marks: Callable[[str], str], rates: Mapping[str, Rate]) -> dict[str, Key]:
     """Each order of ``SORTS`` as a key that ``heapq.nsmallest`` takes (figures negated:
     the largest first)."""
+
+    def rps(s: _Seen) -> float:
+        rate = rates.get(s.record.key)
+        return rate.rps if rate is not None else 0.0
+
+    def p50(s: _Seen) -> float:
+        rate = rates.get(s.record.key)
+        return rate.p50 if rate is not None and rate.p50 is not None else -1.0
+
     return {
-        "load": lambda s: (-s.busy(), -s.kv(), -s.rps(), s.id),
+        "load": lambda s: (-s.busy, -s.kv, -rps(s), s.id),
         "id": lambda s: s.id,
         "model": lambda s: (s.record.model, s.id),
         "state": lambda s: (str(s.state), s.id),
@@ -122,9 +123,9 @@ def _keys(held: Pools, marks: Callable[[str], str]) -> dict[str, Key]:
         "inflight": lambda s: (-s.in_flight, s.id),
         "running": lambda s: (-(s.engine.running if s.engine is not None else -1), s.id),
         "waiting": lambda s: (-(s.engine.waiting if s.engine is not None else -1), s.id),
-        "kv": lambda s: (-s.kv(), s.id),
-        "rps": lambda s: (-s.rps(), s.id),
-        "p50": lambda s: (-s.p50(), s.id),
+        "kv": lambda s: (-s.kv, s.id),
+        "rps": lambda s: (-rps(s), s.id),
+        "p50": lambda s: (-p50(s), s.id),
         "mark": lambda s: (not marks(s.record.key), marks(s.record.key), s.id),
     }
 
@@ -164,6 +165,13 @@ class StatsSampler:
         self._fleet: tuple[int, list[int]] = (0, [])
         self._lag: list[float] = []
         self._prefix: tuple[int, int, int] = (-1, -1, 8)
+        self._figures: dict[str, _Seen] = {}
+        self._dirty: set[str] = set()
+        self._stale = True
+        """Every worker's figures must be read again (watching began, or a resync)."""
+        self.changes = 0
+        """Bumped whenever the view changes while watched: a watch's selection is kept
+        until then."""
 
     # The task
 
@@ -172,13 +180,58 @@ class StatsSampler:
         loop = asyncio.get_running_loop()
         while True:
             await self._watched.wait()
-            self._sample(loop.time())  # the baseline
-            while self._watches:
-                await asyncio.sleep(self.interval)  # a rate needs an interval: nothing to await
-                self._sample(loop.time())
+            with self._following():
+                self._sample(loop.time())  # the baseline
+                while self._watches:
+                    await asyncio.sleep(self.interval)  # a rate needs an interval
+                    self._sample(loop.time())
             self._watched.clear()
             self._at = None
             self.latest = BASELINE
+
+    @contextlib.contextmanager
+    def _following(self) -> Iterator[None]:
+        """Keep the workers' figures current while watched; forget them after."""
+        self._stale = True
+        unwatch = self.router.watch(self._dirty.add)
+        unlisten = self.view.listen(self._on_event)
+        try:
+            yield
+        finally:
+            unwatch()
+            unlisten()
+            self._figures.clear()
+            self._dirty.clear()
+            self._stale = True
+
+    def _on_event(self, event: DiscoveryEvent) -> None:
+        self.changes += 1
+        if isinstance(event, ViewResync):
+            self._stale = True
+        else:
+            self._dirty.add(event.record.key)
+
+    def _current(self) -> dict[str, _Seen]:
+        """Every worker's figures, read again where they changed."""
+        figures = self._figures
+        if self._stale:
+            self._stale = False
+            self._dirty.clear()
+            figures.clear()
+            for record in self.view.records():
+                figures[record.key] = self._read(record)
+        for key in self._dirty:
+            found = self.view.get(key)
+            if found is None:
+                figures.pop(key, None)
+            else:
+                figures[key] = self._read(found)
+        self._dirty.clear()
+        return figures
+
+    def _read(self, record: WorkerRecord) -> _Seen:
+        key = record.key
+        return _Seen(record, self.router.load(key), self.router.reported(key))
 
     def close(self) -> None:
         """End every watch (the daemon drains)."""
@@ -260,42 +313,41 @@ class StatsSampler:
 
     # Frames
 
-    def frame(self, query: StatsQuery, selector: Selector, sample: Sample) -> FleetStats:
-        """The frame of ``sample`` for ``query`` (``selector``: its selector, parsed)."""
-        records = self.view.records()
-        matched = [r for r in records if selector.matches(r)] if selector else records
-        seen = [self._seen_one(r, sample) for r in matched]
-        states = Counter(s.state for s in seen)
-        key = _keys(self._held(), self._mark)[query.sort]
-        rows = self._chosen(seen, key, query)
+    def frame(self, query: StatsQuery, matched: Sequence[_Seen], sample: Sample) -> FleetStats:
+        """The frame of ``sample`` for ``query``, over the workers it ``matched``."""
+        states = Counter(s.state for s in matched)
+        key = _keys(self._held(), self._mark, sample.workers)[query.sort]
+        rows = self._chosen(matched, key, query)
         fleet = sample.fleet
         leader, epoch = self._leader()
+        figures = self._figures
         return FleetStats(
-            time=time.time(), interval=sample.interval, workers=len(records),
+            time=time.time(), interval=sample.interval, workers=len(figures),
             matched=len(matched), states=dict(states), rps=fleet.rps,
             first_byte_p50=fleet.p50, first_byte_p99=fleet.p99,
             queue_depth=self.router.queue_depth, pools=self._pool_counts(), leader=leader,
             epoch=epoch, revision=self.view.revision, propagation_p99=sample.propagation_p99,
-            rows=tuple(self._row(s) for s in rows), offset=query.offset,
-            id_prefix=self._id_prefix(records), replica=self.replica,
+            rows=tuple(self._row(s, sample) for s in rows), offset=query.offset,
+            id_prefix=self._id_prefix(figures), replica=self.replica,
         )  # fmt: skip
 
-    def _seen_one(self, record: WorkerRecord, sample: Sample) -> _Seen:
-        key = record.key
-        load = self.router.load(key)
-        engine = self.router.reported(key)
-        state = worker_state(record.taints, load, engine)
-        return _Seen(record, load.active_requests, engine, state, sample.workers.get(key))
+    def matching(self, selector: Selector) -> list[_Seen]:
+        """The figures of the workers ``selector`` matches, current."""
+        figures = self._current()
+        if not selector:
+            return list(figures.values())
+        return [s for s in figures.values() if selector.matches(s.record)]
 
     @staticmethod
-    def _chosen(seen: list[_Seen], key: Key, query: StatsQuery) -> list[_Seen]:
+    def _chosen(seen: Sequence[_Seen], key: Key, query: StatsQuery) -> list[_Seen]:
         """The rows of ``query``: sorted by ``key``, ``offset`` skipped, ``limit`` kept."""
         wanted = query.offset + query.limit if query.limit else len(seen)
         pick = heapq.nlargest if query.reverse else heapq.nsmallest
         return pick(wanted, seen, key=key)[query.offset :]
 
-    def _row(self, seen: _Seen) -> WorkerStats:
-        record, engine, rate = seen.record, seen.engine, seen.rate
+    def _row(self, seen: _Seen, sample: Sample) -> WorkerStats:
+        record, engine = seen.record, seen.engine
+        rate = sample.workers.get(record.key)
         return WorkerStats(
             id=record.instance_id,
             model=record.model,
@@ -340,12 +392,12 @@ class StatsSampler:
         leader = self.pools.view.leader if self.pools is not None else None
         return (leader.identity, leader.epoch) if leader is not None else ("", 0)
 
-    def _id_prefix(self, records: Sequence[WorkerRecord]) -> int:
+    def _id_prefix(self, figures: Mapping[str, _Seen]) -> int:
         """The id prefix of the whole view, worked out again only when it changed."""
-        revision, count, prefix = self._prefix
-        if (revision, count) != (self.view.revision, len(records)):
-            prefix = id_prefix_length(r.instance_id for r in records)
-            self._prefix = (self.view.revision, len(records), prefix)
+        changes, count, prefix = self._prefix
+        if (changes, count) != (self.changes, len(figures)):
+            prefix = id_prefix_length(s.record.instance_id for s in figures.values())
+            self._prefix = (self.changes, len(figures), prefix)
         return prefix
 
 
@@ -360,7 +412,7 @@ class StatsWatch:
         sampler = self._sampler
         selector = parse(query.selector)
         while not sampler.closed:
-            yield sampler.frame(query, selector, sampler.latest)
+            yield sampler.frame(query, sampler.matching(selector), sampler.latest)
             await sampler.sampled()
 
 
