@@ -47,12 +47,14 @@ class Fleet:
     daemons: list[Spawned] = field(default_factory=list)
     workers: list[Spawned] = field(default_factory=list)
 
-    def daemon(self, name: str, *args: str) -> Spawned:
-        """Start a dynamod listening on ``root/<name>.sock`` (and HTTP on a free port)."""
+    def daemon(self, name: str, *args: str, settings: dict[str, str] | None = None) -> Spawned:
+        """Start a dynamod listening on ``root/<name>.sock`` (and HTTP on a free port);
+        ``settings``: ``DYNAMO_*`` variables."""
         socket = self.root / f"{name}.sock"
         argv = [*daemon_argv(self.store, socket, *args), "--replica-id", name]
         argv[argv.index("--audit-log") + 1] = str(self.root / f"{name}-audit.log")
-        spawned = Spawned(argv, r"^dynamod ready:", self.root / f"{name}.log").wait_ready()
+        log = self.root / f"{name}.log"
+        spawned = Spawned(argv, r"^dynamod ready:", log, settings).wait_ready()
         self.daemons.append(spawned)
         return spawned
 

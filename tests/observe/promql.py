@@ -121,7 +121,7 @@ def misuses(query: Query, families: dict[str, str], allowed: Collection[str] = (
     elsewhere (recording rules, Prometheus's own)."""
     found = []
     for selector, above in selectors(query.expr):
-        name = selector.name
+        name = selector.name or ""
         if name in allowed:
             continue
         kind = families.get(name)
