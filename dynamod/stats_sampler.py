@@ -14,11 +14,11 @@ what its engine reports) in a map of its own, brought up to date only for the wo
 that changed: those the router's ``watch`` names (a load or a report changed: a set
 insert on the router's path, and only while watched) and those the view's events name.
 Each watch turns every sample into one frame for its own query (``StatsQuery``): the
-workers its selector matches, counted by state, sorted, and only the rows it asked for built and sent — so a frame of a
-10,000-worker fleet is one pass over that map and a bounded selection (``heapq``), and
-carries as many rows as fit the watcher's screen. A watch's first frame is sent at once,
-from the latest sample (none: no figures yet). A slow watcher skips samples rather than
-queueing them: it always gets the newest.
+workers its selector matches, counted by state, sorted, and only the rows it asked for
+built and sent — so a frame of a 10,000-worker fleet is one pass over that map and a
+bounded selection (``heapq``), and carries as many rows as fit the watcher's screen. A
+watch's first frame is sent at once, from the latest sample (none: no figures yet). A
+slow watcher skips samples rather than queueing them: it always gets the newest.
 
 ``close()`` (the daemon's drain) ends every watch.
 """

@@ -118,8 +118,8 @@ def quick_rules(path: Path) -> Path:
 
 class Load:
     """Requests to every daemon's front from a thread, until ``stop()``: small ones, each
-    with a prompt of its own, half of them streams, and now and then one that requires a taint no worker has and waits
-    0.3 s in vain. Bounded: at most ten minutes."""
+    with a prompt of its own, half of them streams, and now and then one that requires a
+    taint no worker has and waits 0.3 s in vain. Bounded: at most ten minutes."""
 
     def __init__(self, fronts: list[str]) -> None:
         self.fronts = fronts
