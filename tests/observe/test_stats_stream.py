@@ -120,6 +120,53 @@ async def _forever(ask: Callable[[int], Awaitable[None]]) -> None:
         await ask(5)
 
 
+async def test_a_request_in_flight_is_in_the_next_frame(tmp_path: Path) -> None:
+    """A streaming request held open by its worker: on a watch open before it came, the
+    second frame after the worker got it (the first may have been on its way) shows it in
+    flight there; a watch opened then shows it in its first frame. Frames come every
+    second: within two seconds."""
+    arrived, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"text":"a"}]}\n\n')
+        arrived.set()
+        await release.wait()
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/{api:.*}", slow)
+    async with fleet(tmp_path) as (store, daemon, client), served(app) as url:
+        record = make_record(address=url)
+        async with Registration(store, record, ttl=30), aiohttp.ClientSession() as http:
+            await frame_where(client, StatsQuery(), lambda f: f.workers == 1)
+            watching = client.watch_stats(StatsQuery())
+            assert (await anext(watching)).rows[0].in_flight == 0
+            body = {"model": "llama", "prompt": "hello", "max_tokens": 50, "stream": True}
+            async with asyncio.TaskGroup() as group:
+                answer = group.create_task(_read(http, f"{daemon.http_url}/v1/completions", body))
+                await arrived.wait()
+                async with asyncio.timeout(30):
+                    seen = [await anext(watching), await anext(watching)]
+                    fresh = client.watch_stats(StatsQuery())
+                    seen.append(await anext(fresh))
+                await watching.aclose()
+                await fresh.aclose()
+                release.set()
+                await answer
+        for frame in seen[1:]:
+            [row] = frame.rows
+            assert row.id == record.instance_id and row.in_flight == 1
+
+
+async def _read(http: aiohttp.ClientSession, url: str, body: dict[str, object]) -> bytes:
+    async with http.post(url, json=body) as answer:
+        assert answer.status == 200
+        return await answer.read()
+
+
 async def test_bad_queries_are_refused_with_the_rule(tmp_path: Path) -> None:
     """A sort, a limit or a selector the daemon does not take is INVALID_ARGUMENT naming
     the value and the rule; the client's own check says the same before sending."""
