@@ -112,11 +112,19 @@ def test_top_on_a_terminal_shows_the_fleet_and_q_restores_the_screen(
     three: Three, tmp_path: Path
 ) -> None:
     """Every worker with its STATE (cordoned; ready in pool=a; ready), the long stream's
-    worker in flight while it streams, and q: exit 0, the shell's screen back."""
+    worker in flight while it streams; q, and then Ctrl-C, quit with 0 and give the shell
+    its screen and its terminal settings back (cooked: icanon, echo)."""
     fleet, daemon = three.fleet, three.daemon
     environ = {**fleet.ctl_env(daemon), "TERM": "xterm-256color"}
-    command = (f"printf 'BEFORE-TOP\\n'; {shlex.join(dynamoctl('top'))}; "
-               "printf 'TOP-EXIT=%s\\n' $?; sleep 600")  # fmt: skip
+    top = shlex.join(dynamoctl("top"))
+    tty = (
+        "stty -a | tr ' ;' '\\n\\n' | grep -x -e icanon -e -icanon -e echo -e -echo | tr '\\n' ' '"
+    )
+    command = (
+        f"trap 'echo SHELL-GOT-INT' INT; printf 'BEFORE-TOP\\n'; {top}; "
+        f"printf 'TOP-EXIT=%s TTY=' $?; {tty}; echo END1; read again; {top}; "
+        f"printf 'AGAIN-EXIT=%s TTY=' $?; {tty}; echo END2; sleep 600"
+    )
     tmux = Tmux(tool("tmux"), tmp_path, command, environ)
     try:
         ids = [three.cordoned, three.pooled, three.long]
@@ -136,8 +144,13 @@ def test_top_on_a_terminal_shows_the_fleet_and_q_restores_the_screen(
             )
 
         tmux.keys("q")
-        after = tmux.showing("TOP-EXIT=")
-        assert "TOP-EXIT=0" in after
+        after = tmux.showing("TOP-EXIT=", "END1")
+        assert "TOP-EXIT=0 TTY=icanon echo END1" in after, after
+        tmux.keys("Enter")  # top again, for Ctrl-C
+        tmux.showing("INFLIGHT")
+        tmux.keys("C-c")
+        after = tmux.showing("AGAIN-EXIT=0 TTY=", "END2")
+        assert "AGAIN-EXIT=0 TTY=icanon echo END2" in after, after
         assert "BEFORE-TOP" in after and "INFLIGHT" not in after
     finally:
         tmux.close()
