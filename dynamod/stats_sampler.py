@@ -170,8 +170,8 @@ class StatsSampler:
         self._stale = True
         """Every worker's figures must be read again (watching began, or a resync)."""
         self.changes = 0
-        """Bumped whenever the view changes while watched: a watch's selection is kept
-        until then."""
+        """Bumped at every change of the view seen while watched, and at every full read:
+        the id prefix is worked out again only then."""
 
     # The task
 
@@ -216,6 +216,7 @@ class StatsSampler:
         figures = self._figures
         if self._stale:
             self._stale = False
+            self.changes += 1
             self._dirty.clear()
             figures.clear()
             for record in self.view.records():

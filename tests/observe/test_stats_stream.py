@@ -249,3 +249,25 @@ def test_quantiles_interpolate_inside_a_bucket() -> None:
     assert middle is not None and BOUNDS[4] < middle < BOUNDS[5]
     counts[-1] = 1000  # slower than the last bound
     assert quantile(0.99, counts) == BOUNDS[-1]
+
+
+async def test_the_blocking_client_iterates_frames(tmp_path: Path) -> None:
+    """``Client.watch_stats``: frame by frame on the client's own thread; leaving the loop
+    ends the stream."""
+    from dynamod.client import Client, Credentials
+
+    async with fleet(tmp_path) as (store, _, _):
+        await register(store, make_record(), await store.grant(60))
+        endpoint = settings_for(store, tmp_path).listen[0]
+
+        def two() -> list[FleetStats]:
+            with Client(endpoint, credentials=Credentials(), timeout=10) as client:
+                frames: list[FleetStats] = []
+                for frame in client.watch_stats(StatsQuery(limit=1)):
+                    frames.append(frame)
+                    if len(frames) == 2:
+                        return frames
+            raise AssertionError("the stream ended")
+
+        _, second = await asyncio.to_thread(two)
+    assert second.interval > 0 and len(second.rows) == 1 and second.workers == 1
