@@ -58,7 +58,8 @@ async def test_the_captured_tree_lists_both_workers_with_the_lora(store: DynamoS
     entries, _ = await store.list("v1/workers")
     assert ids(entries) == [BASE, OTHER]
     base = WorkerRecord.from_bytes(next(e for e in entries if BASE in e.key).value)
-    assert base.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
+    shown = store.with_adapters(base).extra["dynamo"]
+    assert (shown["loras"], shown["lora_count"]) == (["lab-lora"], 1)
     assert base.system_address.startswith("http://127.0.0.1:")
 
 

@@ -4,19 +4,23 @@ Dynamo keeps its keys.
 
 * ``list`` is one linearizable read of ``v1/`` (cards and endpoint records at one
   revision, so the join never sees half a change), joined anew.
-* ``get`` reads one worker's card (with its LoRA cards) and its endpoint record afresh:
-  what a taint update computes on.
+* ``get`` reads one worker's card and its endpoint record afresh (two keys, never its
+  LoRA cards): what a taint update computes on.
 * Each watch is one etcd watch of ``v1/`` with its own ``Roster``: the first snapshot is
   joined before the watch counts as established, so the consumer's first ``Resync``
   (a ``list``, linearizable, later) is never older than the state the feed goes on
   from; every later change of Dynamo's keys is joined and passed on at its revision.
+  ``adapters`` answers from the newest watch's roster.
+
+No value outlives its join: a snapshot and each change are dropped once applied (a 50 MB
+card that etcd was configured to take costs its decoding, and is then refused and gone).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from dynamod.store.base import Entry, Resync, Watch
 from dynamod.store.dynamo.addresses import SystemAddresses
@@ -33,6 +37,8 @@ class EtcdSource:
         self._etcd = etcd
         self._addresses = addresses
         self._refusals = refusals
+        self._live: list[Roster] = []
+        """The rosters of the watches running now, oldest first."""
 
     @classmethod
     async def open(cls, url: str, addresses: SystemAddresses, refusals: Refusals) -> EtcdSource:
@@ -45,10 +51,13 @@ class EtcdSource:
         return roster.entries(prefix), revision
 
     async def get(self, ref: WorkerRef) -> Entry | None:
-        cards, _ = await self._etcd.list(ref.card_key)
+        card = await self._etcd.get(ref.card_key)
         instance = await self._etcd.get(ref.instance_key)
-        parts = [*cards, instance] if instance is not None else cards
+        parts = [e for e in (card, instance) if e is not None]
         return join_one(ref, parts, self._addresses, self._refusals)
+
+    def adapters(self, ref: WorkerRef) -> Collection[str]:
+        return self._live[-1].adapters(ref) if self._live else ()
 
     async def ping(self) -> None:
         await self._etcd.get(ROOT)
@@ -56,19 +65,29 @@ class EtcdSource:
     @contextlib.asynccontextmanager
     async def stream(self, watch: Watch) -> AsyncIterator[None]:
         async with self._etcd.watch(ROOT) as raw:
-            first = await anext(raw, None)  # the first event of a watch is its Resync
-            if not isinstance(first, Resync):  # the store closed meanwhile
+            roster = await self._first(raw)
+            if roster is None:  # the store closed meanwhile
                 watch.close()
                 yield
                 return
-            roster = self._roster()
-            roster.load(first.entries)
             watch.lost()
+            self._live.append(roster)
             task = asyncio.create_task(_pump(raw, roster, watch), name="Dynamo fleet feed")
             try:
                 yield
             finally:
+                self._live.remove(roster)
                 await cancel_and_wait(task)
+
+    async def _first(self, raw: Watch) -> Roster | None:
+        """The watch's first event, its ``Resync``, joined (and dropped: only the roster
+        stays)."""
+        first = await anext(raw, None)
+        if not isinstance(first, Resync):
+            return None
+        roster = self._roster()
+        roster.load(first.entries)
+        return roster
 
     async def aclose(self) -> None:
         await self._etcd.aclose()
@@ -83,8 +102,9 @@ async def _pump(raw: Watch, roster: Roster, watch: Watch) -> None:
             if isinstance(event, Resync):
                 roster.load(event.entries)
                 watch.lost()
-                continue
-            for change in roster.apply(event):
-                watch.push(change)
+            else:
+                for change in roster.apply(event):
+                    watch.push(change)
+            del event  # not kept while the next one is awaited: it may be a large value
     finally:
         watch.close()  # the etcd watch ended (the store closed): so does this one
