@@ -12,8 +12,9 @@ dynamod on ``dynamo+etcd://``. Nothing of Dynamo runs: only its records matter h
 1. **LoRA cards.** ``dynamoctl status`` (the Python client's ``status``, one warm
    connection, in a thread of its own) back to back: first with nothing else happening
    (the floor), then while ``--loras`` LoRA cards are put under the worker (16 at a time,
-   on its lease, as Dynamo's vLLM worker registers them), until ``workers get`` counts
-   them all. The daemon's RSS before, at its peak (sampled every 50 ms) and after.
+   on a lease, as Dynamo's vLLM worker registers them, from a process of their own so
+   that the writer does not slow the sampler), until ``workers get`` counts them all.
+   The daemon's RSS before, at its peak (sampled every 50 ms) and after.
 2. **Cards too large to read.** ``--cards`` workers whose card is ``--card-mb`` MB, each
    put after the last was refused (``dynamod_dynamo_records_refused_total`` counts it),
    on etcd and on Dynamo's file store (a file each, under ``DYN_FILE_KV``'s layout); the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -48,20 +50,14 @@ from bench.common import Stats, header, interruptible, ms, render_table
 from dynamod.client import AsyncClient, Client
 from dynamod.store.etcd import EtcdStore
 from tests.dynamo import values
+from tests.dynamo.fleet import RoomyEtcd
 from tests.support.processes import Spawned, daemon_argv, started
 from tests.support.servers import EtcdServer
 
 Json = dict[str, Any]
 WORKER = 0x13B0A2323C378618
 SEEN_WITHIN = 600.0
-ETCD_REQUEST_BYTES = 256 * 1024 * 1024
-
-
-class RoomyEtcd(EtcdServer):
-    """An etcd that takes requests of up to 256 MiB (its default is 1.5 MiB)."""
-
-    def argv(self) -> list[str]:
-        return [*super().argv(), "--max-request-bytes", str(ETCD_REQUEST_BYTES)]
+WRITE_WITHIN = 60.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,22 +110,35 @@ def _daemon(store_url: str, work: Path) -> Iterator[tuple[Spawned, psutil.Proces
         daemon.finish()
 
 
+async def _open(url: str) -> EtcdStore:
+    """The bench's own etcd client, patient: a loaded machine's etcd may take seconds."""
+    store = await EtcdStore.open(url)
+    store.timeout = WRITE_WITHIN
+    return store
+
+
 # -- 1. LoRA cards under one worker ----------------------------------------------------------
 
 
 async def _loras(etcd: EtcdServer, work: Path, count: int) -> Json:
-    store = await EtcdStore.open(etcd.url())
+    store = await _open(etcd.url())
     try:
         lease = await store.grant(600)
         await store.put(values.card_key(WORKER), values.card(WORKER), lease=lease)
         await store.put(values.instance_key(WORKER), values.instance(WORKER), lease=lease)
         with _daemon(f"dynamo+etcd://{etcd.endpoint}", work) as (_, process):
             endpoint = f"unix://{work / 'd.sock'}"
-            with _Sampler(endpoint, process) as quiet:
+            with _Sampler(endpoint, etcd.url(), process) as quiet:
                 await asyncio.sleep(3.0)
-            with _Sampler(endpoint, process) as busy:
+            with _Sampler(endpoint, etcd.url(), process) as busy:
                 began = time.monotonic()
-                await _put_loras(store, lease, count)
+                writer = multiprocessing.get_context("spawn").Process(
+                    target=write_loras, args=(etcd.url(), count), name="LoRA writer"
+                )
+                writer.start()
+                await asyncio.to_thread(writer.join)
+                if writer.exitcode != 0:
+                    raise RuntimeError(f"the LoRA writer exited {writer.exitcode}")
                 await _seen(endpoint, count)
                 seen = time.monotonic() - began
             after = process.memory_info().rss
@@ -139,19 +148,32 @@ async def _loras(etcd: EtcdServer, work: Path, count: int) -> Json:
     return {"loras": count, "seen_s": seen, "rss_before_mb": quiet.rss[0] / 2**20,
             "rss_peak_mb": max(busy.rss) / 2**20, "rss_after_mb": after / 2**20,
             "status_quiet": vars(Stats.of(quiet.latencies)),
-            "status_busy": vars(Stats.of(busy.latencies))}  # fmt: skip
+            "status_busy": vars(Stats.of(busy.latencies)),
+            "store_quiet": vars(Stats.of(quiet.store)),
+            "store_busy": vars(Stats.of(busy.store))}  # fmt: skip
 
 
-async def _put_loras(store: EtcdStore, lease: Any, count: int) -> None:
-    gate = asyncio.Semaphore(16)
+def write_loras(url: str, count: int) -> None:
+    """``count`` LoRA cards under the worker, 16 at a time, on a lease (in a process of
+    its own)."""
 
-    async def one(index: int) -> None:
-        name = f"lora-{index:05d}"
-        async with gate:
-            await store.put(values.card_key(WORKER, name), values.lora_card(WORKER, name),
-                            lease=lease)  # fmt: skip
+    async def all_of_them() -> None:
+        store = await _open(url)
+        try:
+            lease = await store.grant(600)
+            gate = asyncio.Semaphore(16)
 
-    await asyncio.gather(*(one(i) for i in range(count)))
+            async def one(index: int) -> None:
+                name = f"lora-{index:05d}"
+                value = values.lora_card(WORKER, name)
+                async with gate:
+                    await store.put(values.card_key(WORKER, name), value, lease=lease)
+
+            await asyncio.gather(*(one(i) for i in range(count)))
+        finally:
+            await store.aclose()
+
+    asyncio.run(all_of_them())
 
 
 async def _seen(endpoint: str, count: int) -> None:
@@ -174,14 +196,17 @@ def adapters(info: Any) -> int:
 
 
 class _Sampler:
-    """``status`` back to back and the daemon's RSS every 50 ms, in a thread, while open."""
+    """While open, in threads of its own: ``status`` back to back; the read ``status``
+    makes of the store (a get of Dynamo's ``v1`` on etcd, from this process: the floor
+    under load), back to back; the daemon's RSS every 50 ms."""
 
-    def __init__(self, endpoint: str, process: psutil.Process) -> None:
-        self.endpoint, self.process = endpoint, process
+    def __init__(self, endpoint: str, etcd: str, process: psutil.Process) -> None:
+        self.endpoint, self.etcd, self.process = endpoint, etcd, process
         self.latencies: list[int] = []
+        self.store: list[int] = []
         self.rss: list[int] = [process.memory_info().rss]
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._status), threading.Thread(target=self._rss)]
+        self._threads = [threading.Thread(target=f) for f in (self._status, self._get, self._rss)]
 
     def __enter__(self) -> _Sampler:
         for thread in self._threads:
@@ -201,22 +226,42 @@ class _Sampler:
                 self.latencies.append(time.perf_counter_ns() - began)
                 self._stop.wait(0.005)
 
+    def _get(self) -> None:
+        async def gets() -> None:
+            store = await EtcdStore.open(self.etcd)
+            try:
+                while not self._stop.is_set():
+                    began = time.perf_counter_ns()
+                    await store.get("v1")
+                    self.store.append(time.perf_counter_ns() - began)
+                    await asyncio.sleep(0.005)
+            finally:
+                await store.aclose()
+
+        asyncio.run(gets())
+
     def _rss(self) -> None:
         while not self._stop.wait(0.05):
             self.rss.append(self.process.memory_info().rss)
 
 
 def lora_table(found: Json) -> tuple[list[str], list[list[str]]]:
-    headers = ["status", "n", "p50 ms", "p99", "max", "daemon RSS MB"]
-    quiet, busy = found["status_quiet"], found["status_busy"]
+    headers = ["call", "n", "p50 ms", "p99", "max", "daemon RSS MB"]
+    during = (
+        f"while {found['loras']:,} LoRA cards arrive under one worker ({found['seen_s']:.1f} s)"
+    )
     rss = (f"{found['rss_before_mb']:.0f} → peak {found['rss_peak_mb']:.0f} → "
            f"{found['rss_after_mb']:.0f}")  # fmt: skip
-    rows = [
-        ["nothing else happening (floor)", str(quiet["n"]), ms(quiet["p50_ms"]),
-         ms(quiet["p99_ms"]), ms(quiet["max_ms"]), f"{found['rss_before_mb']:.0f}"],
-        [f"while {found['loras']:,} LoRA cards arrive under one worker ({found['seen_s']:.1f} s)",
-         str(busy["n"]), ms(busy["p50_ms"]), ms(busy["p99_ms"]), ms(busy["max_ms"]), rss],
-    ]  # fmt: skip
+    rows = []
+    for call, quiet, busy in (
+        ("dynamoctl status", found["status_quiet"], found["status_busy"]),
+        ("etcd get v1, status's own read (floor)", found["store_quiet"], found["store_busy"]),
+    ):
+        before = f"{found['rss_before_mb']:.0f}"
+        rows.append([f"{call}, nothing else happening", str(quiet["n"]), ms(quiet["p50_ms"]),
+                     ms(quiet["p99_ms"]), ms(quiet["max_ms"]), before])  # fmt: skip
+        rows.append([f"{call}, {during}", str(busy["n"]), ms(busy["p50_ms"]), ms(busy["p99_ms"]),
+                     ms(busy["max_ms"]), rss])  # fmt: skip
     return headers, rows
 
 
@@ -234,7 +279,7 @@ def _large_on_etcd(etcd: EtcdServer, work: Path, cards: int, megabytes: int) -> 
 
 
 async def _put_large(etcd: EtcdServer, number: int, megabytes: int) -> None:
-    store = await EtcdStore.open(etcd.url())
+    store = await _open(etcd.url())
     try:
         lease = await store.grant(600)
         await store.put(values.instance_key(number), values.instance(number), lease=lease)

@@ -177,6 +177,18 @@ class WorkerInfo:
         return self.record.instance_id
 
     @property
+    def warning(self) -> str:
+        """What an operator must be told of this worker's state, or "": an operator taint
+        its fleet's router does not honour (``ready,cordon-not-honoured``)."""
+        if self.state is not WorkerState.CORDON_NOT_HONOURED:
+            return ""
+        held = ", ".join(t for t in self.record.taints if t in OPERATOR_TAINTS)
+        return (
+            f"worker {self.id} holds {held}, which NVIDIA Dynamo's router does not honour: "
+            f"it still gets requests; dynamoctl workers uncordon {self.id} removes it"
+        )
+
+    @property
     def model(self) -> str:
         return self.record.model
 

@@ -124,6 +124,8 @@ def get(
         else:
             for line in formats.details_lines(formats.worker_details(info)):
                 printer.line(line)
+        if info.warning:
+            printer.note(f"warning: {info.warning}")
         return exits.OK
 
     execute(ctx, body)

@@ -31,10 +31,10 @@ from dynamod.errors import (
     UnsupportedError,
     WorkerUnavailableError,
 )
+from dynamod.results import WorkerState
 from dynamod.settings import DaemonSettings
 from dynamod.store.dynamo import DynamoStore
 from dynamod.store.etcd import EtcdStore
-from dynamod.results import WorkerState
 from dynamod.taints import CORDONED, DRAIN_TAINTS, TaintLimits, TaintUpdate
 from dynamod.targets import Target
 from tests.daemon.helpers import client_for, running_daemon, settings_for
@@ -241,7 +241,7 @@ async def test_a_worker_whose_port_refuses_connection_is_unreachable_until_its_l
     info = await eventually(lambda: fleet.client.worker(victim.id),
                             lambda w: w.state is WorkerState.UNREACHABLE,
                             what="the worker marked unreachable")  # fmt: skip
-    assert not info.state.routable
+    assert not WorkerState.UNREACHABLE.routable
     assert info.engine is not None and "refuses connection" in info.engine.reason
     explained = await fleet.client.explain("lab-model", required=["pool=v"])
     (row,) = [c for c in explained.candidates if c.worker.id == victim.id]
@@ -251,7 +251,8 @@ async def test_a_worker_whose_port_refuses_connection_is_unreachable_until_its_l
     assert victim.lease is not None
     await dynamo_etcd.revoke(victim.lease)  # its lease ends: its record goes
     await eventually(lambda: fleet.client.workers(),
-                     lambda ws: victim.id not in {w.id for w in ws}, what="the victim gone")  # fmt: skip
+                     lambda ws: victim.id not in {w.id for w in ws},
+                     what="the victim gone")  # fmt: skip
     victim.lease = None
 
 

@@ -12,20 +12,26 @@ Dynamo keeps its keys.
   from; every later change of Dynamo's keys is joined and passed on at its revision.
   ``adapters`` answers from the newest watch's roster.
 
-No value outlives its join: a snapshot and each change are dropped once applied (a 50 MB
-card that etcd was configured to take costs its decoding, and is then refused and gone).
+No value outlives its join: a snapshot and each change are dropped once applied. A card
+over the reader's limit (etcd configured with a large ``--max-request-bytes`` takes one)
+still costs its decoding; once it is refused and dropped, the memory it took is handed
+back to the system (``malloc_trim``: glibc keeps freed pages otherwise, and a few 50 MB
+cards would leave hundreds of MB of RSS behind).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Collection
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import AsyncIterator, Callable, Collection
 
 from dynamod.store.base import Entry, Resync, Watch
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.keys import ROOT, WorkerRef
-from dynamod.store.dynamo.roster import Refusals, Roster, join_one
+from dynamod.store.dynamo.roster import Refusals, Roster
 from dynamod.store.etcd import EtcdStore
 from dynamod.tasks import cancel_and_wait
 
@@ -45,16 +51,29 @@ class EtcdSource:
         return cls(await EtcdStore.open(url), addresses, refusals)
 
     async def list(self, prefix: str) -> tuple[list[Entry], int]:
-        entries, revision = await self._etcd.list(ROOT)
         roster = self._roster()
-        roster.load(entries)
+        revision = await self._load(roster)
         return roster.entries(prefix), revision
 
     async def get(self, ref: WorkerRef) -> Entry | None:
         card = await self._etcd.get(ref.card_key)
         instance = await self._etcd.get(ref.instance_key)
         parts = [e for e in (card, instance) if e is not None]
-        return join_one(ref, parts, self._addresses, self._refusals)
+        del card, instance
+        roster = self._roster()
+        roster.load(parts)
+        del parts
+        found = roster.entry(ref)
+        _released(roster, 0)
+        return found
+
+    async def _load(self, roster: Roster) -> int:
+        """Load ``roster`` from one read of Dynamo's keys (dropped once joined)."""
+        entries, revision = await self._etcd.list(ROOT)
+        roster.load(entries)
+        del entries
+        _released(roster, 0)
+        return revision
 
     def adapters(self, ref: WorkerRef) -> Collection[str]:
         return self._live[-1].adapters(ref) if self._live else ()
@@ -87,6 +106,8 @@ class EtcdSource:
             return None
         roster = self._roster()
         roster.load(first.entries)
+        del first
+        _released(roster, 0)
         return roster
 
     async def aclose(self) -> None:
@@ -99,6 +120,7 @@ class EtcdSource:
 async def _pump(raw: Watch, roster: Roster, watch: Watch) -> None:
     try:
         async for event in raw:
+            large = roster.too_large
             if isinstance(event, Resync):
                 roster.load(event.entries)
                 watch.lost()
@@ -106,5 +128,26 @@ async def _pump(raw: Watch, roster: Roster, watch: Watch) -> None:
                 for change in roster.apply(event):
                     watch.push(change)
             del event  # not kept while the next one is awaited: it may be a large value
+            _released(roster, large)
     finally:
         watch.close()  # the etcd watch ended (the store closed): so does this one
+
+
+def _released(roster: Roster, before: int) -> None:
+    """Hand freed memory back to the system when ``roster`` dropped a record too large to
+    read since it counted ``before`` (its bytes are gone by now)."""
+    if roster.too_large > before:
+        _trim()
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    found = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(found), "malloc_trim", None) if found else None
+    return trim if callable(trim) else None  # glibc has it; musl and macOS do not
+
+
+def _trim() -> None:
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)

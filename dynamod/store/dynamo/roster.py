@@ -76,7 +76,9 @@ class Refusals:
         if not self._first("refused", error.key, revision):
             return
         self.count += 1
-        log.error("%s; that worker is left out (revision %d)", error, revision)
+        # The message, not the error: a record a handler keeps must not keep the error's
+        # traceback, and with it the record's bytes.
+        log.error("%s; that worker is left out (revision %d)", str(error), revision)
         if self._on_refused is not None:
             self._on_refused(error.kind)
 
@@ -115,6 +117,8 @@ class Roster:
         self._instances: dict[WorkerRef, Part] = {}
         self._loras: dict[WorkerRef, set[str]] = {}
         self._shown: dict[WorkerRef, Shown] = {}
+        self.too_large = 0
+        """How many records over ``MAX_RECORD_BYTES`` it was handed (and did not keep)."""
 
     def load(self, entries: Iterable[Entry]) -> None:
         """Replace everything with a snapshot of Dynamo's keys."""
@@ -145,7 +149,7 @@ class Roster:
         if isinstance(change, Delete):
             parts.pop(ref, None)
         else:
-            parts[ref] = _part(change)
+            parts[ref] = change if isinstance(change, TooLarge) else self._bounded(change.entry)
         old, new = self._shown.get(ref), self._join(ref)
         if new is None:
             self._shown.pop(ref, None)
@@ -176,12 +180,18 @@ class Roster:
         if found is None:
             return None
         if found.kind == "card":
-            self._cards[found.worker] = bounded(entry)
+            self._cards[found.worker] = self._bounded(entry)
         elif found.kind == "instance":
-            self._instances[found.worker] = bounded(entry)
+            self._instances[found.worker] = self._bounded(entry)
         else:
             self._adapter(found.worker, found.lora, present=True)
         return found.worker
+
+    def _bounded(self, entry: Entry) -> Part:
+        part = bounded(entry)
+        if isinstance(part, TooLarge):
+            self.too_large += 1
+        return part
 
     def _adapter(self, ref: WorkerRef, name: str, *, present: bool) -> None:
         if present:
@@ -212,10 +222,6 @@ class Roster:
         return Shown(Entry(ref.view_key, value, parts.revision), record)
 
 
-def _part(change: Put | TooLarge) -> Part:
-    return change if isinstance(change, TooLarge) else bounded(change.entry)
-
-
 def _shown_bytes(record: WorkerRecord, key: str) -> bytes:
     """The record's bytes, read back as the worker view will read them: whatever it would
     refuse is refused here, under Dynamo's key."""
@@ -238,15 +244,6 @@ def _check_key(ref: WorkerRef) -> None:
         raise NotUnderstood(
             ref.card_key, "card", f"its namespace, component or endpoint cannot be shown: {exc}"
         ) from None
-
-
-def join_one(
-    ref: WorkerRef, entries: Iterable[Entry], addresses: SystemAddresses, refusals: Refusals
-) -> Entry | None:
-    """One worker as shown, from Dynamo's keys of it (a fresh read)."""
-    roster = Roster(addresses, refusals)
-    roster.load(entries)
-    return roster.entry(ref)
 
 
 def _difference(
