@@ -154,10 +154,16 @@ class Control:
         return [self.info(r) for r in records], self.view.revision
 
     def get_worker(self, ref: str) -> WorkerInfo:
-        record = self.view.find(ref)
+        record = self._find(ref)
         if isinstance(self.store, DynamoStore):
             record = self.store.with_adapters(record)  # a Dynamo worker's LoRA adapters
         return self.info(record)
+
+    def _find(self, ref: str) -> WorkerRecord:
+        """``view.find``, taking a Dynamo worker's own key too (the key it is shown by)."""
+        if isinstance(self.store, DynamoStore):
+            ref = self.store.view_ref(ref)
+        return self.view.find(ref)
 
     @property
     def max_weight(self) -> float:
@@ -167,7 +173,7 @@ class Control:
 
     def targets(self, target: Target) -> list[WorkerRecord]:
         if target.worker is not None:
-            return [self.view.find(target.worker)]
+            return [self._find(target.worker)]
         return [r for r in self.view.records() if target.matcher.matches(r)]
 
     def watch_drain(self, target: Target, *, after_revision: int = 0) -> DrainWatch:

@@ -206,9 +206,10 @@ async def test_keys_shown_and_audited_are_dynamos_own(fleet: Fleet) -> None:
     info = await fleet.client.worker(zoned.id)
     assert info.key == card_key
     assert [w.key for w in await fleet.client.workers() if w.id == zoned.id] == [card_key]
-    (done,) = await fleet.client.update_taints(TaintUpdate.add(["gpu"]), Target(worker=zoned.id))
-    assert done.key == card_key
+    (done,) = await fleet.client.update_taints(TaintUpdate.add(["gpu"]), Target(worker=card_key))
+    assert done.key == card_key  # and the key it is shown by names it
     assert [line["key"] for line in fleet.audit_lines()] == [card_key]
+    assert (await fleet.client.worker(card_key)).id == zoned.id
 
 
 async def test_lora_adapters_are_shown_with_their_worker_and_change_nothing_else(

@@ -13,7 +13,7 @@ from dynamod.records import WorkerRecord
 from dynamod.store.base import Entry, Lease, LeaseArg, Store, Watch, validate_key
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.cards import RecordKind
-from dynamod.store.dynamo.keys import WorkerRef, parse_shown
+from dynamod.store.dynamo.keys import WorkerRef, parse_key, parse_shown
 from dynamod.store.dynamo.roster import Refusals
 from dynamod.store.dynamo.url import check_url, parse_url
 
@@ -94,6 +94,12 @@ class DynamoStore(Store):
     async def list(self, prefix: str) -> tuple[list[Entry], int]:
         self._check_open()
         return await self.source.list(validate_key(prefix, prefix=True))
+
+    def view_ref(self, ref: str) -> str:
+        """``ref`` (what an operator names a worker by), with a Dynamo card's key, as shown
+        (``v1/mdc/...``), turned into the key the worker view holds it at."""
+        found = parse_key(ref)
+        return found.worker.view_key if found is not None and found.kind == "card" else ref
 
     def with_adapters(self, record: WorkerRecord) -> WorkerRecord:
         """``record`` with its LoRA adapters in ``extra.dynamo``: ``lora_count`` and the
