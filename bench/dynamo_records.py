@@ -131,7 +131,7 @@ async def _loras(etcd: EtcdServer, work: Path, count: int) -> Json:
             with _Sampler(endpoint, etcd.url(), process) as quiet:
                 await asyncio.sleep(3.0)
             with _Sampler(endpoint, etcd.url(), process) as busy:
-                began = time.monotonic()
+                began, cpu = time.monotonic(), _cpu(process)
                 writer = multiprocessing.get_context("spawn").Process(
                     target=write_loras, args=(etcd.url(), count), name="LoRA writer"
                 )
@@ -140,17 +140,23 @@ async def _loras(etcd: EtcdServer, work: Path, count: int) -> Json:
                 if writer.exitcode != 0:
                     raise RuntimeError(f"the LoRA writer exited {writer.exitcode}")
                 await _seen(endpoint, count)
-                seen = time.monotonic() - began
+                seen, cpu = time.monotonic() - began, _cpu(process) - cpu
             after = process.memory_info().rss
         await store.revoke(lease)
     finally:
         await store.aclose()
-    return {"loras": count, "seen_s": seen, "rss_before_mb": quiet.rss[0] / 2**20,
+    return {"loras": count, "seen_s": seen, "daemon_cpu_s": cpu,
+            "rss_before_mb": quiet.rss[0] / 2**20,
             "rss_peak_mb": max(busy.rss) / 2**20, "rss_after_mb": after / 2**20,
             "status_quiet": vars(Stats.of(quiet.latencies)),
             "status_busy": vars(Stats.of(busy.latencies)),
             "store_quiet": vars(Stats.of(quiet.store)),
             "store_busy": vars(Stats.of(busy.store))}  # fmt: skip
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def write_loras(url: str, count: int) -> None:
@@ -247,9 +253,9 @@ class _Sampler:
 
 def lora_table(found: Json) -> tuple[list[str], list[list[str]]]:
     headers = ["call", "n", "p50 ms", "p99", "max", "daemon RSS MB"]
-    during = (
-        f"while {found['loras']:,} LoRA cards arrive under one worker ({found['seen_s']:.1f} s)"
-    )
+    during = (f"while {found['loras']:,} LoRA cards arrive under one worker "
+              f"({found['seen_s']:.1f} s; the daemon used {found['daemon_cpu_s']:.1f} s of "
+              "CPU)")  # fmt: skip
     rss = (f"{found['rss_before_mb']:.0f} → peak {found['rss_peak_mb']:.0f} → "
            f"{found['rss_after_mb']:.0f}")  # fmt: skip
     rows = []

@@ -321,11 +321,16 @@ async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
     dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path
 ) -> None:
     """The daemon opens the store itself (as in production) and counts each record it
-    leaves out; the fleet's other workers are listed."""
-    good, bad = 0x5A5A, 0x5B5B
+    leaves out (a field of another type, a count out of range) and each taint it warns
+    of (a hand-set cordon, one past dynamod's grammar); the fleet's other workers are
+    listed."""
+    good, bad, seqs, odd = 0x5A5A, 0x5B5B, 0x5C5C, 0x5D5D
     lease = await dynamo_etcd.grant(30)
     card = values.mutated(values.card(bad), card_json={"kv_cache_block_size": "64"})
-    for number, value in ((good, values.card(good)), (bad, card)):
+    negative = values.mutated(values.card(seqs), runtime={"max_num_seqs": -1})
+    cordoned = values.card(odd, taints=[CORDONED, "x" * 2000])
+    for number, value in ((good, values.card(good)), (bad, card), (seqs, negative),
+                          (odd, cordoned)):  # fmt: skip
         await dynamo_etcd.put(values.card_key(number), value, lease=lease)
         await dynamo_etcd.put(values.instance_key(number), values.instance(number), lease=lease)
     settings = DaemonSettings(
@@ -350,8 +355,9 @@ async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
         daemon.stop()
         async with asyncio.timeout(20):
             await running
-    assert 'dynamod_dynamo_records_refused_total{kind="card"} 1.0' in metrics
-    assert listed == {f"{good:x}"}
+    assert 'dynamod_dynamo_records_refused_total{kind="card"} 2.0' in metrics
+    assert "dynamod_dynamo_taint_warnings_total 2.0" in metrics  # the cordon, the long taint
+    assert listed == {f"{good:x}", f"{odd:x}"}
 
 
 async def test_the_front_points_at_dynamos_frontend(fleet: Fleet) -> None:
