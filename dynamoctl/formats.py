@@ -163,7 +163,7 @@ def worker_object(
         "revision": info.revision,
         "state": str(info.state),
         "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
-        "key": record.key,
+        "key": info.key,
         "namespace": record.namespace,
         "component": record.component,
         "endpoint": record.endpoint,
@@ -204,7 +204,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
         ("State", str(info.state)),
-        ("Key", record.key),
+        ("Key", info.key),
         ("Host", f"{record.host or NONE} (pid {record.pid})"),
         ("Version", record.version or NONE),
         ("Age", started_age(record.started_at)),
@@ -214,19 +214,22 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("KV blocks", f"{card.total_kv_blocks} of {card.kv_block_size} tokens"),
         ("Context length", str(card.context_length)),
         ("Mdcsum", info.mdcsum),
-        *_dynamo_details(record.extra, card.extra),
+        *_dynamo_details(record.extra),
     ]
 
 
-def _dynamo_details(extra: Mapping[str, Any], card: Mapping[str, Any]) -> list[tuple[str, str]]:
+def _dynamo_details(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
     found = _dynamo(extra).get("dynamo")
     if found is None:
         return []
-    loras = _dynamo(card).get("dynamo", {}).get("loras") or []
+    loras = [str(name) for name in found.get("loras") or []]
+    count = found.get("lora_count", len(loras))
+    beyond = count - len(loras) if isinstance(count, int) else 0
+    more = f" (and {beyond} more)" if beyond > 0 else ""
     return [
         ("Dynamo card", str(found.get("card_key", NONE))),
         ("Dynamo id", str(found.get("instance_id", NONE))),
-        ("LoRA adapters", joined([str(name) for name in loras])),
+        ("LoRA adapters", joined(loras) + more),
     ]
 
 

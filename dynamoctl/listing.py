@@ -44,19 +44,25 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "name": ("id",),
 }
 """The worker fields each output format shows (the model card gives the mdcsum)."""
+WARNINGS = 10
+"""How many workers' warnings (``WorkerInfo.warning``) a listing prints after its rows."""
 
 
 async def show(printer: Printer, pages: AsyncIterator[WorkerPage], filtered: bool) -> int:
     """Print every page as it comes; return how many workers were listed."""
     writer = _writer(printer)
     listed = 0
+    warnings: list[str] = []
     async for page in pages:
         writer.page(page)
         listed += len(page.workers)
+        warnings += [w.warning for w in page.workers if w.warning][: WARNINGS - len(warnings)]
         printer.flush()
     writer.close(listed)
     if not listed:
         printer.note("no workers match" if filtered else "no workers are registered")
+    for warning in warnings:
+        printer.note(f"warning: {warning}")
     return listed
 
 

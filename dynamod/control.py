@@ -36,6 +36,7 @@ from dynamod.errors import (
     UnsupportedError,
 )
 from dynamod.http.limits import MAX_BODY
+from dynamod.load import Busy
 from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
 from dynamod.records import ModelCard, WorkerRecord
@@ -47,11 +48,14 @@ from dynamod.results import (
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,
+    own_key,
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
+from dynamod.router.explain import by_dynamo_rule, dynamo_summary
 from dynamod.selectors import parse
 from dynamod.store import Store
-from dynamod.taints import RoutingConstraints, TaintLimits, TaintUpdate
+from dynamod.store.dynamo import DynamoStore
+from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.targets import Target
 from dynamod.tokenizers.bundle import Tokenizers
 
@@ -150,11 +154,26 @@ class Control:
         return [self.info(r) for r in records], self.view.revision
 
     def get_worker(self, ref: str) -> WorkerInfo:
-        return self.info(self.view.find(ref))
+        record = self._find(ref)
+        if isinstance(self.store, DynamoStore):
+            record = self.store.with_adapters(record)  # a Dynamo worker's LoRA adapters
+        return self.info(record)
+
+    def _find(self, ref: str) -> WorkerRecord:
+        """``view.find``, taking a Dynamo worker's own key too (the key it is shown by)."""
+        if isinstance(self.store, DynamoStore):
+            ref = self.store.view_ref(ref)
+        return self.view.find(ref)
+
+    @property
+    def max_weight(self) -> float:
+        """The largest preferred-taint weight a request to this fleet may carry (the
+        router of an NVIDIA Dynamo fleet takes any 32-bit float)."""
+        return DYNAMO_MAX_WEIGHT if isinstance(self.store, DynamoStore) else 1.0
 
     def targets(self, target: Target) -> list[WorkerRecord]:
         if target.worker is not None:
-            return [self.view.find(target.worker)]
+            return [self._find(target.worker)]
         return [r for r in self.view.records() if target.matcher.matches(r)]
 
     def watch_drain(self, target: Target, *, after_revision: int = 0) -> DrainWatch:
@@ -290,7 +309,7 @@ class Control:
             taints=list(update.taints),
             keys=list(update.keys),
             worker=record.instance_id,
-            key=record.key,
+            key=own_key(record),
             before=list(before),
             after=None if after is None else list(after),
             revision=revision,
@@ -330,6 +349,10 @@ class Control:
         result = self.router.explain(
             RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes)
         )
+        if isinstance(self.store, DynamoStore):  # Dynamo's frontend decides, by its rule
+            result = by_dynamo_rule(result)
+            chosen, summary = dynamo_summary(result)
+            return ExplainInfo(tuple(self._candidate(r) for r in result.workers), chosen, summary)
         candidates = tuple(self._candidate(row) for row in result.workers)
         chosen = next((c.worker.id for c in candidates if c.rank == 1), "")
         summary = (
@@ -339,14 +362,17 @@ class Control:
 
     def _candidate(self, row: WorkerExplanation) -> CandidateInfo:
         terms = row.terms
+        info = self.info(row.worker)
         if row.ineligible is not None:
             reason = row.ineligible.reason(row.worker)
+        elif row.busy is Busy.UNHEALTHY and info.engine is not None:
+            reason = f"{info.state}: {info.engine.reason}"
         elif row.busy is not None:
             reason = f"busy ({row.busy.value} at capacity)"
         else:
             reason = ""
         return CandidateInfo(
-            worker=self.info(row.worker),
+            worker=info,
             eligible=row.eligible,
             reason=reason,
             load_cost=terms.load_cost,

@@ -33,6 +33,7 @@ from dynamod.api.stream_slots import StreamSlots
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal, Tokens
 from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
+from dynamod.boundary.dynamo_reach import DynamoReach
 from dynamod.control import Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
@@ -147,6 +148,8 @@ class Daemon:
             budgets=self._budgets(),
             registry=self.registry,
         )
+        # A Dynamo fleet's workers report nothing: their reach is dynamod's own check.
+        reach = DynamoReach(view, lambda key, load: _reported(router, pools, key, load))
         control = Control(
             store,
             view,
@@ -173,12 +176,13 @@ class Daemon:
         async with asyncio.TaskGroup() as group:
             watcher = group.create_task(view.run(), name="worker view")
             followers = group.create_task(feeds.run(), name="engine feeds")
+            reaching = group.create_task(reach.run(), name="Dynamo reach") if self._fleet else None
             sampler = group.create_task(stats.run(), name="stats sampler")
             await self._first_snapshot(view, watcher, signals)
             if signals.stopping.is_set():
-                watcher.cancel()
-                followers.cancel()
-                sampler.cancel()
+                for task in (watcher, followers, reaching, sampler):
+                    if task is not None:
+                        task.cancel()
                 return EX_OK
             await grpc_server.start(grpc, self.api)
             front = await stack.enter_async_context(
@@ -204,7 +208,7 @@ class Daemon:
             await signals.stopping.wait()
             code = await self._drain(control, grpc, front, signals)
             pools.events.close()
-            for task in (reconciler, watcher, followers, sampler, dog):
+            for task in (reconciler, watcher, followers, reaching, sampler, dog):
                 if task is not None:
                     task.cancel()
         return code
@@ -228,13 +232,14 @@ class Daemon:
             "%s is an NVIDIA Dynamo fleet: dynamod lists, explains and re-taints its workers "
             "(through each worker's own taint route) and never writes its store; its front "
             "serves no requests (501: they go to Dynamo's frontend), and the cordon does not "
-            "carry over",
+            "carry over (one set by hand is shown as not honoured, and uncordon removes it)",
             url,
         )
         return await DynamoStore.open(
             url,
             addresses=self.settings.dynamo_addresses,
             on_refused=self.metrics.refused_dynamo_record,
+            on_warned=self.metrics.dynamo_taint_warnings.inc,
         )
 
     def _router(self) -> tuple[Router, KvIndexer | None]:

@@ -10,7 +10,10 @@ resyncs included; ``dynamod_view_revision`` is the store revision the view has r
 store (every API method's series starts at 0: ``known_operations``);
 ``dynamod_audit_failures_total`` counts audit lines that could not be written;
 ``dynamod_dynamo_records_refused_total{kind}`` counts an NVIDIA Dynamo fleet's records
-(``card``, ``instance``) left out because their shape is not understood, once each.
+(``card``, ``instance``) left out because their shape is not understood, once each;
+``dynamod_dynamo_taint_warnings_total`` the warnings about the taints its workers hold
+that dynamod would not set (a hand-set cordon Dynamo does not honour, a taint its grammar
+refuses), once per card revision and taint.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ class DaemonMetrics:
             "dynamod_dynamo_records_refused",
             "A Dynamo fleet's records left out because their shape is not understood, by kind.",
             ["kind"],
+            registry=registry,
+        )
+        self.dynamo_taint_warnings = Counter(
+            "dynamod_dynamo_taint_warnings",
+            "Taints a Dynamo fleet's workers hold that dynamod would not set, as warned of.",
             registry=registry,
         )
         self._written: dict[str, tuple[int, float]] = {}

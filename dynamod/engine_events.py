@@ -51,6 +51,10 @@ MAX_REASON = 512
 """Characters of an ``EngineLoad.reason`` kept; a longer one is cut (it is shown in listings)."""
 MAX_SOURCE = 64
 """Characters an ``EngineLoad.source`` may have."""
+REACH = "reach"
+"""The ``source`` of an ``EngineLoad`` that dynamod itself makes for an NVIDIA Dynamo worker,
+which reports no load: ``healthy`` false while its port refuses connection
+(``boundary/dynamo_reach.py``); its state is then ``unreachable``."""
 _INT32 = (1 << 31) - 1
 _INT64 = (1 << 63) - 1
 _COUNTS = {"running": _INT32, "waiting": _INT32, "kv_blocks_used": _INT64,
@@ -69,8 +73,9 @@ class EngineLoad:
     tokens (vLLM) or blocks (mocker) found in / looked up in the prefix cache since start;
     ``healthy`` false with ``reason`` when the engine cannot serve (an upstream server
     that stopped answering); ``source`` says where the figures come from: ``engine`` (in
-    process), ``metrics`` (an upstream's Prometheus metrics) or ``proxy`` (the worker's
-    own count of the requests it forwards, for an upstream without metrics).
+    process), ``metrics`` (an upstream's Prometheus metrics), ``proxy`` (the worker's
+    own count of the requests it forwards, for an upstream without metrics) or ``reach``
+    (``REACH``: no figures, dynamod's own check that a Dynamo worker's port answers).
     """
 
     running: int = 0

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dynamod import errors
-from dynamod.engine_events import EngineLoad
+from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
 from dynamod.pool_results import PoolEventInfo
 from dynamod.records import WorkerRecord, mdcsum
-from dynamod.taints import CORDONED, DRAINING, is_topology
+from dynamod.taints import CORDONED, DRAINING, OPERATOR_TAINTS, is_topology
 
 
 class WorkerState(enum.StrEnum):
@@ -39,11 +39,19 @@ class WorkerState(enum.StrEnum):
     """Cordoned for a drain, nothing in flight: safe to stop."""
     UNHEALTHY = "unhealthy"
     """Its engine reports that it cannot serve."""
+    UNREACHABLE = "unreachable"
+    """An NVIDIA Dynamo worker whose port refuses connection (dynamod's own check,
+    ``boundary/dynamo_reach.py``): Dynamo's frontend cannot reach it either. Until it
+    answers again or its lease ends."""
+    CORDON_NOT_HONOURED = "ready,cordon-not-honoured"
+    """An NVIDIA Dynamo worker holding an operator taint (the cordon set by hand through
+    its route) that Dynamo's router does not honour: it takes new requests all the same.
+    ``uncordon`` removes it."""
 
     @property
     def routable(self) -> bool:
         """Whether new requests may go there (a pool counts only these)."""
-        return self is WorkerState.READY
+        return self in (WorkerState.READY, WorkerState.CORDON_NOT_HONOURED)
 
 
 @dataclass(frozen=True)
@@ -75,25 +83,65 @@ class InFlight:
         return f"router {self.requests}, engine running {self.running}, waiting {self.waiting}"
 
 
-def worker_state(taints: Collection[str], load: Load, engine: EngineLoad | None) -> WorkerState:
+def worker_state(
+    taints: Collection[str],
+    load: Load,
+    engine: EngineLoad | None,
+    *,
+    honours_cordon: bool = True,
+) -> WorkerState:
     """A worker's state from its taints, this daemon's load on it and its engine's last
     report. The first that holds, in this order:
 
-    1. ``unhealthy``: its engine reports it cannot serve;
+    1. ``unreachable``: dynamod's own check finds its port refusing connection
+       (``engine_events.REACH``); ``unhealthy``: its engine reports it cannot serve;
     2. ``draining`` / ``drained``: it holds the drain taint (``dynamo.io/draining``):
        draining while anything is in flight (``InFlight.of``: this router's requests, the
        engine's running and waiting where it reports), drained when nothing is;
     3. ``cordoned``: it holds the cordon (``dynamo.io/cordoned``) alone;
     4. ``ready``.
+
+    Where the fleet's router does not honour the operator's taints (``honours_cordon``
+    false: an NVIDIA Dynamo worker, ``from_dynamo``), 2 and 3 are what Dynamo routes by:
+    ``ready,cordon-not-honoured`` when it holds one, else ``ready``.
     """
     if engine is not None and not engine.healthy:
-        return WorkerState.UNHEALTHY
+        return WorkerState.UNREACHABLE if engine.source == REACH else WorkerState.UNHEALTHY
+    if not honours_cordon:
+        fenced = any(t in OPERATOR_TAINTS for t in taints)
+        return WorkerState.CORDON_NOT_HONOURED if fenced else WorkerState.READY
     if DRAINING in taints:
         idle = InFlight.of(load, engine).idle
         return WorkerState.DRAINED if idle else WorkerState.DRAINING
     if CORDONED in taints:
         return WorkerState.CORDONED
     return WorkerState.READY
+
+
+def from_dynamo(record: WorkerRecord) -> bool:
+    """Whether ``record`` is an NVIDIA Dynamo worker's, as ``store/dynamo`` reads one."""
+    return bool(dynamo_card_key(record))
+
+
+def dynamo_card_key(record: WorkerRecord) -> str:
+    """An NVIDIA Dynamo worker's own key in its fleet's store (its model card's,
+    ``v1/mdc/...``), or ""."""
+    found = record.extra.get("dynamo")
+    key = found.get("card_key") if isinstance(found, Mapping) else None
+    return key if isinstance(key, str) else ""
+
+
+def own_key(record: WorkerRecord) -> str:
+    """The key a worker is shown under: where its own store holds it. ``record.key`` for
+    dynamod's workers; for an NVIDIA Dynamo worker, its card's key (``v1/mdc/...``), not
+    the key the worker view holds it at."""
+    return dynamo_card_key(record) or record.key
+
+
+def record_state(record: WorkerRecord, load: Load, engine: EngineLoad | None) -> WorkerState:
+    """``worker_state`` of a worker's record, this daemon's load on it and its engine's
+    report (an NVIDIA Dynamo worker's, by Dynamo's rule)."""
+    return worker_state(record.taints, load, engine, honours_cordon=not from_dynamo(record))
 
 
 @dataclass(frozen=True)
@@ -106,23 +154,39 @@ class WorkerInfo:
     ``dynamo.topology/`` taints included; ``caller_taints`` and ``generated_taints`` split
     it into the part callers manage and the part generated from the topology.
 
-    ``state`` is ``worker_state`` of the three: given as the daemon sent it, or derived
-    here when left out (it is never None once built)."""
+    ``state`` is ``record_state`` of the three: given as the daemon sent it, or derived
+    here when left out (it is never None once built). ``key`` is the key it is shown
+    under (``own_key``): given as the daemon sent it, or derived here."""
 
     record: WorkerRecord
     revision: int
     load: Load = IDLE
     engine: EngineLoad | None = None
     state: WorkerState | None = None
+    key: str = ""
 
     def __post_init__(self) -> None:
         if self.state is None:
-            derived = worker_state(self.record.taints, self.load, self.engine)
+            derived = record_state(self.record, self.load, self.engine)
             object.__setattr__(self, "state", derived)
+        if not self.key:
+            object.__setattr__(self, "key", own_key(self.record))
 
     @property
     def id(self) -> str:
         return self.record.instance_id
+
+    @property
+    def warning(self) -> str:
+        """What an operator must be told of this worker's state, or "": an operator taint
+        its fleet's router does not honour (``ready,cordon-not-honoured``)."""
+        if self.state is not WorkerState.CORDON_NOT_HONOURED:
+            return ""
+        held = ", ".join(t for t in self.record.taints if t in OPERATOR_TAINTS)
+        return (
+            f"worker {self.id} holds {held}, which NVIDIA Dynamo's router does not honour: "
+            f"it still gets requests; dynamoctl workers uncordon {self.id} removes it"
+        )
 
     @property
     def model(self) -> str:

@@ -64,6 +64,9 @@ OPERATOR_TAINTS = frozenset(DRAIN_TAINTS)
 worker holding one of them no request that does not require it."""
 MAX_TAINT_BYTES = 1024
 """The length bound: a taint of more UTF-8 bytes is refused (1 KiB)."""
+DYNAMO_MAX_WEIGHT = 3.4028234663852886e38
+"""The largest preferred-taint weight NVIDIA Dynamo 1.6.1 takes: its weights are 32-bit
+floats (``f32``), any finite one."""
 
 _CONTROL = frozenset(("Cc", "Cf", "Cs", "Zl", "Zp"))
 # Default-ignorable characters outside those categories: they print as nothing.
@@ -343,19 +346,25 @@ class RoutingConstraints:
     ``required_taints``: the worker must hold every one (hard filter).
     ``preferred_taints``: taint → weight in [-1, 1]; matched weights are summed and bias the
     worker's cost by ``exp(-tanh(sum))`` (positive attracts, negative repels).
+    ``max_weight``: the largest weight, either way, accepted: 1 for dynamod's front; an
+    NVIDIA Dynamo fleet's router takes any finite 32-bit float (``DYNAMO_MAX_WEIGHT``),
+    and so does ``route explain`` there.
     """
 
     required_taints: frozenset[str] = frozenset()
     preferred_taints: Mapping[str, float] = field(default_factory=dict)
+    max_weight: float = field(default=1.0, compare=False)
 
     def __post_init__(self) -> None:
         for taint in self.required_taints:
             _constraint_taint("required_taints", taint)
+        bound = self.max_weight
         for taint, weight in self.preferred_taints.items():
             _constraint_taint("preferred_taints", taint)
-            if not math.isfinite(weight) or not -1.0 <= weight <= 1.0:
+            if not math.isfinite(weight) or not -bound <= weight <= bound:
                 raise ConstraintError(
-                    f"preferred taint {taint!r} has weight {weight}; weights must be from -1 to 1"
+                    f"preferred taint {taint!r} has weight {weight}; weights must be from "
+                    f"{-bound:g} to {bound:g}"
                 )
 
     @classmethod

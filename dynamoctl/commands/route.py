@@ -59,7 +59,9 @@ def explain(
     prefer: Annotated[
         list[str] | None,
         typer.Option(
-            help="A preferred taint and its weight in [-1, 1] (repeatable).", metavar="TAINT=WEIGHT"
+            help="A preferred taint and its weight in [-1, 1]; on an NVIDIA Dynamo fleet any "
+            "finite 32-bit float, as Dynamo takes (repeatable).",
+            metavar="TAINT=WEIGHT",
         ),
     ] = None,
     prompt: Annotated[
@@ -80,9 +82,10 @@ def explain(
     required = list(require or [])
 
     async def body(client: AsyncClient, printer: Printer) -> int:
-        from dynamod.taints import RoutingConstraints
+        from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints
 
-        RoutingConstraints(frozenset(required), preferred)  # the daemon's checks, first
+        # The daemon's checks, first; the weights' range is its fleet's (Dynamo's is wider).
+        RoutingConstraints(frozenset(required), preferred, DYNAMO_MAX_WEIGHT)
         info = await client.explain(model, required=required, preferred=preferred, prompt=prompt)
         _show(printer, info)
         return exits.OK

@@ -52,7 +52,8 @@ def ls(
     """List workers with their taints.
 
     Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
-    TAINTS, STATE (ready, cordoned, draining, drained or unhealthy), LOAD (requests this
+    TAINTS, STATE (ready, cordoned, draining, drained or unhealthy; on an NVIDIA Dynamo
+    fleet unreachable, or ready,cordon-not-honoured), LOAD (requests this
     dynamod has in flight on it, and what its engine reports), AGE; -o wide adds TOPOLOGY,
     REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
     500 from one snapshot, and each page is printed as it arrives. --watch then prints
@@ -124,6 +125,8 @@ def get(
         else:
             for line in formats.details_lines(formats.worker_details(info)):
                 printer.line(line)
+        if info.warning:
+            printer.note(f"warning: {info.warning}")
         return exits.OK
 
     execute(ctx, body)

@@ -27,7 +27,8 @@ from dynamod.results import (
     UpdateOutcome,
     WorkerInfo,
     WorkerState,
-    worker_state,
+    own_key,
+    record_state,
 )
 from dynamod.taints import UpdateAction
 from dynamod.targets import Target
@@ -53,7 +54,7 @@ KIND_NAMES = {number: name for name, number in KINDS.items()}
 # How each field's value comes from a record and its revision; load is set per call.
 _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     "id": lambda r, _: r.instance_id,
-    "key": lambda r, _: r.key,
+    "key": lambda r, _: own_key(r),
     "namespace": lambda r, _: r.namespace,
     "component": lambda r, _: r.component,
     "endpoint": lambda r, _: r.endpoint,
@@ -72,7 +73,7 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     "model_card_json": lambda r, _: jsoncodec.canonical(r.model_card.to_json()).decode(),
     # What the record alone says (idle, no engine report); a listing sends the state with
     # the load and the report after it when they change it (``worker_pages``).
-    "state": lambda r, _: str(worker_state(r.taints, IDLE, None)),
+    "state": lambda r, _: str(record_state(r, IDLE, None)),
 }
 
 
@@ -127,7 +128,8 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
     if message.HasField("engine"):
         fields = EngineLoad.__dataclass_fields__
         engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
-    return WorkerInfo(record, message.revision, load, engine, state_from_pb(message.state))
+    state = state_from_pb(message.state)
+    return WorkerInfo(record, message.revision, load, engine, state, message.key)
 
 
 def state_from_pb(text: str) -> WorkerState | None:

@@ -420,6 +420,7 @@ class RouterService(rpc.RouterServiceServicer):
             constraints = RoutingConstraints(
                 required_taints=frozenset(request.required_taints),
                 preferred_taints=dict(request.preferred_taints),
+                max_weight=self.api.control.max_weight,
             )
             info = await self.api.control.explain(request.model, constraints, request.prompt)
             return convert.explain_to_pb(info)

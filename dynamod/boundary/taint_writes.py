@@ -15,8 +15,11 @@
   daemon, a curl to the route) can still interleave, and then the wait ends in a
   ``WorkerUnavailableError`` naming what the store shows.
   The operator's cordon does not carry over: Dynamo's router ignores taints on a request
-  that requires none, so a cordon taint would not take the worker out of routing; such
-  an update is refused before anything is sent.
+  that requires none, so a cordon taint would not take the worker out of routing; an
+  update that would add one is refused before anything is sent. One set by hand through
+  the route (Dynamo takes any string) can be removed (``uncordon``, ``taints rm``): the
+  worker's state shows it as not honoured meanwhile (``results.worker_state``).
+  Keys in its outcomes and errors are Dynamo's own (the card's, ``v1/mdc/...``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dynamod.errors import (
     WorkerUnavailableError,
 )
 from dynamod.records import WorkerRecord
-from dynamod.results import UpdateOutcome
+from dynamod.results import UpdateOutcome, own_key
 from dynamod.store import Store
 from dynamod.store.dynamo import DynamoStore
 from dynamod.taints import (
@@ -119,8 +122,10 @@ class RouteWrites:
     settle_within: float = SETTLE_WITHIN
 
     def admit(self, update: TaintUpdate) -> None:
-        named = set(update.taints) | {key_of(t) for t in update.taints} | set(update.keys)
-        touched = sorted(named & (OPERATOR_TAINTS | {key_of(t) for t in OPERATOR_TAINTS}))
+        if update.action not in ("add", "replace"):
+            return  # removing one (uncordon, taints rm, clear) is taking it away: allowed
+        operators = OPERATOR_TAINTS | {key_of(t) for t in OPERATOR_TAINTS}
+        touched = sorted(set(update.taints) & operators)
         if touched:
             raise UnsupportedError(
                 f"taint {touched[0]!r} (the cordon) does not carry over to an NVIDIA Dynamo "
@@ -141,12 +146,13 @@ class RouteWrites:
     ) -> UpdateOutcome:
         # A Dynamo worker's card is always read again: its route has no compare-and-swap
         # for a known revision to stand in for.
-        fresh, revision = await self._read(record.key, expect_revision)
+        fresh, revision = await self._read(record, expect_revision)
         before = caller_taints(fresh.taints)
         after = update.apply(before)
         limits.check(before, after)
+        key = own_key(fresh)
         if after == before:
-            return UpdateOutcome(fresh.instance_id, fresh.key, fresh.taints, fresh.taints, revision)
+            return UpdateOutcome(fresh.instance_id, key, fresh.taints, fresh.taints, revision)
         wanted = _with_caller(fresh, after)
         check(fresh, wanted)
         await post_taints(
@@ -154,16 +160,18 @@ class RouteWrites:
         )
         shown = await self._settled(fresh, after)
         return UpdateOutcome(
-            fresh.instance_id, fresh.key, fresh.taints, wanted.taints, self.view.revision_of(shown)
+            fresh.instance_id, key, fresh.taints, wanted.taints, self.view.revision_of(shown)
         )
 
-    async def _read(self, key: str, expect: int | None) -> tuple[WorkerRecord, int]:
-        entry = await self.store.get(key)
+    async def _read(self, record: WorkerRecord, expect: int | None) -> tuple[WorkerRecord, int]:
+        entry = await self.store.get(record.key)
         if entry is None:
+            key = own_key(record)
             raise WorkerNotFoundError(key, f"no Dynamo worker is registered at {key!r}")
+        fresh = WorkerRecord.from_bytes(entry.value)
         if expect is not None and entry.revision != expect:
-            raise RevisionMismatchError(key, expect, entry.revision)
-        return WorkerRecord.from_bytes(entry.value), entry.revision
+            raise RevisionMismatchError(own_key(fresh), expect, entry.revision)
+        return fresh, entry.revision
 
     async def _settled(self, worker: WorkerRecord, wanted: tuple[str, ...]) -> str:
         """Wait until the view (the store, as watched) shows exactly ``wanted``."""

@@ -5,6 +5,12 @@ oracle the fast path (``choice.py``) is tested against. Each worker gets a row: 
 not eligible (``table.why_not``), why it is busy, its load here and the cost terms a
 decision would use; eligible free workers are ranked by cost, each with its chance of
 being picked (at temperature > 0 only the ``sample_candidates`` cheapest have one).
+
+On an NVIDIA Dynamo fleet the decision is Dynamo's frontend's, not this router's:
+``by_dynamo_rule`` keeps what is Dynamo's rule (which workers are eligible: every
+required taint held, an endpoint it can reach; the cordon means nothing there) and marks
+the rest as dynamod's guess (the ranking: Dynamo picks by load and KV cache state that
+dynamod never sees); ``dynamo_summary`` says so in words.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dynamod.records import WorkerRecord
 from dynamod.router.knobs import RouterKnobs
 from dynamod.router.prefix import OverlapSource
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities
-from dynamod.router.table import RoutingTable, why_not
+from dynamod.router.table import Ineligible, RoutingTable, why_not
 from dynamod.router.types import Explanation, Outcome, RouteRequest, WorkerExplanation
 from dynamod.taints import preference
 
@@ -101,3 +107,58 @@ def _ranked(config: RouterKnobs, rows: Iterable[WorkerExplanation]) -> list[Work
         replace(row, rank=n, probability=chance)
         for n, (row, chance) in enumerate(zip(order, chances, strict=True), 1)
     ]
+
+
+DYNAMO_RULE = "every required taint held; Dynamo does not honour the cordon"
+"""NVIDIA Dynamo 1.6.1's eligibility rule for a request, in words."""
+
+
+def by_dynamo_rule(explanation: Explanation) -> Explanation:
+    """``explanation`` as NVIDIA Dynamo's frontend would decide it, as far as a third party
+    can tell. Eligible is Dynamo's rule (``DYNAMO_RULE``) on a worker it can reach (one
+    that is unhealthy here is unreachable: dynamod's own check); dynamod's card checks and
+    this router's load do not apply. The rank is dynamod's cost on its own figures (no
+    load data from Dynamo), a guess: no chance of being picked is claimed."""
+    required = explanation.request.constraints.required_taints
+    rows = []
+    for row in explanation.workers:
+        missing = tuple(sorted(required - set(row.worker.taints)))
+        busy = row.busy if row.busy is Busy.UNHEALTHY else None
+        ineligible = Ineligible(missing) if missing else None
+        rows.append(replace(row, ineligible=ineligible, busy=busy, rank=None, probability=0.0))
+    free = sorted((r for r in rows if r.eligible and r.busy is None), key=lambda r: r.terms.cost)
+    ranked = [replace(row, rank=n) for n, row in enumerate(free, 1)]
+    rest = sorted(
+        (r for r in rows if not (r.eligible and r.busy is None)),
+        key=lambda r: (not r.eligible, r.worker.key),
+    )
+    outcome = Outcome.ROUTE if ranked else Outcome.NO_WORKER
+    return replace(explanation, outcome=outcome, workers=(*ranked, *rest), reason="")
+
+
+def dynamo_summary(explanation: Explanation) -> tuple[str, str]:
+    """The worker Dynamo's frontend would route to, when its rule alone decides ("" when
+    it picks among several, or refuses), and what an explanation by ``by_dynamo_rule``
+    means, in words: which part is Dynamo's rule and which dynamod's guess."""
+    model = explanation.request.model
+    constraints = explanation.request.constraints.describe()
+    candidates = [r.worker.instance_id for r in explanation.workers if r.rank]
+    if not explanation.workers:
+        refused = "NVIDIA Dynamo's frontend would refuse it at once (500)"
+        return "", f"{refused}: no worker serves {model!r}"
+    if not candidates:
+        return "", (
+            f"NVIDIA Dynamo's frontend would refuse it at once (500): by Dynamo's rule "
+            f"({DYNAMO_RULE}) no worker of {model!r} it can reach takes {constraints}"
+        )
+    if len(candidates) == 1:
+        return candidates[0], (
+            f"NVIDIA Dynamo's frontend would route to {candidates[0]}, the one worker of "
+            f"{model!r} that Dynamo's rule allows ({DYNAMO_RULE})"
+        )
+    return "", (
+        f"NVIDIA Dynamo's frontend would route to one of these {len(candidates)} workers of "
+        f"{model!r}: Dynamo's rule ({DYNAMO_RULE}). Which one is Dynamo's choice, by load "
+        "and KV cache state dynamod does not see: the rank and costs are dynamod's guess "
+        "(only the preference multiplier, exp(-tanh(sum of weights)), is Dynamo's formula)"
+    )

@@ -69,8 +69,14 @@ class FakeDynamoWorker:
     async def stop(self) -> None:
         if self.lease is not None:
             await self.etcd.revoke(self.lease)  # a graceful stop: everything goes
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.close_port()
+
+    async def close_port(self) -> None:
+        """Close its system port and every connection to it, and leave its keys: what a
+        SIGKILL does to a worker whose lease has not ended yet."""
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
     async def stored_taints(self) -> list[str]:
         entry = await self.etcd.get(values.card_key(self.number))

@@ -49,6 +49,17 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+class RoomyEtcd(EtcdServer):
+    """An etcd that takes requests of up to 256 MiB (its default is 1.5 MiB), as one
+    configured with a large ``--max-request-bytes`` does: a writer can put cards larger
+    than dynamod reads."""
+
+    MAX_REQUEST_BYTES = 256 * 1024 * 1024
+
+    def argv(self) -> list[str]:
+        return [*super().argv(), "--max-request-bytes", str(self.MAX_REQUEST_BYTES)]
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     name: str

@@ -1,7 +1,8 @@
 """Dynamo 1.6.1's captured records read as worker records: ids from the key, exact above
 2^53, the model, the taints split as Dynamo splits them, topology, the system address
-from the card (or the operator's template and map), LoRA cards with their base worker;
-and every shape the reader does not understand refused by name, never guessed at."""
+from the card (or the operator's template and map); every shape the reader does not
+understand refused by name, never guessed at; taints Dynamo holds that dynamod would not
+set named with their rule."""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ from dynamod.errors import ConfigError
 from dynamod.records import WorkerRecord
 from dynamod.store.base import Entry
 from dynamod.store.dynamo.addresses import SystemAddresses
-from dynamod.store.dynamo.cards import MAX_RECORD_BYTES, NotUnderstood, Parts, worker_record
+from dynamod.store.dynamo.cards import (
+    MAX_RECORD_BYTES,
+    WARNED_TAINTS,
+    NotUnderstood,
+    Parts,
+    taint_warnings,
+    worker_record,
+)
 from dynamod.store.dynamo.keys import WorkerRef, parse_key, parse_shown
 from tests.dynamo import values
 
@@ -90,10 +98,15 @@ def test_a_card_url_on_every_interface_takes_the_request_plane_host() -> None:
     assert read(card).system_address == "http://127.0.0.1:29001"
 
 
-def test_lora_adapters_are_listed_with_their_base_worker() -> None:
-    record = read(values.card(0x3B), loras=("lab-lora",))
-    assert record.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
-    assert record.model == "lab-model"
+def test_taints_dynamod_would_not_set_are_read_and_named_with_their_rule() -> None:
+    odd = ["dynamo.io/cordoned", "t" * 5000, "\u0000", *(f" pad{n} " for n in range(5))]
+    record = read(values.card(0x3B, taints=[*odd, "pool=a"], zone="b"))
+    assert set(record.taints) == {*odd, "pool=a", "dynamo.topology/zone=b"}
+    said = taint_warnings(record)
+    assert len(said) == 1 + WARNED_TAINTS + 1  # the cordon, three named, the rest counted
+    assert sum("NVIDIA Dynamo's router does not honour" in line for line in said) == 1
+    assert said[-1] == f"holds {len(odd) - 1 - WARNED_TAINTS} more taints dynamod would refuse"
+    assert taint_warnings(read(values.card(0x3C, taints=["pool=a"], zone="b"))) == []
 
 
 @pytest.mark.parametrize(
@@ -110,6 +123,9 @@ def test_lora_adapters_are_listed_with_their_base_worker() -> None:
         ({"runtime": {"taints": "gpu"}}, 'taints is "gpu", not an array'),
         ({"runtime": {"taints": [1]}}, "taints holds something other than strings"),
         ({"runtime": {"topology_domains": {"zone": 1}}}, "topology_domains has a value"),
+        ({"card_json": {"kv_cache_block_size": 0}}, "kv_cache_block_size is 0; it must be"),
+        ({"runtime": {"max_num_seqs": -3}}, "runtime_config.max_num_seqs is -3; it must be"),
+        ({"runtime": {"max_num_batched_tokens": 2**54}}, "max_num_batched_tokens is 1801"),
     ],
 )
 def test_a_shape_not_understood_names_the_key_and_the_field(

@@ -1,12 +1,15 @@
 """Dynamo's file store read in place: the captured tree of a live fleet listed, a
 rename (Dynamo's taint update) seen at once, temporary files skipped, keep-alive touches
-changing nothing, and a file older than 10 s dead by Dynamo's own rule, deleted or not."""
+changing nothing, a file older than 10 s dead by Dynamo's own rule, deleted or not, and
+a file too large to read refused unread."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import quote
@@ -17,6 +20,7 @@ from dynamod.errors import StoreUnavailableError, UnsupportedError
 from dynamod.records import WorkerRecord
 from dynamod.store import KEEP, Delete, Entry, Put, Resync
 from dynamod.store.dynamo import DynamoStore
+from dynamod.store.dynamo.cards import MAX_RECORD_BYTES
 from dynamod.store.dynamo.file_source import EXPIRY
 from tests.dynamo import values
 from tests.support.streams import next_event
@@ -58,7 +62,8 @@ async def test_the_captured_tree_lists_both_workers_with_the_lora(store: DynamoS
     entries, _ = await store.list("v1/workers")
     assert ids(entries) == [BASE, OTHER]
     base = WorkerRecord.from_bytes(next(e for e in entries if BASE in e.key).value)
-    assert base.model_card.extra["dynamo"]["loras"] == ["lab-lora"]
+    shown = store.with_adapters(base).extra["dynamo"]
+    assert (shown["loras"], shown["lora_count"]) == (["lab-lora"], 1)
     assert base.system_address.startswith("http://127.0.0.1:")
 
 
@@ -145,3 +150,30 @@ async def test_an_unreadable_store_is_unavailable_not_a_crash(
     bucket.write_text("not a directory")  # listing it fails as a permission error would
     with pytest.raises(StoreUnavailableError, match="cannot read Dynamo's file store"):
         await store.list("v1/workers")
+
+
+async def test_files_too_large_to_read_are_refused_unread_and_leave_nothing_behind(
+    store: DynamoStore, root: Path
+) -> None:
+    """Six cards of 5 MiB: each is refused by its size and counted, once (its keep-alive
+    touches change nothing), and none is read: the memory Python holds after them is
+    within one card of what it held before."""
+    await store.list("v1/workers")
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(0x6000, 0x6006):
+            card = file_of(root, values.card_key(number))
+            card.write_bytes(values.card(number)[:-1] + b',"pad":"' + b"x" * (5 << 20) + b'"}')
+            file_of(root, values.instance_key(number)).write_bytes(values.instance(number))
+        entries, _ = await store.list("v1/workers")
+        os.utime(card)  # a keep-alive touch of the last one
+        await store.list("v1/workers")
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert ids(entries) == [BASE, OTHER]
+    assert store.refusals.count == 6
+    assert after - before < MAX_RECORD_BYTES, f"{(after - before) / 2**20:.1f} MiB kept"

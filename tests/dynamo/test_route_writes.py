@@ -2,7 +2,10 @@
 workers that store their taints as Dynamo's route does (``fake_worker.py``): each update
 computed on the freshly read card, sent whole to the worker's own route, confirmed in
 the store; Dynamo's answers mapped to dynamod's errors; what does not carry over refused
-before anything is sent; one audit line per update. The real Dynamo is in
+before anything is sent; one audit line per update, under Dynamo's own key. What is
+shown is what Dynamo routes by: a hand-set cordon not honoured (and removable), a worker
+whose port refuses connection unreachable, LoRA adapters beside the worker, ``route
+explain`` by Dynamo's rule with dynamod's guess said to be one. The real Dynamo is in
 ``test_real_fleet.py``."""
 
 from __future__ import annotations
@@ -21,19 +24,23 @@ from dynamod.client import AsyncClient
 from dynamod.daemon import Daemon
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import (
+    ConstraintError,
     PermissionDeniedError,
     RevisionMismatchError,
     TaintError,
     UnsupportedError,
     WorkerUnavailableError,
 )
+from dynamod.results import WorkerState
 from dynamod.settings import DaemonSettings
 from dynamod.store.dynamo import DynamoStore
 from dynamod.store.etcd import EtcdStore
-from dynamod.taints import CORDONED, TaintLimits, TaintUpdate
+from dynamod.taints import CORDONED, DRAIN_TAINTS, TaintLimits, TaintUpdate
 from dynamod.targets import Target
 from tests.daemon.helpers import client_for, running_daemon, settings_for
-from tests.dynamo.fake_worker import FakeDynamoWorker, Mode
+from tests.dynamo import values
+from tests.dynamo.fake_worker import ROUTE, FakeDynamoWorker, Mode
+from tests.support.eventually import eventually
 
 ZONED, PLAIN = 0x13B0A2323C378618, 0x13B0A2323C37860C
 
@@ -155,13 +162,110 @@ async def test_a_reserved_taint_is_refused_before_anything_is_sent(fleet: Fleet)
     assert zoned.requests == 0
 
 
-async def test_the_cordon_is_refused_as_not_carrying_over(fleet: Fleet) -> None:
+async def test_adding_the_cordon_is_refused_as_not_carrying_over(fleet: Fleet) -> None:
     zoned = fleet.workers[f"{ZONED:x}"]
-    for update in (TaintUpdate.add([CORDONED]), TaintUpdate.remove([], keys=[CORDONED])):
+    for update in (TaintUpdate.add([CORDONED]), TaintUpdate.replace([CORDONED, "pool=a"])):
         with pytest.raises(UnsupportedError, match="ignores taints on requests that require none"):
             await fleet.client.update_taints(update, Target(worker=zoned.id))
     assert zoned.requests == 0
     assert [line["outcome"] for line in fleet.audit_lines()] == ["UnsupportedError"] * 2
+
+
+async def test_a_hand_set_cordon_is_shown_as_not_honoured_and_uncordon_removes_it(
+    fleet: Fleet,
+) -> None:
+    """Set through the worker's own route (Dynamo takes any string), the cordon does not
+    take the worker out of Dynamo's routing: it is shown ``ready,cordon-not-honoured``,
+    routable, eligible in ``route explain``; removing it (what ``uncordon`` sends, the
+    drain taint with it) goes through the route like any removal."""
+    zoned = fleet.workers[f"{ZONED:x}"]
+    async with aiohttp.ClientSession() as http:
+        body = {"taints": [CORDONED, "pool=slow"]}
+        async with http.post(f"http://127.0.0.1:{zoned.port}{ROUTE}", json=body) as answer:
+            assert answer.status == 200
+    info = await eventually(lambda: fleet.client.worker(zoned.id),
+                            lambda w: CORDONED in w.taints, what="the hand-set cordon")  # fmt: skip
+    assert info.state is WorkerState.CORDON_NOT_HONOURED and info.state.routable
+    listed = {w.id: w.state for w in await fleet.client.workers()}
+    assert listed[zoned.id] is WorkerState.CORDON_NOT_HONOURED
+    explained = await fleet.client.explain("lab-model", required=["pool=slow"])
+    assert explained.chosen == zoned.id  # Dynamo routes there, cordon or not
+    (done,) = await fleet.client.update_taints(TaintUpdate.remove(DRAIN_TAINTS),
+                                               Target(worker=zoned.id))  # fmt: skip
+    assert done.removed == (CORDONED,)
+    assert await zoned.stored_taints() == ["pool=slow"]
+    assert (await fleet.client.worker(zoned.id)).state is WorkerState.READY
+    (done,) = await fleet.client.update_taints(TaintUpdate.remove([CORDONED]),
+                                               Target(worker=zoned.id))  # fmt: skip
+    assert done.removed == () and zoned.requests == 2  # the hand-set POST, then the removal
+
+
+async def test_keys_shown_and_audited_are_dynamos_own(fleet: Fleet) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    card_key = values.card_key(ZONED)
+    info = await fleet.client.worker(zoned.id)
+    assert info.key == card_key
+    assert [w.key for w in await fleet.client.workers() if w.id == zoned.id] == [card_key]
+    (done,) = await fleet.client.update_taints(TaintUpdate.add(["gpu"]), Target(worker=card_key))
+    assert done.key == card_key  # and the key it is shown by names it
+    assert [line["key"] for line in fleet.audit_lines()] == [card_key]
+    assert (await fleet.client.worker(card_key)).id == zoned.id
+
+
+async def test_lora_adapters_are_shown_with_their_worker_and_change_nothing_else(
+    fleet: Fleet, dynamo_etcd: EtcdStore
+) -> None:
+    zoned = fleet.workers[f"{ZONED:x}"]
+    before = await fleet.client.worker(zoned.id)
+    for name in ("lora-b", "lora-a"):
+        value = values.lora_card(ZONED, name)
+        await dynamo_etcd.put(values.card_key(ZONED, name), value, lease=zoned.lease)
+    shown = await eventually(lambda: fleet.client.worker(zoned.id),
+                             lambda w: w.record.extra["dynamo"]["lora_count"] == 2,
+                             what="the two adapters")  # fmt: skip
+    assert shown.record.extra["dynamo"]["loras"] == ["lora-a", "lora-b"]
+    assert shown.revision == before.revision  # the worker itself did not change
+    assert "loras" not in shown.record.model_card.extra["dynamo"]
+
+
+async def test_a_worker_whose_port_refuses_connection_is_unreachable_until_its_lease_ends(
+    fleet: Fleet, dynamo_etcd: EtcdStore
+) -> None:
+    """Its process gone but its lease not yet over: dynamod's connection to its port ends,
+    the next is refused, and it is marked at once: not ready, not routable, left out by
+    ``route explain``; its record goes with its lease."""
+    victim = await FakeDynamoWorker(dynamo_etcd, 0x7E01, taints=("pool=v",)).start()
+    fleet.workers[victim.id] = victim
+    await eventually(lambda: fleet.client.workers(), lambda ws: victim.id in {w.id for w in ws},
+                     what="the victim listed")  # fmt: skip
+    await victim.close_port()  # what a SIGKILL does to its port; its keys stay
+    info = await eventually(lambda: fleet.client.worker(victim.id),
+                            lambda w: w.state is WorkerState.UNREACHABLE,
+                            what="the worker marked unreachable")  # fmt: skip
+    assert not WorkerState.UNREACHABLE.routable
+    assert info.engine is not None and "refuses connection" in info.engine.reason
+    explained = await fleet.client.explain("lab-model", required=["pool=v"])
+    (row,) = [c for c in explained.candidates if c.worker.id == victim.id]
+    assert not any(c.rank for c in explained.candidates) and explained.chosen == ""
+    assert row.reason.startswith("unreachable: its taint route's port 127.0.0.1:")
+    assert "would refuse it at once (500)" in explained.summary
+    assert victim.lease is not None
+    await dynamo_etcd.revoke(victim.lease)  # its lease ends: its record goes
+    await eventually(lambda: fleet.client.workers(),
+                     lambda ws: victim.id not in {w.id for w in ws},
+                     what="the victim gone")  # fmt: skip
+    victim.lease = None
+
+
+async def test_explain_says_what_is_dynamos_rule_and_what_dynamods_guess(fleet: Fleet) -> None:
+    explained = await fleet.client.explain("lab-model", preferred={"pool=slow": 5.0})
+    assert explained.chosen == ""  # two workers are eligible: Dynamo's own cost picks
+    assert "one of these 2 workers" in explained.summary
+    assert "Dynamo's rule (every required taint held" in explained.summary
+    assert "dynamod's guess" in explained.summary
+    assert sorted(c.rank for c in explained.candidates) == [1, 2]
+    with pytest.raises(ConstraintError, match="weights must be from"):
+        await fleet.client.explain("lab-model", preferred={"pool=slow": float("inf")})
 
 
 async def test_if_revision_compares_the_cards_revision(fleet: Fleet) -> None:
@@ -172,6 +276,7 @@ async def test_if_revision_compares_the_cards_revision(fleet: Fleet) -> None:
             TaintUpdate.add(["x"]), Target(worker=zoned.id, expect_revision=revision - 1)
         )
     assert (caught.value.expected, caught.value.actual) == (revision - 1, revision)
+    assert caught.value.key == values.card_key(ZONED)  # Dynamo's key, not the view's
     (done,) = await fleet.client.update_taints(
         TaintUpdate.add(["x"]), Target(worker=zoned.id, expect_revision=revision)
     )
@@ -216,13 +321,16 @@ async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
     dynamo_etcd: EtcdStore, dynamo_url: str, tmp_path: Path
 ) -> None:
     """The daemon opens the store itself (as in production) and counts each record it
-    leaves out; the fleet's other workers are listed."""
-    from tests.dynamo import values
-
-    good, bad = 0x5A5A, 0x5B5B
+    leaves out (a field of another type, a count out of range) and each taint it warns
+    of (a hand-set cordon, one past dynamod's grammar); the fleet's other workers are
+    listed."""
+    good, bad, seqs, odd = 0x5A5A, 0x5B5B, 0x5C5C, 0x5D5D
     lease = await dynamo_etcd.grant(30)
     card = values.mutated(values.card(bad), card_json={"kv_cache_block_size": "64"})
-    for number, value in ((good, values.card(good)), (bad, card)):
+    negative = values.mutated(values.card(seqs), runtime={"max_num_seqs": -1})
+    cordoned = values.card(odd, taints=[CORDONED, "x" * 2000])
+    for number, value in ((good, values.card(good)), (bad, card), (seqs, negative),
+                          (odd, cordoned)):  # fmt: skip
         await dynamo_etcd.put(values.card_key(number), value, lease=lease)
         await dynamo_etcd.put(values.instance_key(number), values.instance(number), lease=lease)
     settings = DaemonSettings(
@@ -247,8 +355,9 @@ async def test_a_card_not_understood_is_counted_in_the_daemons_metrics(
         daemon.stop()
         async with asyncio.timeout(20):
             await running
-    assert 'dynamod_dynamo_records_refused_total{kind="card"} 1.0' in metrics
-    assert listed == {f"{good:x}"}
+    assert 'dynamod_dynamo_records_refused_total{kind="card"} 2.0' in metrics
+    assert "dynamod_dynamo_taint_warnings_total 2.0" in metrics  # the cordon, the long taint
+    assert listed == {f"{good:x}", f"{odd:x}"}
 
 
 async def test_the_front_points_at_dynamos_frontend(fleet: Fleet) -> None:

@@ -108,7 +108,9 @@ class Worker(_message.Message):
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
-    """store key: v1/workers/<ns>/<component>/<endpoint>/<id>"""
+    """store key: v1/workers/<ns>/<component>/<endpoint>/<id>; an NVIDIA Dynamo worker's is
+    its own card's, v1/mdc/<ns>/<component>/<endpoint>/<id>
+    """
     namespace: _builtins.str
     component: _builtins.str
     endpoint: _builtins.str
@@ -131,8 +133,10 @@ class Worker(_message.Message):
     model_card_json: _builtins.str
     """its model card (also inside record_json)"""
     state: _builtins.str
-    """ready, cordoned, draining, drained or unhealthy (dynamod.results.worker_state): from
-    its taints, this daemon's load on it and its engine's report, as the answer is sent
+    """ready, cordoned, draining, drained, unhealthy, unreachable or (an NVIDIA Dynamo worker
+    holding a cordon Dynamo does not honour) ready,cordon-not-honoured
+    (dynamod.results.worker_state): from its taints, this daemon's load on it and its
+    engine's report, as the answer is sent
     """
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:

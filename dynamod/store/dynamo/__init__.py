@@ -13,7 +13,10 @@ and how its changes become ours (``roster``), where its system port is (``addres
 see each module. A record this reader does not understand (a field missing or of another
 type, another ``type``, an id that is not its key's) leaves that worker out, with one
 error in the log naming the key and the field, and the ``on_refused`` callback (the
-daemon's ``dynamod_dynamo_records_refused_total``); it never stops the feed.
+daemon's ``dynamod_dynamo_records_refused_total``); it never stops the feed. A worker
+holding taints dynamod would not set (the cordon by hand, one its grammar refuses) is read
+as it is, with a warning (``on_warned``). A LoRA adapter's card is a name kept beside its
+worker (``roster``), shown by ``DynamoStore.with_adapters``.
 
 Sources (``store.Source``): etcd through our own etcd store (``etcd_source``), Dynamo's
 file store through inotify and a scan (``file_source``: liveness by Dynamo's own mtime

@@ -28,10 +28,21 @@ key's hex segment                      ``instance_id`` (and the key under ``v1/w
 ``kv_transfer_*``
 the card's file URLs                   ``system_address`` (``addresses``)
 ``v1/instances/...`` ``transport``     ``address`` (``tcp://host:port``), ``host``
-LoRA cards below the card              ``model_card.dynamo.loras`` (their names): listed
-                                       with the base worker, never written; workers that
-                                       serve other adapters are not alike (mdcsum)
+LoRA cards below the card              not in the record: the roster keeps their names
+                                       (``roster``), ``workers get`` shows them
 =====================================  =====================================================
+
+Counts are checked here, by Dynamo's names, with the rule the record's reader applies
+(a block size of at least 1, counts below 2^53, ...): a card that breaks one is refused
+as not understood, under its own key, and counted, never handed on to be refused later.
+A record over ``MAX_RECORD_BYTES`` is never read: a source hands on a ``TooLarge`` (its
+key, size and revision) instead of its bytes, and it is refused as such.
+
+Taints are Dynamo's: any string. A worker may hold one dynamod's grammar refuses (5,000
+bytes, a control character) or the operator's cordon set by hand through its route,
+which Dynamo's router does not honour. Such a worker is read as it is, with
+``taint_warnings`` naming each of those taints and the rule (the roster logs them once
+per revision, and counts them).
 """
 
 from __future__ import annotations
@@ -43,12 +54,12 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from dynamod import jsoncodec
-from dynamod.errors import InvalidInputError
-from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord
+from dynamod.errors import InvalidInputError, TaintError
+from dynamod.records import MAX_COUNT, ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store.base import Entry
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.keys import WorkerRef
-from dynamod.taints import normalize
+from dynamod.taints import OPERATOR_TAINTS, caller_taints, normalize, validate
 
 Json = dict[str, Any]
 RecordKind = Literal["card", "instance"]
@@ -58,6 +69,8 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 """A record larger than this is not read (a captured card is ~2 KB; etcd takes 1.5 MiB)."""
 MODEL_FIELDS = ("slug", "model_type", "model_input", "worker_type")
 """What of the card describes the model (workers serving it alike share an mdcsum)."""
+WARNED_TAINTS = 3
+"""How many of a card's odd taints ``taint_warnings`` names one by one."""
 
 
 class NotUnderstood(Exception):
@@ -71,22 +84,38 @@ class NotUnderstood(Exception):
 
 
 @dataclass(frozen=True)
-class Parts:
-    """What Dynamo holds of one worker: its card, its endpoint record, its LoRA cards."""
+class TooLarge:
+    """A record over ``MAX_RECORD_BYTES``, in place of its bytes: what a source keeps of
+    one, so that a refused record holds no memory."""
 
-    card: Entry
-    instance: Entry
-    loras: tuple[Entry, ...] = ()
+    key: str
+    size: int
+    revision: int
+
+
+Part = Entry | TooLarge
+
+
+def bounded(entry: Entry) -> Part:
+    """``entry``, or a ``TooLarge`` when it is over ``MAX_RECORD_BYTES``."""
+    size = len(entry.value)
+    return TooLarge(entry.key, size, entry.revision) if size > MAX_RECORD_BYTES else entry
+
+
+@dataclass(frozen=True)
+class Parts:
+    """What Dynamo holds of one worker: its card and its endpoint record."""
+
+    card: Part
+    instance: Part
 
     @property
     def revision(self) -> int:
-        """The revision of the newest part."""
-        return max(e.revision for e in (self.card, self.instance, *self.loras))
+        """The revision of the newer part."""
+        return max(self.card.revision, self.instance.revision)
 
 
-def worker_record(
-    ref: WorkerRef, parts: Parts, addresses: SystemAddresses, loras: tuple[str, ...] = ()
-) -> WorkerRecord:
+def worker_record(ref: WorkerRef, parts: Parts, addresses: SystemAddresses) -> WorkerRecord:
     """The worker as our record; ``NotUnderstood`` when a part cannot be read."""
     card = _Fields(_object(parts.card, "card"), parts.card.key, "card")
     _check_identity(card, ref)
@@ -100,7 +129,7 @@ def worker_record(
         component=ref.component,
         endpoint=ref.endpoint,
         address=address,
-        model_card=_model_card(model, runtime, loras),
+        model_card=_model_card(model, runtime),
         runtime_config=_runtime(runtime),
         system_address=addresses.of(ref.instance, host, model.obj),
         host=host,
@@ -114,31 +143,59 @@ def worker_record(
     )
 
 
-def _model_card(model: _Fields, runtime: _Fields, loras: tuple[str, ...]) -> ModelCard:
+def taint_warnings(record: WorkerRecord) -> list[str]:
+    """What to say of the caller taints a Dynamo worker holds that dynamod would not set:
+    the operator's, which Dynamo's router does not honour, and those its grammar refuses
+    (at most ``WARNED_TAINTS`` named, then how many more)."""
+    said: list[str] = []
+    odd = 0
+    for taint in caller_taints(record.taints):
+        if taint in OPERATOR_TAINTS:
+            said.append(
+                f"holds {taint!r}, which NVIDIA Dynamo's router does not honour: requests "
+                "that require no taint still go to it (dynamoctl workers uncordon removes it)"
+            )
+            continue
+        try:
+            validate(taint)
+        except TaintError as exc:
+            odd += 1
+            if odd <= WARNED_TAINTS:
+                said.append(f"holds a taint dynamod would refuse: {exc}; read as Dynamo holds it")
+    if odd > WARNED_TAINTS:
+        said.append(f"holds {odd - WARNED_TAINTS} more taints dynamod would refuse")
+    return said
+
+
+def _model_card(model: _Fields, runtime: _Fields) -> ModelCard:
     defaults = ModelCard(name="")
     described = {k: model.obj[k] for k in MODEL_FIELDS if k in model.obj}
     return ModelCard(
         name=_name(model),
         engine=ENGINE,
-        kv_block_size=model.need("kv_cache_block_size", int),
+        kv_block_size=model.count("kv_cache_block_size", 1, None),
         context_length=_context(model),
-        max_num_batched_tokens=runtime.get("max_num_batched_tokens", int)
+        max_num_batched_tokens=runtime.count("max_num_batched_tokens", 0, 0)
         or defaults.max_num_batched_tokens,
-        max_num_seqs=runtime.get("max_num_seqs", int) or defaults.max_num_seqs,
-        total_kv_blocks=runtime.get("total_kv_blocks", int) or defaults.total_kv_blocks,
-        extra={"dynamo": {**described, "loras": list(loras)}},
+        max_num_seqs=runtime.count("max_num_seqs", 0, 0) or defaults.max_num_seqs,
+        total_kv_blocks=runtime.count("total_kv_blocks", 0, 0) or defaults.total_kv_blocks,
+        extra={"dynamo": described},
     )
 
 
-def _object(entry: Entry, kind: RecordKind) -> Json:
-    if len(entry.value) > MAX_RECORD_BYTES:
-        raise NotUnderstood(entry.key, kind, f"over {MAX_RECORD_BYTES} bytes long")
+def _object(part: Part, kind: RecordKind) -> Json:
+    if isinstance(part, Entry):
+        part = bounded(part)
+    if isinstance(part, TooLarge):
+        raise NotUnderstood(
+            part.key, kind, f"{part.size} bytes long, over {MAX_RECORD_BYTES} bytes; not read"
+        )
     try:
-        obj = jsoncodec.read(entry.value, "the record")
+        obj = jsoncodec.read(part.value, "the record")
     except InvalidInputError as exc:
-        raise NotUnderstood(entry.key, kind, str(exc)) from None
+        raise NotUnderstood(part.key, kind, str(exc)) from None
     if not isinstance(obj, dict):
-        raise NotUnderstood(entry.key, kind, f"a JSON {type(obj).__name__}, not an object")
+        raise NotUnderstood(part.key, kind, f"a JSON {type(obj).__name__}, not an object")
     return obj
 
 
@@ -160,6 +217,21 @@ class _Fields:
         value = self.get(name, kind)
         if value is None:
             raise self.refuse(f"{self._path(name)} is missing")
+        return value
+
+    def count(self, name: str, low: int, default: int | None) -> int:
+        """An integer field from ``low`` to ``MAX_COUNT``; absent (null): ``default``
+        (None: it is required). The rule a worker record's reader applies, by Dynamo's
+        name for the field."""
+        value: int | None = self.get(name, int)
+        if value is None:
+            if default is None:
+                raise self.refuse(f"{self._path(name)} is missing")
+            return default
+        if not low <= value <= MAX_COUNT:
+            raise self.refuse(
+                f"{self._path(name)} is {value}; it must be an integer from {low} to {MAX_COUNT}"
+            )
         return value
 
     def strings(self, name: str) -> tuple[str, ...]:
@@ -212,10 +284,11 @@ def _name(model: _Fields) -> str:
 
 
 def _context(model: _Fields) -> int:
-    context: int = model.get("context_length", int) or 0
-    if context <= 0:
-        context = model.get("architectural_max_context_length", int) or 0
-    return context if context > 0 else ModelCard(name="").context_length
+    """``context_length``; 0 (or absent): the architectural maximum; both 0: the default."""
+    context = model.count("context_length", 0, 0)
+    if context == 0:
+        context = model.count("architectural_max_context_length", 0, 0)
+    return context or ModelCard(name="").context_length
 
 
 def _runtime(runtime: _Fields) -> RuntimeConfig:
@@ -229,7 +302,7 @@ def _runtime(runtime: _Fields) -> RuntimeConfig:
     )
 
 
-def _transport(instance: Entry) -> tuple[Mapping[str, str], str, str]:
+def _transport(instance: Part) -> tuple[Mapping[str, str], str, str]:
     """The endpoint record's transport, as Dynamo wrote it, its address and its host."""
     fields = _Fields(_object(instance, "instance"), instance.key, "instance")
     transport = fields.need("transport", dict)

@@ -19,6 +19,11 @@ unlink: at once) and a scan every ``tick`` (1 s: the expiry rule, keep-alive tou
 directories that did not exist yet, or no inotify at all). A scan stats every file and
 reads only those whose inode, size or mtime changed, in a thread. Revisions are this
 process's own counter: one per change seen, comparable only within this store.
+
+Reads are bounded: a file larger than ``MAX_RECORD_BYTES`` by its size is not read at
+all, one that grew past it meanwhile is read no further than that, and either is handed
+on as a ``TooLarge`` (refused, nothing kept). A LoRA adapter's card is never read: only
+its name counts (``roster``).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -37,8 +42,8 @@ from urllib.parse import unquote
 from dynamod.errors import StoreUnavailableError
 from dynamod.store.base import Delete, Entry, Put, Watch
 from dynamod.store.dynamo.addresses import SystemAddresses
-from dynamod.store.dynamo.cards import MAX_RECORD_BYTES
-from dynamod.store.dynamo.keys import WorkerRef
+from dynamod.store.dynamo.cards import MAX_RECORD_BYTES, Part, TooLarge
+from dynamod.store.dynamo.keys import WorkerRef, parse_key
 from dynamod.store.dynamo.roster import Change, Refusals, Roster
 from dynamod.store.file.inotify import IN_CREATE, IN_DELETE, IN_MOVED_TO, Inotify
 from dynamod.tasks import cancel_and_wait
@@ -56,12 +61,13 @@ MASK: Final = IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM
 
 @dataclass(frozen=True)
 class Seen:
-    """A file as last read: what tells a change, and its value at our revision."""
+    """A file as last read: what tells a change, and its value at our revision (None for
+    a file that is never read: a LoRA card)."""
 
     inode: int
     size: int
     mtime_ns: int
-    entry: Entry
+    part: Part | None
 
 
 class Scanner:
@@ -102,20 +108,50 @@ class Scanner:
                 return False, None  # dead by Dynamo's own rule, deleted or not
             if old is not None and (old.inode, old.size, old.mtime_ns) == _identity(stat):
                 return True, None
-            with path.open("rb") as file:
-                value = file.read(MAX_RECORD_BYTES + 1)  # the reader refuses more
+            if _is_lora(key):  # only its name counts: seen once, never read
+                self._seen[key] = Seen(*_identity(stat), None)
+                return True, None if old is not None else Put(Entry(key, b"", self._next()))
+            value = _read(path, stat.st_size)
         except FileNotFoundError:
             return False, None  # removed between the listing and now
-        if old is not None and old.entry.value == value:
-            self._seen[key] = Seen(*_identity(stat), old.entry)  # a keep-alive touch
+        if old is not None and _same(old.part, value, stat.st_size):
+            self._seen[key] = Seen(*_identity(stat), old.part)  # a keep-alive touch
             return True, None
-        entry = Entry(key, value, self._next())
-        self._seen[key] = Seen(*_identity(stat), entry)
-        return True, Put(entry)
+        part: Part
+        if value is None:
+            part = TooLarge(key, stat.st_size, self._next())
+            change: Change = part
+        else:
+            part = Entry(key, value, self._next())
+            change = Put(part)
+        self._seen[key] = Seen(*_identity(stat), part)
+        return True, change
 
     def _next(self) -> int:
         self.revision += 1
         return self.revision
+
+
+def _read(path: Path, size: int) -> bytes | None:
+    """The file's bytes, or None when it is over ``MAX_RECORD_BYTES`` (by its size, or by
+    what it holds now: read no further than one byte past the limit)."""
+    if size > MAX_RECORD_BYTES:
+        return None
+    with path.open("rb") as file:
+        value = file.read(MAX_RECORD_BYTES + 1)
+    return None if len(value) > MAX_RECORD_BYTES else value
+
+
+def _same(part: Part | None, value: bytes | None, size: int) -> bool:
+    """Whether a file read again holds what it held (a large one: as large as it was)."""
+    if isinstance(part, Entry):
+        return part.value == value
+    return isinstance(part, TooLarge) and value is None and part.size == size
+
+
+def _is_lora(key: str) -> bool:
+    found = parse_key(key)
+    return found is not None and found.kind == "lora"
 
 
 def _names(directory: Path) -> list[str]:
@@ -179,6 +215,9 @@ class FileSource:
     async def get(self, ref: WorkerRef) -> Entry | None:
         await self.scan()
         return self._roster.entry(ref)
+
+    def adapters(self, ref: WorkerRef) -> Collection[str]:
+        return self._roster.adapters(ref)
 
     async def ping(self) -> None:
         if not await asyncio.to_thread(self.root.is_dir):

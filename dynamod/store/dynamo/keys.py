@@ -57,8 +57,9 @@ class WorkerRef:
         return f"{INSTANCES}/{self._path}"
 
     @property
-    def shown_key(self) -> str:
-        """Where the worker is shown: our workers prefix."""
+    def view_key(self) -> str:
+        """The key the worker view holds it under: our workers prefix. Only the view sees
+        it; what an operator is shown is Dynamo's own ``card_key``."""
         return worker_key(self.namespace, self.component, self.endpoint, self.instance)
 
     @property

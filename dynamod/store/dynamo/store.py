@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Protocol, Self
+import heapq
+from collections.abc import Callable, Collection
+from dataclasses import replace
+from typing import Final, Protocol, Self
 
 from dynamod.errors import UnsupportedError
+from dynamod.records import WorkerRecord
 from dynamod.store.base import Entry, Lease, LeaseArg, Store, Watch, validate_key
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.cards import RecordKind
-from dynamod.store.dynamo.keys import WorkerRef, parse_shown
+from dynamod.store.dynamo.keys import WorkerRef, parse_key, parse_shown
 from dynamod.store.dynamo.roster import Refusals
 from dynamod.store.dynamo.url import check_url, parse_url
+
+SHOWN_ADAPTERS: Final = 100
+"""How many of a worker's LoRA adapters ``with_adapters`` names (the first, by name)."""
 
 
 class Source(Protocol):
@@ -27,6 +33,9 @@ class Source(Protocol):
 
     async def ping(self) -> None:
         """Return if the fleet's store answers, else raise ``StoreUnavailableError``."""
+
+    def adapters(self, ref: WorkerRef) -> Collection[str]:
+        """The LoRA adapters the worker has cards for, as the feed last saw them."""
 
     def stream(self, watch: Watch) -> contextlib.AbstractAsyncContextManager[None]:
         """Feed ``watch`` (``Store._stream``'s contract, always from a ``Resync``)."""
@@ -50,13 +59,15 @@ class DynamoStore(Store):
         *,
         addresses: SystemAddresses | None = None,
         on_refused: Callable[[RecordKind], None] | None = None,
+        on_warned: Callable[[], None] | None = None,
     ) -> Self:
         """Open the fleet's store. ``addresses``: how to find each worker's system port
         (the card's URLs by default); ``on_refused``: called once per record that is not
-        understood, with its kind (the daemon counts them)."""
+        understood, with its kind, and ``on_warned`` once per warning about a worker read
+        (the daemon counts both: ``roster.Refusals``)."""
         target = parse_url(url)
         addresses = addresses or SystemAddresses()
-        refusals = Refusals(on_refused)
+        refusals = Refusals(on_refused, on_warned)
         source: Source
         if target.root is not None:
             from dynamod.store.dynamo.file_source import FileSource
@@ -83,6 +94,23 @@ class DynamoStore(Store):
     async def list(self, prefix: str) -> tuple[list[Entry], int]:
         self._check_open()
         return await self.source.list(validate_key(prefix, prefix=True))
+
+    def view_ref(self, ref: str) -> str:
+        """``ref`` (what an operator names a worker by), with a Dynamo card's key, as shown
+        (``v1/mdc/...``), turned into the key the worker view holds it at."""
+        found = parse_key(ref)
+        return found.worker.view_key if found is not None and found.kind == "card" else ref
+
+    def with_adapters(self, record: WorkerRecord) -> WorkerRecord:
+        """``record`` with its LoRA adapters in ``extra.dynamo``: ``lora_count`` and the
+        first ``SHOWN_ADAPTERS`` names (``loras``). They are no part of the record the view
+        and the router hold (``roster``: an adapter's card costs O(1)); this is what
+        ``workers get`` shows."""
+        ref = parse_shown(record.key)
+        names = self.source.adapters(ref) if ref is not None else ()
+        shown = heapq.nsmallest(SHOWN_ADAPTERS, names)
+        dynamo = {**record.extra.get("dynamo", {}), "loras": shown, "lora_count": len(names)}
+        return replace(record, extra={**record.extra, "dynamo": dynamo})
 
     async def put(
         self, key: str, value: bytes, *, expect: int | None = None, lease: LeaseArg = None

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import grpc
 from aetcd import rpc
 
 from dynamod.backoff import Backoff
@@ -121,7 +122,7 @@ class WatchStream:
             progress_notify=True,
         )
         call = member.watch.Watch(metadata=member.metadata + REQUIRE_LEADER)
-        responses = aiter(call)
+        responses = _responses(call)
         try:
             created = await self._created(call, responses, create, member, deadline)
         except BaseException:
@@ -167,6 +168,7 @@ class WatchStream:
                         return received, self._canceled(response)
                     received = True
                     self._push(response, position)
+                    del response  # not kept while the next one is awaited (see _responses)
         except MemberFailed as exc:
             log.warning("a watch stream on %s broke: %s", self._members.url, exc)
         except StoreClosedError:
@@ -249,3 +251,15 @@ class WatchStream:
                     failures,
                 )
             return stream, position is not None
+
+
+async def _responses(call: Any) -> AsyncIterator[Message]:
+    """The stream's responses, as ``aiter(call)`` gives them, except that none is held
+    while the next one is awaited: gRPC's own iterator keeps the last until the next
+    arrives, and on a quiet watch that may be ten minutes of one large value."""
+    while True:
+        response = await call.read()
+        if response is grpc.aio.EOF:
+            return
+        yield response
+        del response
