@@ -162,6 +162,34 @@ class Load:
         self.thread.join(timeout=60)
 
 
+class Churn:
+    """A taint added to and removed from ``worker`` through each daemon in turn, every
+    2 s, until ``stop()``: every daemon keeps measuring taint propagation, so the
+    propagation panels have samples in any window of the load, however late a test
+    looks (the fixture's own changes age out of a 1m rate). Bounded: ten minutes."""
+
+    def __init__(self, fleet: Fleet, daemons: list[Spawned], worker: str) -> None:
+        self.fleet, self.daemons, self.worker = fleet, daemons, worker
+        self.done = threading.Event()
+        self.failures = 0
+        self.thread = threading.Thread(target=self._run, name="churn", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        end = time.monotonic() + 600
+        count = 0
+        while not self.done.wait(2.0) and time.monotonic() < end:
+            daemon = self.daemons[count % len(self.daemons)]
+            verb = "add" if count % 2 == 0 else "rm"
+            count += 1
+            done = self.fleet.ctl(daemon, "taints", verb, self.worker, "x/churn", check=False)
+            self.failures += done.returncode != 0  # a daemon that was just killed
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(timeout=90)
+
+
 @dataclass
 class Scraped:
     fleet: Fleet
@@ -200,7 +228,7 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         stack.callback(fleet.stop)
         daemons = {name: fleet.daemon(name, settings=SETTINGS) for name in ("d1", "d2")}
         d1 = daemons["d1"]
-        pooled_a, _, plain, _ = fleet.start_workers(
+        pooled_a, _, plain, odd = fleet.start_workers(
             ("--taint", "role=pooled"), ("--taint", "role=pooled"), ("--taint", "role=plain"),
             ("--block-size", "32"),  # reads requests otherwise: left out, and counted
         )  # fmt: skip
@@ -213,6 +241,8 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
         stack.callback(prometheus.stop)
         load = Load([d.field("http") for d in daemons.values()])
         stack.callback(load.stop)
+        churn = Churn(fleet, list(daemons.values()), odd)
+        stack.callback(churn.stop)
         (root / "split.yaml").write_text(POLICY)
         fleet.ctl(d1, "pools", "apply", "-f", str(root / "split.yaml"))
         fleet.ctl(d1, "workers", "cordon", plain)
