@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from dynamod.store import Store, open_store
+from tests.support import envs
 from tests.support.servers import (
     Cluster,
     EtcdServer,
@@ -27,6 +28,14 @@ from tests.support.servers import (
 
 BACKENDS = ["memory", "file", "etcd", "nats"]
 SHARED_BACKENDS = ["file", "etcd", "nats"]  # the ones several OS processes can share
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the cached environments the collected tests need, before the first test (and
+    its timeout) starts."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = envs.say_on_stderr if reporter is None else reporter.write_line
+    envs.prepare(session.items, say)
 
 
 @contextlib.contextmanager

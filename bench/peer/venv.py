@@ -11,19 +11,26 @@ and mocker really import (``REQUIREMENTS``, from the package's metadata minus ai
 
 The venv is built in ``<dir>.partial-<pid>`` and renamed into place only once Dynamo
 imports there, with a ``dynamod-bench.json`` stamp naming what was installed: an
-interrupted install leaves no half venv to be mistaken for a good one. Its programs are
+interrupted install leaves no half venv to be mistaken for a good one, and the next build
+removes what a killed one left. Builders take ``<dir>.lock`` (``flock``) first, so two
+runs at once build it once. Its programs are
 started with ``<venv>/bin/python -m ...``, never through entry-point scripts, so the venv
 works at the path it was renamed to.
+
+``python -m bench.peer.venv`` builds it (``scripts/test`` does, before pytest starts).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +63,22 @@ def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+@contextlib.contextmanager
+def _locked(venv: Path) -> Iterator[None]:
+    """Hold ``<venv>.lock``: one builder at a time, across processes."""
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.with_name(f"{venv.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def ensure(venv: Path) -> dict[str, Any]:
     """The stamp of a ready venv at ``venv``; installs it first if there is none."""
+    with _locked(venv):
+        return _ensure(venv)
+
+
+def _ensure(venv: Path) -> dict[str, Any]:
     stamp = venv / STAMP
     if stamp.exists():
         found: dict[str, Any] = json.loads(stamp.read_text())
@@ -77,6 +98,8 @@ def _wanted() -> tuple[str, ...]:
 
 
 def _install(venv: Path) -> dict[str, Any]:
+    for stale in venv.parent.glob(f"{venv.name}.partial-*"):  # a killed build's (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
     partial = venv.with_name(f"{venv.name}.partial-{os.getpid()}")
     print(
         f"installing Dynamo {DYNAMO_VERSION} into {venv} (first run only; pip's complaint "
@@ -116,3 +139,18 @@ def _freeze(venv: Path) -> dict[str, str]:
     listed = json.loads(subprocess.run(argv, capture_output=True, check=True, text=True).stdout)
     keep = {"ai-dynamo", "ai-dynamo-runtime", "tokenizers", "transformers", "aiohttp", "uvloop"}
     return {p["name"]: p["version"] for p in listed if p["name"].lower() in keep}
+
+
+def main() -> None:
+    """Build the venv when missing, saying so and how long it took."""
+    venv = default_dir()
+    started = time.monotonic()
+    ready = (venv / STAMP).exists()
+    ensure(venv)
+    took = time.monotonic() - started
+    print(f"== Dynamo {DYNAMO_VERSION} venv {'cached' if ready else 'built'} in {venv} "
+          f"({took:.0f} s)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -34,6 +34,7 @@ from dynamod.results import WorkerState
 from dynamod.store.dynamo.file_source import EXPIRY, TICK
 from dynamod.taints import CORDONED
 from tests.dynamo.fleet import DynamoFleet, WorkerSpec, build_model, post_json, until
+from tests.support import envs
 from tests.support.processes import Spawned, daemon_argv, dynamoctl, env, started
 from tests.support.servers import require_servers
 
@@ -52,16 +53,14 @@ UNREADY_WITHIN = 5.0  # s: a killed worker is shown not ready within this (issue
 
 @pytest.fixture(scope="session")
 def dynamo_venv() -> Path:
-    """Dynamo's venv, built through the same code as the peer benchmark when missing
-    (~60 s; a failure to build it fails CI and skips elsewhere)."""
-    venv = peer_venv.default_dir()
+    """Dynamo's venv, built before the session by ``tests/support/envs.py`` through the
+    same code as the peer benchmark (a failure to build it fails CI and skips elsewhere)."""
     try:
-        peer_venv.ensure(venv)
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        return envs.dynamo_venv()
+    except envs.EnvMissing as exc:
         if require_servers():
             pytest.fail(f"CI needs NVIDIA Dynamo {peer_venv.DYNAMO_VERSION}: {exc}")
-        pytest.skip(f"no NVIDIA Dynamo {peer_venv.DYNAMO_VERSION} venv: {exc}")
-    return venv
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

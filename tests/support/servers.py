@@ -5,6 +5,10 @@ A server is ready when its own health signal says so (etcd ``/health``, nats ``/
 teardown is terminate-then-kill; a failure message carries the tail of the server's log.
 ``stop()`` / ``start()`` keep the ports and the data directory, for fault tests.
 
+Ports come from ``tests.support.ports``; a server that has never been ready and fails with
+"address already in use" is started again on fresh ports (a cluster: all of its members),
+up to ``PORT_TRIES`` times. A cluster whose start fails stops every member it launched.
+
 A server can require TLS with client certificates (a ``tests.support.pki.Pki``), etcd can require
 a user (``enable_auth``), nats-server a user and password; ``EtcdCluster`` and
 ``NatsCluster`` are three members on loopback, each of which can be stopped and started.
@@ -17,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,21 +30,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from tests.support.ports import free_port, in_use
+
 if TYPE_CHECKING:
     import ssl
 
     from tests.support.pki import Pki
+
+__all__ = ["free_port"]
+PORT_TRIES = 5
 
 
 class ServerMissing(RuntimeError):
     """The server binary is not installed."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+class PortInUse(RuntimeError):
+    """The server exited because a port it was given was taken in the meantime."""
 
 
 def etcd_binary() -> Path:
@@ -79,12 +84,16 @@ class ServerProcess(abc.ABC):
     """One server process with a log file, a readiness check and stop/start."""
 
     name = "server"
+    port_names: tuple[str, ...] = ("port",)
+    """The attributes holding this server's ports (``fresh_ports()`` gives each a new one)."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.ever_ready = False  # once ready, its ports and data are kept for good
+        self._log_from = 0  # where this launch's part of the log begins
 
     @abc.abstractmethod
     def argv(self) -> list[str]: ...
@@ -92,29 +101,57 @@ class ServerProcess(abc.ABC):
     @abc.abstractmethod
     def ready(self) -> bool: ...
 
+    def data_path(self) -> Path:
+        """What a start writes and ``fresh_ports()`` removes (ours is a clean start)."""
+        return self.workdir / "data"
+
     def start(self, timeout: float = 30.0) -> None:
-        self.launch()
-        self.wait_ready(timeout)
+        for attempt in range(PORT_TRIES):
+            self.launch()
+            try:
+                self.wait_ready(timeout)
+                return
+            except PortInUse:
+                if self.ever_ready or attempt == PORT_TRIES - 1:
+                    raise
+                self.fresh_ports()
 
     def launch(self) -> None:
         """Start the process without waiting (a cluster member is ready only with the rest)."""
         with self.log_path.open("ab") as log:
+            self._log_from = log.tell()
             self.proc = subprocess.Popen(
                 self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
+
+    def fresh_ports(self) -> None:
+        """New ports, and no data from the failed start (never for a server once ready)."""
+        assert not self.ever_ready and not self.running
+        for name in self.port_names:
+            setattr(self, name, free_port())
+        shutil.rmtree(self.data_path(), ignore_errors=True)
+
+    def check_alive(self) -> None:
+        """Raise if the process has exited: ``PortInUse`` when its log says a port was taken."""
+        assert self.proc is not None, "launch() first"
+        if self.proc.poll() is None:
+            return
+        with self.log_path.open("rb") as log:
+            log.seek(self._log_from)
+            since = log.read().decode(errors="replace")
+        error = PortInUse if in_use(since) else RuntimeError
+        raise error(f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while not self.ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} exited with {self.proc.returncode}\n{self.log_tail()}"
-                )
+            self.check_alive()
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"{self.name} not ready after {timeout} s\n{self.log_tail()}")
             time.sleep(0.02)
+        self.ever_ready = True
 
     def stop(self, *, kill: bool = False) -> None:
         proc, self.proc = self.proc, None
@@ -170,6 +207,7 @@ class EtcdServer(ServerProcess):
     peer URL); with ``tls`` it serves clients over TLS only and requires their certificates."""
 
     name = "etcd"
+    port_names = ("port", "peer_port")
 
     def __init__(self, workdir: Path, *, member: str = "test", tls: Pki | None = None) -> None:
         super().__init__(workdir)
@@ -178,8 +216,16 @@ class EtcdServer(ServerProcess):
         self.port = free_port()
         self.peer_port = free_port()
         self.data_dir = workdir / "data"
-        self.cluster = f"{member}={self.peer_url}"
+        self.peers: list[EtcdServer] = [self]  # the cluster's members, this one among them
         self._root_password = ""  # set once enable_auth() turned authentication on
+
+    @property
+    def cluster(self) -> str:
+        """``--initial-cluster``: every member's name and peer URL."""
+        return ",".join(f"{m.member}={m.peer_url}" for m in self.peers)
+
+    def data_path(self) -> Path:
+        return self.data_dir
 
     @property
     def endpoint(self) -> str:
@@ -271,12 +317,46 @@ class Cluster(Generic[Member]):
 
     def start(self, timeout: float = 60.0) -> None:
         """Start every member that is not running and wait until each is healthy (a member
-        is healthy only once enough of the others run)."""
-        stopped = [m for m in self.members if not m.running]
-        for member in stopped:
-            member.launch()
-        for member in stopped:
-            member.wait_ready(timeout)
+        is healthy only once enough of the others run). On failure the members it launched
+        are stopped; a port taken before the cluster was ever ready means fresh ports for
+        all and another try."""
+        for attempt in range(PORT_TRIES):
+            stopped = [m for m in self.members if not m.running]
+            try:
+                for member in stopped:
+                    member.launch()
+                self._wait_ready(stopped, timeout)
+                return
+            except PortInUse:
+                self._stop(stopped)
+                if any(m.ever_ready for m in self.members) or attempt == PORT_TRIES - 1:
+                    raise
+                for member in self.members:
+                    member.fresh_ports()
+            except BaseException:
+                self._stop(stopped)
+                raise
+
+    @staticmethod
+    def _wait_ready(members: list[Member], timeout: float) -> None:
+        """Until each of ``members`` is ready; raise as soon as one exits."""
+        deadline = time.monotonic() + timeout
+        waiting = list(members)
+        while waiting:
+            for member in waiting:
+                member.check_alive()
+            waiting = [m for m in waiting if not m.ready()]
+            if waiting and time.monotonic() > deadline:
+                names = ", ".join(m.workdir.name for m in waiting)
+                raise RuntimeError(f"{names} not ready after {timeout} s\n{waiting[0].log_tail()}")
+            time.sleep(0.02)
+        for member in members:
+            member.ever_ready = True
+
+    @staticmethod
+    def _stop(members: list[Member]) -> None:
+        for member in members:
+            member.stop()
 
     def stop(self) -> None:
         for member in self.members:
@@ -288,9 +368,8 @@ class EtcdCluster(Cluster[EtcdServer]):
 
     def __init__(self, workdir: Path, size: int = 3) -> None:
         super().__init__([EtcdServer(workdir / f"m{i}", member=f"m{i}") for i in range(size)])
-        cluster = ",".join(f"{m.member}={m.peer_url}" for m in self.members)
         for member in self.members:
-            member.cluster = cluster
+            member.peers = self.members
 
     def url(self, prefix: str = "", order: Sequence[int] | None = None) -> str:
         """A store URL naming every member (in ``order`` of their indexes, if given)."""
@@ -313,6 +392,7 @@ class NatsServer(ServerProcess):
     clients need TLS and a certificate, with ``user`` a user name and password."""
 
     name = "nats"
+    port_names = ("port", "monitor_port", "route_port")
 
     def __init__(
         self,
@@ -331,8 +411,16 @@ class NatsServer(ServerProcess):
         self.port = free_port()
         self.monitor_port = free_port()
         self.route_port = free_port()
-        self.routes: list[str] = []
+        self.peers: list[NatsServer] = [self]  # the cluster's nodes, this one among them
         self.store_dir = workdir / "jetstream"
+
+    @property
+    def routes(self) -> list[str]:
+        """The route URLs of the cluster's other nodes."""
+        return [f"nats://127.0.0.1:{m.route_port}" for m in self.peers if m is not self]
+
+    def data_path(self) -> Path:
+        return self.store_dir
 
     def url(self, bucket: str = "dynamo") -> str:
         return f"nats://127.0.0.1:{self.port}/{bucket}"
@@ -393,11 +481,7 @@ class NatsCluster(Cluster[NatsServer]):
     def __init__(self, workdir: Path, size: int = 3) -> None:
         super().__init__([NatsServer(workdir / f"n{i}", node=f"n{i}") for i in range(size)])
         for member in self.members:
-            member.routes = [
-                f"nats://127.0.0.1:{other.route_port}"
-                for other in self.members
-                if other is not member
-            ]
+            member.peers = self.members
 
     def url(self, bucket: str = "dynamo", order: Sequence[int] | None = None) -> str:
         servers = ",".join(f"127.0.0.1:{m.port}" for m in self.chosen(order))
