@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dynamod.store import Store, open_store
-from tests.support import envs
+from tests.support import envs, leftovers
 from tests.support.servers import (
     Cluster,
     EtcdServer,
@@ -36,6 +36,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = envs.say_on_stderr if reporter is None else reporter.write_line
     envs.prepare(session.items, say)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_outlives_the_suite() -> Iterator[None]:
+    """Set up before every other fixture, so torn down after all of them: a process the
+    suite started that is still alive then fails the run, named (tests/support/leftovers.py)."""
+    yield
+    message = leftovers.check()
+    if message:
+        pytest.fail(message, pytrace=False)
 
 
 @contextlib.contextmanager
