@@ -41,11 +41,11 @@ def inner_run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
 
 
 def still_running(marker: str) -> list[int]:
-    found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
-        if marker in (process.info["cmdline"] or []) and process.info["status"] != "zombie":
-            found.append(process.pid)
-    return found
+    return [
+        process.pid
+        for process in psutil.process_iter(["cmdline", "status"])
+        if marker in (process.info["cmdline"] or []) and process.info["status"] != "zombie"
+    ]
 
 
 def test_a_process_left_running_fails_the_run_naming_it(tmp_path: Path) -> None:
