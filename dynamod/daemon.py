@@ -81,10 +81,14 @@ class Daemon:
         reload: Callable[[], DaemonSettings] | None = None,
         *,
         store: Store | None = None,
+        announce: bool = True,
     ) -> None:
         """``store``: an already open store to use instead of opening ``settings.store``
-        (the caller keeps owning it; tests share a memory store this way)."""
+        (the caller keeps owning it; tests share a memory store this way). ``announce``:
+        print the ``dynamod ready:`` line (``dynamod demo`` prints its own banner instead,
+        once its workers are up)."""
         self.settings = settings
+        self._print_ready = announce
         self._store = store
         self._signals: Signals | None = None
         self._reload_settings = reload
@@ -305,6 +309,8 @@ class Daemon:
 
     def _announce(self, grpc: list[str], http: str, store: str, workers: int) -> None:
         systemd.notify("READY=1", f"STATUS=serving {workers} workers")
+        if not self._print_ready:
+            return
         print(
             f"dynamod ready: grpc={','.join(grpc)} http={http or '-'} store={store} "
             f"workers={workers} replica={self.settings.replica_id}",

@@ -199,7 +199,7 @@ async def _demo(count: int, root: Path, http: str, engine: DemoEngine) -> int:
         audit_log=root / "audit.log",
         grace=5.0,
     )
-    daemon = Daemon(settings)
+    daemon = Daemon(settings, announce=False)  # the banner says it, with the workers
     children = [Child(i, settings.store, engine) for i in range(count)]
     async with asyncio.TaskGroup() as group:
         served = group.create_task(daemon.run(), name="dynamod")
