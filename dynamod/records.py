@@ -104,6 +104,13 @@ class _Reader:
         return {k: v for k, v in self.obj.items() if k not in self.seen}
 
 
+FORWARDING_ENGINES = frozenset({"openai"})
+"""Engines whose worker passes a request's body on to an upstream server as it is
+(``worker/proxy.py``): the upstream checks it, so neither the worker nor the front does.
+Every other engine's worker serves its own inference routes, which run ``sampling`` and
+whose engines refuse what ``check_fits`` refuses."""
+
+
 @dataclass(frozen=True)
 class ModelCard:
     """What the worker serves. Immutable; ``mdcsum`` decides which workers are alike."""

@@ -40,11 +40,6 @@ FORWARDED_IDS = "token_ids"
 FORWARDED_TOKENIZER = "tokenizer"
 """The ``nvext`` keys the front forwards a tokenized prompt in (``forwarded_ids``)."""
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-FORWARDING_ENGINES = frozenset({"openai"})
-"""Engines whose worker passes a request's body on to an upstream server as it is
-(``worker/proxy.py``): the upstream checks it, so neither the worker nor the front does.
-Every other engine's worker serves its own inference routes, which run ``sampling`` and
-whose engines refuse what ``check_fits`` refuses."""
 
 
 class FieldError(InvalidInputError):
@@ -253,7 +248,7 @@ def sampling(body: Json, api: OpenAIApi) -> Sampling:
 
 
 def check_fits(prompt_tokens: int, wanted: Sampling, context_length: int, api: OpenAIApi) -> None:
-    """Refuse, as every engine with its own inference routes does (``FORWARDING_ENGINES``
+    """Refuse, as every engine with its own inference routes does (``records.FORWARDING_ENGINES``
     aside), an empty prompt and one that leaves no room for the output it asks for."""
     param = "messages" if api.kind == "chat" else "prompt"
     if prompt_tokens == 0:

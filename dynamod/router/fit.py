@@ -37,8 +37,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from dynamod.http.openai import FORWARDING_ENGINES
-from dynamod.records import ModelCard
+from dynamod.records import FORWARDING_ENGINES, ModelCard
 from dynamod.tokenizers.bundle import TokenizerRef
 
 
