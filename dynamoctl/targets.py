@@ -1,6 +1,6 @@
 """Which workers a command acts on: one id (a unique prefix is enough), the workers a
 selector matches (``-l``), or all of them (``--all``). The options are declared here once
-and shared by every command that takes them; ``scope()`` checks the combination (a usage
+and shared by every command that takes them; ``target()`` checks the combination (a usage
 error) and ``check_selector()`` the selector itself, both before anything is sent: the
 CLI side's one check of each (the daemon checks its own side).
 """

@@ -8,7 +8,9 @@ out one that exists, or draws layers the import contract does not enforce, fails
   own package;
 - the README's *Layout* names only directories that exist;
 - a path to one of our modules in any docstring, comment or document
-  (``router/saturation.py``) names a file that exists: a rename leaves none behind.
+  (``router/saturation.py``) names a file that exists: a rename leaves none behind;
+- a ````name```` or ````dotted.name```` in a docstring of ``dynamod/`` or ``dynamoctl/``
+  names something that exists (``tests/support/docrefs.py`` says how one resolves).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
+from tests.support import docrefs
 
 ROOT = Path(__file__).resolve().parent.parent
 MAP = (ROOT / "ARCHITECTURE.md").read_text()
@@ -176,3 +180,46 @@ def test_every_path_to_our_modules_resolves() -> None:
             if not any(f == ref or f.endswith("/" + ref) for f in files):
                 stale.append(f"{text.relative_to(ROOT)}: {ref}")
     assert not stale, f"paths to modules that do not exist: {stale}"
+
+
+@pytest.fixture(scope="module")
+def names() -> docrefs.Names:
+    return docrefs.collect(ROOT, GENERATED)
+
+
+def test_every_docstring_reference_names_something() -> None:
+    stale = docrefs.stale(ROOT, GENERATED)
+    assert not stale, "docstrings name what does not exist:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize(
+    ("where", "reference", "called"),
+    [
+        ("dynamod/worker/writer.py", "records.update_taints", False),  # it is in discovery
+        ("dynamod/http/limits.py", "load_json", False),  # jsoncodec.read now
+        ("dynamod/http/openai.py", "http.limits.dump_json", False),
+        ("dynamoctl/targets.py", "scope", True),  # click has a scope(); we do not
+        ("dynamod/router/fit.py", "records.NO_SUCH_NAME", False),
+    ],
+)
+def test_a_reference_to_a_name_that_is_gone_is_found(
+    names: docrefs.Names, where: str, reference: str, called: bool
+) -> None:
+    assert not docrefs.resolves(names, where, reference, called)
+
+
+@pytest.mark.parametrize(
+    ("where", "reference", "called"),
+    [
+        ("dynamod/worker/writer.py", "discovery.updates.update_taints", False),
+        ("dynamod/http/limits.py", "jsoncodec.MAX_DEPTH", False),
+        ("dynamoctl/targets.py", "target", True),
+        ("dynamod/store/base.py", "watch.lost", True),  # an argument's method
+        ("dynamod/tasks.py", "asyncio.TaskGroup", False),
+        ("dynamod/router/fit.py", "fit.py", False),
+    ],
+)
+def test_a_reference_to_what_exists_resolves(
+    names: docrefs.Names, where: str, reference: str, called: bool
+) -> None:
+    assert docrefs.resolves(names, where, reference, called)

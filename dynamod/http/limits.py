@@ -1,5 +1,5 @@
 """The bounds every HTTP surface puts on what a client sends: time (``HttpLimits``), body
-size (``MAX_BODY``) and JSON nesting (``load_json``); and on what a worker or an upstream
+size (``MAX_BODY``) and JSON nesting (``jsoncodec.MAX_DEPTH``); and on what a worker or an upstream
 server answers (``AnswerLimits``). Their defaults are documented in the README ("Limits
 and threat model")."""
 

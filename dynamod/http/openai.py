@@ -12,7 +12,7 @@ An error is ``{"error": {"message", "type", "param", "code"}}``; ``type`` is
 ``invalid_request_error`` below 500 (``rate_limit_error`` for 429) and ``server_error``
 from 500. An error after a stream has started is one ``data: {"error": ...}`` event.
 
-JSON goes through orjson both ways (``http/limits.py`` parses, ``dump_json`` writes): a
+JSON goes through orjson both ways (``jsoncodec.read`` parses, ``jsoncodec.write`` writes): a
 prompt's token ids are written by the front and read by the worker on every request, and
 orjson does both faster than the standard library (``bench/codec.py``
 measures it; the README's dependency notes give the figures).
@@ -198,7 +198,7 @@ def _content(where: str, content: object) -> str:
 def json_response(
     data: object, *, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    """A JSON answer written by ``dump_json``."""
+    """A JSON answer written by ``jsoncodec.write``."""
     return web.Response(
         body=jsoncodec.write(data), status=status, headers=headers, content_type="application/json"
     )

@@ -7,7 +7,7 @@ lock, so concurrent callers queue instead of racing each other's compare-and-swa
 serialises a worker's updates under its metadata lock); writers in other processes are met
 by the compare-and-swap loop's jittered backoff. Each update is computed on the worker's
 own registered record, so a record changed out of band is written back rather than
-reported as updated while routers ignore it (``records.update_taints``'s ``base``).
+reported as updated while routers ignore it (``discovery.updates.update_taints``'s ``base``).
 
 Every update, and every refused attempt, leaves one audit line (``dynamod.audit``): where it
 came from (``peer``: the client's address, or ``in-process``), the token's name when a

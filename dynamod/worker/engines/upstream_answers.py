@@ -5,7 +5,7 @@ bounded and checked: its models (``GET /v1/models``), its KV event publishers (`
 The upstream is not trusted any more than a worker is: every answer is read through
 ``http.bounded.read_body`` with a budget (``MAX_LISTING`` bytes for a listing,
 ``MAX_METRICS_PAGE`` for a metrics page), parsed with the project's JSON reader
-(``http.limits.load_json``: nesting bounded), and checked field by field before anything
+(``jsoncodec.read``: nesting bounded), and checked field by field before anything
 is built from it. A refusal is a ``ConfigError`` (the upstream the worker was pointed at
 is unusable) naming the upstream, the field, the value and the rule: ``max_model_len``
 must be an integer from 1 to ``MAX_CONTEXT`` (JSON ``true`` is not a number, although
