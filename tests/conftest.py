@@ -30,6 +30,20 @@ BACKENDS = ["memory", "file", "etcd", "nats"]
 SHARED_BACKENDS = ["file", "etcd", "nats"]  # the ones several OS processes can share
 
 
+SOLO = ("engines", "dynamo", "observe", "chaos", "cluster", "bench")
+"""Folders whose tests want the machine to themselves (real engines, a Dynamo fleet,
+Prometheus, faults under load, their time bounds): marked ``solo``, run after the rest and
+one at a time by ``scripts/test``."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        path = Path(str(item.path))
+        if path.is_relative_to(here) and path.relative_to(here).parts[0] in SOLO:
+            item.add_marker(pytest.mark.solo)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the cached environments the collected tests need, before the first test (and
     its timeout) starts."""

@@ -15,6 +15,7 @@ Both builders take a lock, so two runs (or two xdist workers) at once build once
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -43,13 +44,24 @@ def _needs_dynamo(item: pytest.Item) -> bool:
     return item.get_closest_marker("dynamo") is not None
 
 
+def engines_venv_lock() -> Path:
+    """The lock ``scripts/test`` and this module take around ``scripts/engines-venv`` (its
+    text is its recipe, so the lock lives outside it)."""
+    default = Path.home() / ".cache" / "dynamod" / "engines-venv"
+    venv = Path(os.environ.get("ENGINES_VENV") or default)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    return venv.with_name(f"{venv.name}.lock")
+
+
 def _build_engines() -> Path:
     given = os.environ.get("DYNAMOD_ENGINES_PYTHON")
     if given:
         return Path(given)
-    built = subprocess.run(
-        [str(ROOT / "scripts" / "engines-venv")], capture_output=True, text=True, check=False
-    )
+    with engines_venv_lock().open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = subprocess.run(
+            [str(ROOT / "scripts" / "engines-venv")], capture_output=True, text=True, check=False
+        )
     if built.returncode != 0:
         raise EnvMissing(f"scripts/engines-venv failed: {built.stderr[-2000:]}")
     return Path(built.stdout.strip().splitlines()[-1])
