@@ -223,3 +223,16 @@ def test_a_reference_to_what_exists_resolves(
     names: docrefs.Names, where: str, reference: str, called: bool
 ) -> None:
     assert docrefs.resolves(names, where, reference, called)
+
+
+def test_the_map_states_dynamoctls_allow_list_as_pyproject_has_it() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (allow,) = [c for c in contracts if c["type"] == "allow_list"]
+    allowed = {m.removeprefix("dynamod.") for m in allow["allowed"]}
+    text = MAP[MAP.index("**dynamoctl's allow-list**") :]
+    text = text[: text.index("any other import")]
+    stated = {t.removeprefix("dynamod.") for t in ticked(text) if "/" not in t} - {"dynamod"}
+    assert stated == allowed, (
+        f"ARCHITECTURE.md states {sorted(stated)}, pyproject allows {sorted(allowed)}"
+    )
