@@ -46,7 +46,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the cached environments the collected tests need, before the first test (and
-    its timeout) starts."""
+    its timeout) starts (not for ``--collect-only``)."""
+    if session.config.option.collectonly:
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = envs.say_on_stderr if reporter is None else reporter.write_line
     envs.prepare(session.items, say)
