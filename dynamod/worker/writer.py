@@ -7,7 +7,9 @@ lock, so concurrent callers queue instead of racing each other's compare-and-swa
 serialises a worker's updates under its metadata lock); writers in other processes are met
 by the compare-and-swap loop's jittered backoff. Each update is computed on the worker's
 own registered record, so a record changed out of band is written back rather than
-reported as updated while routers ignore it (``records.update_taints``'s ``base``).
+reported as updated while routers ignore it (``update_taints``'s ``base``), and is first
+tried at the revision the registration last followed, without a read: one store round trip
+where the worker's record has not changed since (``update_taints``'s ``base_revision``).
 
 Every update, and every refused attempt, leaves one audit line (``dynamod.audit``): where it
 came from (``peer``: the client's address, or ``in-process``), the token's name when a
@@ -86,6 +88,7 @@ class TaintWriter:
                     check=None if caller is None else _check(caller),
                     base=registration.record,
                     limits=self.limits,
+                    base_revision=registration.revision,
                 )
         except DynamoError as exc:
             self.refused(update, peer=peer, caller=caller, error=exc)
