@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 CUT_WITHIN = 1.0
 """Seconds the streams cut at the end of the grace period get to write their ending."""
 
-Listener = socket.socket | None
+ListenSocket = socket.socket | None
 
 
 class Daemon:
@@ -272,7 +272,7 @@ class Daemon:
         if view.ready.is_set():
             log.info("first snapshot applied: %d workers at revision %d", len(view), view.revision)
 
-    def _listen_http(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack) -> Listener:
+    def _listen_http(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack) -> ListenSocket:
         if not self.settings.http:
             return None
         host, port = parse_hostport(self.settings.http, "http")
@@ -281,7 +281,7 @@ class Daemon:
         return listener
 
     async def _start_http(
-        self, stack: contextlib.AsyncExitStack, front: Frontend, listener: Listener
+        self, stack: contextlib.AsyncExitStack, front: Frontend, listener: ListenSocket
     ) -> str:
         if listener is None:
             return ""

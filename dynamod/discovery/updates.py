@@ -9,7 +9,6 @@ routers hold when the stored one was changed out of band; ``Registration`` uses 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from dynamod.backoff import Backoff
 from dynamod.errors import (
@@ -21,7 +20,7 @@ from dynamod.errors import (
     RevisionMismatchError,
     WorkerNotFoundError,
 )
-from dynamod.records import WorkerRecord, immutable_diff
+from dynamod.records import TaintCheck, WorkerRecord, immutable_diff
 from dynamod.results import UpdateOutcome
 from dynamod.store import KEEP, Store
 from dynamod.taints import TaintLimits, TaintUpdate
@@ -39,7 +38,7 @@ async def update_taints(
     update: TaintUpdate,
     *,
     expect_revision: int | None = None,
-    check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
+    check: TaintCheck | None = None,
     base: WorkerRecord | None = None,
     limits: TaintLimits | None = None,
     base_revision: int | None = None,
@@ -119,7 +118,7 @@ async def _write_at_guess(
     update: TaintUpdate,
     base: WorkerRecord,
     revision: int,
-    check: Callable[[WorkerRecord, WorkerRecord], None] | None,
+    check: TaintCheck | None,
     limits: TaintLimits | None,
 ) -> UpdateOutcome | None:
     """The update written over ``base`` at ``revision`` in one compare-and-swap, on the

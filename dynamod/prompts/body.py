@@ -1,5 +1,5 @@
 """Reading an inference request before it is routed: pure functions, run on the event loop
-for a small body and in a prompt worker process for a large one (``processes.py``).
+for a small body and in a prompt process for a large one (``processes.py``).
 
 Two steps, because the tokenizer to use depends on the model the body names:
 
@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from dynamod.errors import ConstraintError
 from dynamod.http.openai import (
     FieldError,
-    Json,
     OpenAIApi,
     brief,
     check_fits,
@@ -38,6 +37,7 @@ from dynamod.http.openai import (
     sampling,
     with_forwarded_ids,
 )
+from dynamod.jsoncodec import Json
 from dynamod.router.prefix import prefix_hashes
 from dynamod.taints import RoutingConstraints
 from dynamod.tokenizers import Tokenizer

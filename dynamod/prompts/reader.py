@@ -1,5 +1,5 @@
 """Where a request is read: on the event loop when it is small and its tokenizer is this
-project's own, in the prompt worker processes (``processes.py``) otherwise.
+project's own, in the prompt processes (``processes.py``) otherwise.
 
 Reading a body is parsing its JSON, checking its fields and tokenizing its prompt, all of
 which hold the GIL for the whole call: the mocker's tokenizer takes ~0.45 s per MB of
@@ -24,7 +24,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from dynamod.http.openai import Json, ModelTemplateError, OpenAIApi, json_object
+from dynamod.http.openai import ModelTemplateError, OpenAIApi, json_object
+from dynamod.jsoncodec import Json
 from dynamod.prompts.body import (
     CardLimits,
     Head,

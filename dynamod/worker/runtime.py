@@ -57,7 +57,7 @@ from dynamod.worker.inference import InferenceRoutes
 from dynamod.worker.proxy import ProxyRoutes
 from dynamod.worker.publish import EnginePublisher
 from dynamod.worker.system import SystemServer, refusal
-from dynamod.worker.writer import IN_PROCESS, TaintWriter
+from dynamod.worker.writer import IN_PROCESS, WorkerTaintWriter
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def make_routes(engine: WorkerEngine, instance_id: str, registry: CollectorRegis
     return InferenceRoutes(cast(Engine, engine), instance_id, registry=registry)
 
 
-_writer: TaintWriter | None = None
+_writer: WorkerTaintWriter | None = None
 """The writer of the worker running in this process (one per process, as in Dynamo)."""
 
 
@@ -246,7 +246,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     global _writer
     audit = AuditLog(settings.audit_log)
     audit.open()
-    writer = _writer = TaintWriter(audit, settings.taint_limits)
+    writer = _writer = WorkerTaintWriter(audit, settings.taint_limits)
     try:
         return await _run(settings, writer)
     finally:
@@ -255,7 +255,7 @@ async def run_worker(settings: WorkerSettings) -> int:
         audit.close()
 
 
-async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
+async def _run(settings: WorkerSettings, writer: WorkerTaintWriter) -> int:
     signals = Signals().install()
     registry = CollectorRegistry()
     instance_id = new_instance_id()
@@ -315,7 +315,7 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
 
 
 async def _shutdown(
-    writer: TaintWriter,
+    writer: WorkerTaintWriter,
     registration: Registration,
     routes: Routes,
     signals: Signals,

@@ -1,7 +1,7 @@
 """This worker's own taint updates: Dynamo's ``update_model_taints`` for the system route and
 for code running inside the worker.
 
-``TaintWriter`` is the one writer of this worker's taints in its process. Every update —
+``WorkerTaintWriter`` is the one writer of this worker's taints in its process. Every update —
 the route's and the in-process API's (``runtime.update_model_taints``) — runs under one
 lock, so concurrent callers queue instead of racing each other's compare-and-swap (Dynamo
 serialises a worker's updates under its metadata lock); writers in other processes are met
@@ -25,7 +25,6 @@ would add them is refused with 403 (``TaintUpdate.keeping``). Only dynamod, thro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Literal
 
 from dynamod.audit import AuditLog
@@ -33,16 +32,15 @@ from dynamod.auth import Principal
 from dynamod.discovery.registration import Registration
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import DynamoError, ShuttingDownError
-from dynamod.records import WorkerRecord
+from dynamod.records import TaintCheck, WorkerRecord
 from dynamod.results import UpdateOutcome
 from dynamod.taints import OPERATOR_TAINTS, TaintLimits, TaintUpdate
 
 State = Literal["starting", "running", "shutting down"]
 IN_PROCESS = "in-process"
-CheckTaints = Callable[[WorkerRecord, WorkerRecord], None]
 
 
-class TaintWriter:
+class WorkerTaintWriter:
     """See the module docstring. ``state`` follows the worker's life; updates are taken
     only while it is ``running``."""
 
@@ -158,7 +156,7 @@ def _who(peer: str, caller: Principal | None) -> dict[str, str | None]:
     }
 
 
-def _check(caller: Principal) -> CheckTaints:
+def _check(caller: Principal) -> TaintCheck:
     def check(before: WorkerRecord, after: WorkerRecord) -> None:
         caller.check_taints(set(before.taints) ^ set(after.taints))
 
