@@ -122,8 +122,8 @@ class Daemon:
         self._fleet = FleetFront(store.url) if isinstance(store, DynamoStore) else None
         view = WorkerView(
             store,
-            history=settings.event_history,
-            history_bytes=int(settings.event_history_mb * 1024 * 1024),
+            replay=settings.event_history,
+            replay_bytes=int(settings.event_history_mb * 1024 * 1024),
             queues_budget=int(settings.event_queues_mb * 1024 * 1024),
         )
         router, kv = self._router()

@@ -25,7 +25,7 @@ from dynamod.router.knobs import RouterKnobs
 from dynamod.router.prefix import OverlapSource
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities
 from dynamod.router.table import Ineligible, RoutingTable, why_not
-from dynamod.router.types import Explanation, Outcome, RouteRequest, WorkerExplanation
+from dynamod.router.types import Explanation, RouteRequest, Verdict, WorkerExplanation
 from dynamod.taints import preference
 
 
@@ -63,11 +63,11 @@ def explain(router: Explained, request: RouteRequest) -> Explanation:
         key=lambda r: (not r.eligible, r.worker.key),
     )
     if ranked:
-        outcome, reason = Outcome.ROUTE, ""
+        outcome, reason = Verdict.ROUTE, ""
     elif any(r.eligible for r in rows):
-        outcome, reason = Outcome.QUEUE, router.busy_message(request)
+        outcome, reason = Verdict.QUEUE, router.busy_message(request)
     else:
-        outcome, reason = Outcome.NO_WORKER, router.unsatisfiable(request)
+        outcome, reason = Verdict.NO_WORKER, router.unsatisfiable(request)
     return Explanation(request, outcome, (*ranked, *rest), reason, router.depth(request.model))
 
 
@@ -132,7 +132,7 @@ def by_dynamo_rule(explanation: Explanation) -> Explanation:
         (r for r in rows if not (r.eligible and r.busy is None)),
         key=lambda r: (not r.eligible, r.worker.key),
     )
-    outcome = Outcome.ROUTE if ranked else Outcome.NO_WORKER
+    outcome = Verdict.ROUTE if ranked else Verdict.NO_WORKER
     return replace(explanation, outcome=outcome, workers=(*ranked, *rest), reason="")
 
 
