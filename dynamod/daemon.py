@@ -44,7 +44,7 @@ from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
-from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconciler import Check as PoolCheck
@@ -61,7 +61,7 @@ from dynamod.store import Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from dynamod.tasks import cancel_and_wait
+from dynamod.tasks import cancel_and_wait, wait_any
 from dynamod.traffic import Traffic
 
 log = logging.getLogger(__name__)

@@ -112,7 +112,7 @@ async def guarded(main: Coroutine[Any, Any, int], program: str) -> int:
         return EX_UNAVAILABLE if isinstance(exc, ListenError) else EX_FAILURE
 
 
-async def _drain(deadline: float) -> list[str]:
+async def _outlived(deadline: float) -> list[str]:
     """Wait until ``deadline`` for other tasks and threads to end; return those alive."""
     me = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
@@ -147,7 +147,7 @@ def run(main: Callable[[], Coroutine[Any, Any, int]], *, drain: float | None = N
     async def supervise() -> tuple[int, list[str]]:
         code = await main()
         executor.shutdown(wait=False, cancel_futures=True)
-        return code, await _drain(time.monotonic() + drain)
+        return code, await _outlived(time.monotonic() + drain)
 
     code, alive = loop.run_until_complete(supervise())
     if alive:

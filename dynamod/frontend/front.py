@@ -95,7 +95,7 @@ from dynamod.http.openai import (
     error_response,
 )
 from dynamod.http.sse import OpenStreams
-from dynamod.prompts.body import CardLimits, Routable
+from dynamod.prompts.body import CardLimits, ReadyRequest
 from dynamod.prompts.reader import PromptReader, Read
 from dynamod.records import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
@@ -265,7 +265,7 @@ class Frontend(Drains):
 
     async def _read_prompt(
         self, read: Read, api: OpenAIApi, chosen: ModelReading | None
-    ) -> Routable | web.Response:
+    ) -> ReadyRequest | web.Response:
         """The body read the way the model's workers read it (only its shape for a model
         nobody serves), or the refusal to answer with."""
         tokenizer: Tokenizer = _SHAPE_ONLY
@@ -285,7 +285,7 @@ class Frontend(Drains):
         its last worker within ``gone_window`` seconds, else 404."""
         model = read.head.model
         wait = read.head.max_wait
-        if (self._router.config.no_worker_wait if wait is None else wait) > 0:
+        if (self._router.knobs.no_worker_wait if wait is None else wait) > 0:
             return await self._after_wait(request, api, read, started)
         gone = self._departures.gone_since(model)
         if gone is not None:
@@ -323,7 +323,7 @@ class Frontend(Drains):
         request: web.Request,
         api: OpenAIApi,
         read: Read,
-        routable: Routable,
+        routable: ReadyRequest,
         chosen: ModelReading,
         started: float,
     ) -> web.StreamResponse:

@@ -65,7 +65,7 @@ class CardLimits:
 
 
 @dataclass(frozen=True)
-class Routable:
+class ReadyRequest:
     """A request ready to route: the body to forward, and what routing counts."""
 
     raw: bytes
@@ -114,7 +114,7 @@ def _max_wait(value: object) -> float | None:
 
 def read_prompt(
     body: Json, raw: bytes, api: OpenAIApi, tokenizer: Tokenizer, model: CardLimits
-) -> Routable:
+) -> ReadyRequest:
     """The body checked as the model's workers check it, tokenized, and ready to forward;
     ``raw`` is the body as it came (forwarded as it is when the prompt was token ids)."""
     wanted = sampling(body, api) if model.checked else None
@@ -125,7 +125,7 @@ def read_prompt(
         needs = len(ids) + (wanted.max_tokens or 1)
     if _text_prompt(api, body):
         raw = with_forwarded_ids(body, ids, tokenizer, raw)
-    return Routable(raw, len(ids), prefix_hashes(ids, model.block_size), needs)
+    return ReadyRequest(raw, len(ids), prefix_hashes(ids, model.block_size), needs)
 
 
 def _text_prompt(api: OpenAIApi, body: Json) -> bool:

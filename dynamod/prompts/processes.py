@@ -48,7 +48,7 @@ from typing import Any, Self
 from dynamod.errors import InvalidInputError, PromptWorkerError
 from dynamod.http.openai import ModelTemplateError, OpenAIApi
 from dynamod.prompts import wire
-from dynamod.prompts.body import CardLimits, Head, Routable, Tokenized
+from dynamod.prompts.body import CardLimits, Head, ReadyRequest, Tokenized
 from dynamod.prompts.child import limits_arg
 from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
@@ -154,10 +154,10 @@ class PromptProcesses:
 
     async def read_prompt(
         self, raw: bytes, api: OpenAIApi, tokenizer: Publishable, model: CardLimits
-    ) -> Routable:
+    ) -> ReadyRequest:
         job = ("prepare", raw, api.kind, tokenizer.checksum, model)
         param = "messages" if api.kind == "chat" else "prompt"
-        found: Routable = await self._run(job, tokenizer, _blame(tokenizer, model.name, param))
+        found: ReadyRequest = await self._run(job, tokenizer, _blame(tokenizer, model.name, param))
         return found
 
     async def tokenize_text(

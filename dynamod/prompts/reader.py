@@ -29,7 +29,7 @@ from dynamod.jsoncodec import Json
 from dynamod.prompts.body import (
     CardLimits,
     Head,
-    Routable,
+    ReadyRequest,
     Tokenized,
     read_head,
     read_prompt,
@@ -89,7 +89,7 @@ class PromptReader:
 
     async def read_prompt(
         self, read: Read, api: OpenAIApi, tokenizer: Tokenizer, model: CardLimits
-    ) -> Routable:
+    ) -> ReadyRequest:
         """``body.read_prompt`` of the body, where its size and tokenizer say; raises
         ``FieldError`` (``ModelTemplateError`` when the model's tokenizer failed)."""
         workers = self._offloaded(len(read.raw), tokenizer)

@@ -45,11 +45,12 @@ from dynamod.errors import ConfigError, InvalidInputError, InvalidKeyError, Shut
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
-from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.records import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
 from dynamod.taints import TaintLimits, TaintUpdate, validate_caller_taints, with_topology
+from dynamod.tasks import wait_any
 from dynamod.worker.engines.base import Engine, WorkerEngine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
