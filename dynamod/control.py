@@ -303,6 +303,7 @@ class Control:
             if outcome == "ok" and revision is not None:
                 self.metrics.wrote(record.key, revision)
         self.audit.record(
+            source="dynamod",
             caller=caller.name,
             peer=caller.peer,
             action=update.action,
@@ -326,7 +327,12 @@ class Control:
         if self.metrics is not None:
             self.metrics.taint_updates.labels(type(error).__name__).inc()
         self.audit.record(
-            caller=caller, peer=peer, **asked, outcome=type(error).__name__, error=str(error)
+            source="dynamod",
+            caller=caller,
+            peer=peer,
+            **asked,
+            outcome=type(error).__name__,
+            error=str(error),
         )
 
     async def explain(

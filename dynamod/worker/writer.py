@@ -12,9 +12,9 @@ tried at the revision the registration last followed, without a read: one store 
 where the worker's record has not changed since (``update_taints``'s ``base_revision``).
 
 Every update, and every refused attempt, leaves one audit line (``dynamod.audit``): where it
-came from (``peer``: the client's address, or ``in-process``), the token's name when a
-token was presented, the taints sent, the complete taint sets before and after, the
-revision, and the outcome.
+came from (``source``: ``worker-route`` or ``worker``; ``peer``: the client's address, or
+``in-process``), the token's name as ``caller`` when a token was presented, the taints
+sent, the complete taint sets before and after, the revision, and the outcome.
 
 The operator's taints (``OPERATOR_TAINTS``: the cordon) are outside a worker's reach: its
 updates keep them as they are (a replace that leaves the cordon out keeps it), and one that
@@ -152,7 +152,7 @@ def _who(peer: str, caller: Principal | None) -> dict[str, str | None]:
     return {
         "source": "worker" if peer == IN_PROCESS else "worker-route",
         "peer": peer,
-        "token": None if caller is None else caller.name,
+        "caller": None if caller is None else caller.name,
     }
 
 
