@@ -88,19 +88,6 @@ class Signals:
             self.stopping.set()
 
 
-async def wait_any(*events: asyncio.Event) -> None:
-    """Return as soon as one of ``events`` is set."""
-    if any(e.is_set() for e in events):
-        return
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-
-
 async def guarded(main: Coroutine[Any, Any, int], program: str) -> int:
     """Run ``main``; a ``DynamoError`` or ``OSError`` (a store that cannot be reached)
     ends it with one line on stderr and exit code 1 instead of a traceback; a socket or
