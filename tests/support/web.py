@@ -11,11 +11,15 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+SHUTDOWN = 5.0
+"""Seconds a handler still running when the block ends gets before it is cancelled
+(aiohttp's 60 s default made a hanging fake upstream cost each test a minute)."""
+
 
 @contextlib.asynccontextmanager
 async def served(app: web.Application) -> AsyncIterator[str]:
     """``app`` on ``127.0.0.1`` at a free port; its base URL (no trailing slash)."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=SHUTDOWN)
     await runner.setup()
     try:
         await web.TCPSite(runner, "127.0.0.1", 0).start()
