@@ -6,6 +6,16 @@ when the view adds the worker and cancelled when it removes it. Each task connec
 worker's system address and hands every state it reads to ``report(key, state)``, through
 ``breaches`` (``boundary/breaches.py``), which holds them back while the worker is marked.
 
+**Any fleet size.** A stream is one long-lived connection, so the session's connector has
+no cap (aiohttp's default of 100 connections in all would leave every worker past the
+hundredth waiting for one, and marked ``timeout``): one connection per followed worker.
+What bounds them is the daemon's open files (``dynamod/open_files.py``): with
+``open_files``, no more streams are open at once than its ``streams`` (the soft limit less
+a reserve for the store, gRPC and the front); a worker past that is refused its stream,
+counted in ``dynamod_engine_streams_refused_total`` and logged (summarised, like breaches:
+``boundary/breach_log.py``), and retried after its back-off; it is not marked (the router
+falls back on its own count). ``dynamod_engine_streams_open`` is how many are open now.
+
 **The boundary.** Every line is read within the worker's ``Budgets``
 (``boundary/budgets.py``): its length, its rate (a budget per worker that survives its
 reconnections), the time to connect and to each line. Whatever the worker's bytes do — a
@@ -48,7 +58,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import aiohttp
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.backoff import Backoff
 from dynamod.boundary.breaches import Breach, Breaches, BreachKind, kind_of
@@ -65,6 +75,7 @@ from dynamod.discovery_events import (
 )
 from dynamod.engine_events import EngineLoad, KvBatch, offered_path, offers_kv
 from dynamod.errors import DynamoError
+from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
@@ -85,6 +96,7 @@ class EngineStreams:
 
     ``breaches``: the marks to share with the daemon's other readers of workers' bytes;
     by default its own, reporting to ``report``, its metrics in ``registry``.
+    ``open_files``: the bound on streams open at once (none without it).
     """
 
     def __init__(
@@ -97,8 +109,12 @@ class EngineStreams:
         registry: CollectorRegistry | None = None,
         breaches: Breaches | None = None,
         rng: random.Random | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self._view = view
+        self._open_files = open_files
+        self._opening = 0
+        """Streams connecting or open now: what ``open_files`` bounds."""
         self._kv = kv
         self._budgets = budgets or Budgets()
         self._rng = rng or random.Random()
@@ -108,6 +124,17 @@ class EngineStreams:
         self._session: aiohttp.ClientSession | None = None
         self.connected: set[str] = set()
         """Keys of the workers whose stream is open now (read it; for listings, tests)."""
+        self._refused = Counter(
+            "dynamod_engine_streams_refused",
+            "Engine streams not opened: the daemon's open files were at their bound.",
+            registry=registry,
+        )
+        if registry is not None:
+            Gauge(
+                "dynamod_engine_streams_open",
+                "Workers whose engine events stream the daemon has open now.",
+                registry=registry,
+            ).set_function(lambda: len(self.connected))
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -115,11 +142,14 @@ class EngineStreams:
     async def run(self) -> None:
         """Follow the workers until cancelled; every task ends with this call."""
         # No decompression: a worker's bytes are read as sent, within the line budget.
+        # No cap on connections: one per followed worker (see the module docstring).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         session = aiohttp.ClientSession(
-            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
         )
         async with session, asyncio.TaskGroup() as group:
             self._session, self._group = session, group
+            group.create_task(self.breaches.lines.run(), name="breach log")
             unlisten = self._view.listen(self._on_event)
             try:
                 self._reconcile(self._view.records())
@@ -176,6 +206,9 @@ class EngineStreams:
         assert self._session is not None
         key = feed.record.key
         feed.opened, feed.progressed = None, False
+        if not self._admit(feed):
+            return
+        self._opening += 1
         try:
             async for event in events(self._session, feed.url, self._budgets, feed.rate):
                 self._deliver(feed, event)
@@ -183,9 +216,28 @@ class EngineStreams:
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
         finally:
+            self._opening -= 1
             if self._kv is not None:
                 self._kv.gone(key)
             self.connected.discard(key)
+
+    def _admit(self, feed: _Feed) -> bool:
+        """Whether one more stream fits the daemon's open files; counted and logged when not."""
+        if self._open_files is None:
+            return True
+        bound = self._open_files.streams
+        if self._opening < bound:
+            return True
+        self._refused.inc()
+        key = feed.record.key
+        line = (
+            f"worker {key}: engine stream not opened: {self._opening} are open, the most "
+            f"that fit the open files limit ({bound}: the soft limit less "
+            f"{self._open_files.reserve} kept for the rest); raise LimitNOFILE"
+        )
+        self.breaches.lines.note("were refused an engine stream (open files)", key, line)
+        self.breaches.report(key, None)
+        return False
 
     def _deliver(self, feed: _Feed, event: EngineLoad | KvBatch | None) -> None:
         """Count the line toward the connection's progress (a heartbeat too: an idle
