@@ -7,7 +7,8 @@ log (and a loop busy formatting them). ``BreachLog.note(kind, worker, detail)`` 
 
 * logs the *first* event of a kind at once, whole (what it was, which worker, why): a
   single worker's breach reads as it always did;
-* counts the rest of that kind for ``interval`` seconds, keeping the first ``IDS`` ids;
+* counts the rest of that kind for ``interval`` seconds (events, and distinct workers: a
+  set of keys the fleet already holds), keeping the first ``IDS`` ids;
 * then logs *one* summary line per kind: how many, a few ids, "see ``dynamoctl workers ls``".
 
 So at most two lines per kind per interval, however many workers. The metrics
@@ -37,7 +38,9 @@ IDS = 3
 class _Window:
     ends: float
     level: int
+    first: str
     count: int = 0
+    workers: set[str] = field(default_factory=set)
     ids: list[str] = field(default_factory=list)
 
 
@@ -67,13 +70,15 @@ class BreachLog:
             self._summarise(kind, window)
             window = None
         if window is None:
-            self._windows[kind] = _Window(now + self._interval, level)
+            self._windows[kind] = _Window(now + self._interval, level, worker)
             self._opened.set()
             self._log.log(level, "%s", line)
             return
         window.count += 1
-        if len(window.ids) < IDS:
-            window.ids.append(worker)
+        if worker != window.first and worker not in window.workers:
+            window.workers.add(worker)
+            if len(window.ids) < IDS:
+                window.ids.append(worker)
 
     def flush(self) -> float | None:
         """Summarise every window that has ended; the end of the next one still open."""
@@ -107,13 +112,16 @@ class BreachLog:
         del self._windows[kind]
         if window.count == 0:
             return
-        more = window.count - len(window.ids)
+        others = len(window.workers)
+        if others == 0:
+            self._log.log(window.level, "the same worker %s %d more times in the last %g s: %s",
+                          kind, window.count, self._interval, window.first)  # fmt: skip
+            return
+        more = others - len(window.ids)
         named = ", ".join(window.ids) + (f" and {more} more" if more > 0 else "")
+        again = f" ({window.count} times in all)" if window.count > others else ""
         self._log.log(
             window.level,
-            "%d more workers %s in the last %g s: %s (dynamoctl workers ls shows each)",
-            window.count,
-            kind,
-            self._interval,
-            named,
-        )
+            "%d more workers %s in the last %g s%s: %s (dynamoctl workers ls shows each)",
+            others, kind, self._interval, again, named,
+        )  # fmt: skip
