@@ -37,6 +37,7 @@ from dynamod.errors import (
 )
 from dynamod.http.limits import MAX_BODY
 from dynamod.load import Busy
+from dynamod.open_files import open_count, soft_limit
 from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
 from dynamod.records import ModelCard, WorkerRecord
@@ -403,6 +404,8 @@ class Control:
             queue_depth=self.router.queue_depth,
             revision=self.view.revision,
             state=self.state,
+            open_files=open_count(),
+            open_files_limit=min(soft_limit(), 2**31 - 1),
         )
 
 

@@ -341,6 +341,10 @@ class StatusInfo:
     queue_depth: int
     revision: int
     state: DaemonState
+    open_files: int = -1
+    """Descriptors the daemon has open now (-1: not known)."""
+    open_files_limit: int = 0
+    """Its soft limit on open files (0: not known; an older daemon)."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import re
 import signal
 import sys
 import uuid
@@ -29,7 +31,7 @@ from dynamod.discovery.registration import new_instance_id, register
 from dynamod.records import WorkerRecord
 from dynamod.store import open_store
 from tests.support.eventually import eventually
-from tests.support.processes import Spawned, daemon_argv, started, worker_argv
+from tests.support.processes import Spawned, daemon_argv, dynamoctl, env, started, worker_argv
 from tests.support.servers import EtcdServer
 
 pytestmark = [pytest.mark.etcd, pytest.mark.timeout(300)]
@@ -154,6 +156,17 @@ async def held(fleet: Fleet) -> None:
     await eventually(least, lambda n: n >= HELD_BEATS, within=WITHIN, every=0.5, what="held")
 
 
+async def ctl(fleet: Fleet, socket: str, *args: str) -> str:
+    """``dynamoctl`` against the daemon at ``socket``: its stdout (exit 0 asserted)."""
+    argv = dynamoctl("--endpoint", f"unix://{fleet.where / socket}", *args)
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env()
+    )
+    out, err = await process.communicate()
+    assert process.returncode == 0, err.decode()
+    return out.decode()
+
+
 def breaches(found: dict[str, float]) -> float:
     return sum(v for k, v in found.items() if k.startswith("dynamod_worker_breaches_total"))
 
@@ -180,6 +193,11 @@ async def test_a_daemon_at_a_soft_limit_of_1024_raises_it_and_follows_every_stre
         assert fleet.size < found["dynamod_open_files"] < 4096
         assert found["dynamod_engine_streams_refused_total"] == 0
         await assert_routes(proc)
+        assert re.search(
+            r"^Open files: +\d+ of 4096$", await ctl(fleet, "raised.sock", "status"), re.M
+        )
+        shown = json.loads(await ctl(fleet, "raised.sock", "status", "-o", "json"))["open_files"]
+        assert shown["limit"] == 4096 and fleet.size < shown["open"] < 4096
 
 
 async def test_a_fleet_beyond_the_open_files_limit_is_refused_streams_not_files(
