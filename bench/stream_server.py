@@ -13,8 +13,11 @@ address: its tokenizer bundle, for one), so a clone answers like the worker it c
 
 ``GET /stats``: ``{"open": streams open now, "opened": streams opened in all,
 "least": the fewest heartbeats any open stream has sent}``: a test waits on these rather
-than on time. It prints ``stream server ready: http=URL`` once it listens, raises its own
-soft limit on open files to the hard one, and runs until SIGTERM or SIGINT.
+than on time. ``POST /partition?every=N``: every ``N``-th stream (``/w<i>`` with ``i % N ==
+0``) goes silent, as behind a partition: open connections send nothing more, new ones get
+no answer; ``POST /heal`` ends it. It prints ``stream server ready: http=URL`` once it
+listens, raises its own soft limit on open files to the hard one, and runs until SIGTERM or
+SIGINT.
 """
 
 from __future__ import annotations
@@ -46,10 +49,16 @@ class StreamServer:
         self.beats: dict[int, int] = {}
         """Heartbeats sent, by open stream."""
         self._http: aiohttp.ClientSession | None = None
+        self.every = 0
+        """Streams cut off by a partition: every ``every``-th (0: none)."""
+        self.healed = asyncio.Event()
+        self.healed.set()
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/stats", self.stats)
+        app.router.add_post("/partition", self.partition)
+        app.router.add_post("/heal", self.heal)
         app.router.add_get("/{name}/engine/events", self.events)
         app.router.add_get("/{name}/{tail:.*}", self.relay)
         app.cleanup_ctx.append(self._session)
@@ -63,7 +72,25 @@ class StreamServer:
         least = min(self.beats.values(), default=0)
         return web.json_response({"open": len(self.beats), "opened": self.opened, "least": least})
 
+    async def partition(self, request: web.Request) -> web.Response:
+        self.every = int(request.query.get("every", "2"))
+        self.healed.clear()
+        return web.json_response({"every": self.every})
+
+    async def heal(self, request: web.Request) -> web.Response:
+        self.every = 0
+        self.healed.set()
+        return web.json_response({"every": 0})
+
+    async def _reachable(self, name: str) -> None:
+        """Wait while ``name`` is behind the partition."""
+        index = name.removeprefix("w")
+        while self.every and index.isdigit() and int(index) % self.every == 0:
+            await self.healed.wait()
+
     async def events(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        await self._reachable(name)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
         await response.prepare(request)
         stream = self.opened
@@ -75,6 +102,7 @@ class StreamServer:
             beat = jsoncodec.write({"seq": 0, "type": "heartbeat"}) + b"\n"
             while True:
                 await asyncio.sleep(self.heartbeat)
+                await self._reachable(name)
                 await response.write(beat)
                 self.beats[stream] += 1
         except ConnectionResetError:
