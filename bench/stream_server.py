@@ -92,7 +92,10 @@ class StreamServer:
         name = request.match_info["name"]
         await self._reachable(name)
         response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionResetError:  # the client gave up while this server was stopped
+            return response
         stream = self.opened
         self.opened += 1
         self.beats[stream] = 0

@@ -132,19 +132,27 @@ async def stream_stats(fleet: Fleet) -> dict[str, Any]:
     return stats
 
 
-async def following(proc: Spawned, count: int) -> dict[str, float]:
-    """Wait until ``proc`` has ``count`` streams open and no worker marked; its metrics."""
+async def following(fleet: Fleet, proc: Spawned) -> dict[str, float]:
+    """Wait until the stream server has every clone's stream open and ``proc`` follows
+    every worker's, none marked; its metrics (``server_open``: the server's count)."""
 
     async def probe() -> dict[str, float]:
-        return await metrics(proc)
+        found = await metrics(proc)
+        found["server_open"] = (await stream_stats(fleet))["open"]
+        return shown(found)
 
     def accept(found: dict[str, float]) -> bool:
         return (
-            found.get("dynamod_engine_streams_open") == count
+            found["server_open"] == FLEET
+            and found.get("dynamod_engine_streams_open") == fleet.size
             and found.get("dynamod_workers_marked") == 0
         )
 
-    return await eventually(probe, accept, within=WITHIN, every=0.5, what=f"{count} streams open")
+    def shown(found: dict[str, float]) -> dict[str, float]:
+        keep = ("server_open", "dynamod_engine_streams_open", "dynamod_workers_marked")
+        return {k: v for k, v in found.items() if k in keep or "breaches_total" in k}
+
+    return await eventually(probe, accept, within=WITHIN, every=0.5, what="every stream open")
 
 
 async def held(fleet: Fleet) -> None:
@@ -184,8 +192,8 @@ async def test_a_daemon_at_a_soft_limit_of_1024_raises_it_and_follows_every_stre
     """1,101 streams, none waiting for a connection: none marked, no breach at all, once
     each has stayed open past the line deadline."""
     async with daemon(fleet, "raised.sock") as proc:
+        await following(fleet, proc)
         assert "open files: soft limit raised from 1024 to 4096 (hard limit 4096)" in proc.log
-        await following(proc, fleet.size)
         await held(fleet)
         found = await metrics(proc)
         assert breaches(found) == 0 and found["dynamod_workers_marked"] == 0
@@ -231,7 +239,7 @@ async def test_a_frozen_stream_server_costs_a_bounded_log_and_every_mark_lifts(
     ``timeout``, the daemon logs a few summary lines rather than one per worker, and every
     mark lifts once the streams are healthy again."""
     async with daemon(fleet, "frozen.sock") as proc:
-        await following(proc, fleet.size)
+        await following(fleet, proc)
         before = len(proc.log.splitlines())
         fleet.streams.proc.send_signal(signal.SIGSTOP)
         try:
@@ -245,7 +253,7 @@ async def test_a_frozen_stream_server_costs_a_bounded_log_and_every_mark_lifts(
             await asyncio.sleep(10 - 6)  # the rest of the 10 s freeze (6 s: the line deadline)
         finally:
             fleet.streams.proc.send_signal(signal.SIGCONT)
-        found = await following(proc, fleet.size)
+        found = await following(fleet, proc)
         assert found['dynamod_worker_breaches_total{kind="timeout"}'] >= FLEET
 
         async def summarised() -> list[str] | None:
