@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -49,6 +50,7 @@ from dynamod.results import (
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,
+    WorkerState,
     own_key,
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
@@ -128,7 +130,10 @@ class Control:
     def info(self, record: WorkerRecord) -> WorkerInfo:
         key = record.key
         revision = self.view.revision_of(key)
-        return WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
+        info = WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
+        if info.state is WorkerState.READY and (why := self.router.disagreement(record)):
+            return dataclasses.replace(info, state=WorkerState.EXCLUDED, state_reason=why)
+        return info
 
     def list_workers(
         self,

@@ -39,6 +39,10 @@ class WorkerState(enum.StrEnum):
     """Cordoned for a drain, nothing in flight: safe to stop."""
     UNHEALTHY = "unhealthy"
     """Its engine reports that it cannot serve."""
+    EXCLUDED = "excluded"
+    """Left out of routing by design, though ready: it reads request bodies otherwise
+    (tokenizer, KV block size) than most workers of its model (``router/fit.py``); the
+    reason says how (``WorkerInfo.state_reason``)."""
     UNREACHABLE = "unreachable"
     """An NVIDIA Dynamo worker whose port refuses connection (dynamod's own check,
     ``boundary/dynamo_reach.py``): Dynamo's frontend cannot reach it either. Until it
@@ -155,8 +159,9 @@ class WorkerInfo:
     it into the part callers manage and the part generated from the topology.
 
     ``state`` is ``record_state`` of the three: given as the daemon sent it, or derived
-    here when left out (it is never None once built). ``key`` is the key it is shown
-    under (``own_key``): given as the daemon sent it, or derived here."""
+    here when left out (it is never None once built); ``state_reason`` says why where the
+    state alone does not (``excluded``: its reading against its model's). ``key`` is the
+    key it is shown under (``own_key``): given as the daemon sent it, or derived here."""
 
     record: WorkerRecord
     revision: int
@@ -164,6 +169,7 @@ class WorkerInfo:
     engine: EngineLoad | None = None
     state: WorkerState | None = None
     key: str = ""
+    state_reason: str = ""
 
     def __post_init__(self) -> None:
         if self.state is None:

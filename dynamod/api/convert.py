@@ -74,10 +74,11 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     # What the record alone says (idle, no engine report); a listing sends the state with
     # the load and the report after it when they change it (``worker_pages``).
     "state": lambda r, _: str(record_state(r, IDLE, None)),
+    "state_reason": lambda r, _: "",
 }
 
 
-PER_CALL = frozenset({"load", "engine"})
+PER_CALL = frozenset({"load", "engine", "state_reason"})
 """Fields that change without the record changing: set on each answer, never kept."""
 
 
@@ -107,6 +108,7 @@ def worker_to_pb(info: WorkerInfo) -> pb.Worker:
     if info.engine is not None:
         message.engine.CopyFrom(engine_to_pb(info.engine))
     message.state = str(info.state)
+    message.state_reason = info.state_reason
     return message
 
 
@@ -129,7 +131,8 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
         fields = EngineLoad.__dataclass_fields__
         engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
     state = state_from_pb(message.state)
-    return WorkerInfo(record, message.revision, load, engine, state, message.key)
+    reason = message.state_reason
+    return WorkerInfo(record, message.revision, load, engine, state, message.key, reason)
 
 
 def state_from_pb(text: str) -> WorkerState | None:

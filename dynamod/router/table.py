@@ -217,6 +217,20 @@ class RoutingTable:
             return 0
         return len(index.workers) - max(index.readings.values())
 
+    def disagreement(self, record: WorkerRecord) -> str:
+        """Why ``record``'s worker is left out of routing for its reading (it disagrees with
+        most of its model's workers, ``fit.py``), or ""; O(1) for a model that agrees."""
+        index = self._models.get(record.model)
+        if index is None or len(index.readings) < 2 or record.key not in index.workers:
+            return ""
+        chosen, reading = index.reading().reading, Reading.of(record.model_card)
+        if reading == chosen:
+            return ""
+        return (
+            f"its reading ({reading.describe()}) disagrees with its model's other workers "
+            f"({chosen.describe()}); left out of routing"
+        )
+
     def holders(self, model: str, taint: str) -> int:
         """How many workers of ``model`` hold ``taint``."""
         index = self._models.get(model)

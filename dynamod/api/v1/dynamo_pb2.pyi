@@ -105,6 +105,7 @@ class Worker(_message.Message):
     MODEL_CARD_JSON_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    STATE_REASON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
@@ -133,10 +134,14 @@ class Worker(_message.Message):
     model_card_json: _builtins.str
     """its model card (also inside record_json)"""
     state: _builtins.str
-    """ready, cordoned, draining, drained, unhealthy, unreachable or (an NVIDIA Dynamo worker
-    holding a cordon Dynamo does not honour) ready,cordon-not-honoured
+    """ready, cordoned, draining, drained, unhealthy, unreachable, excluded or (an NVIDIA
+    Dynamo worker holding a cordon Dynamo does not honour) ready,cordon-not-honoured
     (dynamod.results.worker_state): from its taints, this daemon's load on it and its
     engine's report, as the answer is sent
+    """
+    state_reason: _builtins.str
+    """why it is in that state, where the state alone does not say: an excluded worker's
+    reading against its model's (sent with state; empty otherwise)
     """
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -176,10 +181,11 @@ class Worker(_message.Message):
         model_card_json: _builtins.str = ...,
         engine: Global___EngineLoad | None = ...,
         state: _builtins.str = ...,
+        state_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "state", b"state", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "state", b"state", "state_reason", b"state_reason", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
