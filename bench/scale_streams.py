@@ -56,6 +56,8 @@ MODEL = "scale"
 LEASE_TTL = 3600.0
 REGISTER_CONCURRENCY = 128
 WITHIN = 600.0
+READY_WITHIN = 300.0
+"""Seconds a daemon may take to be ready: 10,000 records on two shared cores."""
 """Seconds a phase may take to reach its condition before the run fails."""
 
 
@@ -259,7 +261,8 @@ async def measure(endpoint: str, scratch: Path, args: argparse.Namespace) -> lis
         for size in (1, args.workers):
             socket = scratch / f"streams-{size}.sock"
             procs[size] = daemon(f"etcd://{endpoint}/scale-streams-{size}", socket)
-            await stack.enter_async_context(running(procs[size]))
+            stack.push_async_callback(procs[size].kill)
+            await procs[size].start(within=READY_WITHIN)
         fleet = Fleet(args.workers, procs[args.workers], scratch / f"streams-{args.workers}.sock",
                       procs[1], streams)  # fmt: skip
         return await phases(fleet, args)

@@ -127,6 +127,8 @@ def worker_row(
     if not wide:
         return [*start, state, load_text(info), when]
     summed = info.mdcsum if mdcsum is None else mdcsum
+    if info.state_reason:
+        state = f"{state} ({info.state_reason})"
     extra = [topology_text(domains), state, load_text(info), str(info.revision), summed[:12]]
     return [*start, *extra, when]
 
@@ -162,6 +164,7 @@ def worker_object(
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
         "state": str(info.state),
+        "state_reason": info.state_reason,
         "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
         "key": info.key,
         "namespace": record.namespace,
@@ -203,7 +206,7 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Generated", joined(info.generated_taints)),
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
-        ("State", str(info.state)),
+        ("State", f"{info.state} ({info.state_reason})" if info.state_reason else str(info.state)),
         ("Key", info.key),
         ("Host", f"{record.host or NONE} (pid {record.pid})"),
         ("Version", record.version or NONE),

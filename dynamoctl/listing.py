@@ -34,11 +34,11 @@ if TYPE_CHECKING:
 _TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")
 _OBJECT = (
     *_TABLE, "topology", "revision", "key", "namespace", "component", "endpoint",
-    "system_address", "host", "pid", "version", "model_card_json",
+    "system_address", "host", "pid", "version", "model_card_json", "state_reason",
 )  # fmt: skip
 FIELDS: dict[str, tuple[str, ...]] = {
     "table": _TABLE,
-    "wide": (*_TABLE, "topology", "revision", "model_card_json"),
+    "wide": (*_TABLE, "topology", "revision", "model_card_json", "state_reason"),
     "json": _OBJECT,
     "yaml": _OBJECT,
     "name": ("id",),

@@ -198,7 +198,7 @@ def _bar(stream: IO[str], total: int, label: str) -> Iterator[Callable[[], None]
 
 STATE_STYLES = {
     "ready": "green", "cordoned": "yellow", "draining": "cyan", "drained": "blue",
-    "unhealthy": "bold red",
+    "unhealthy": "bold red", "excluded": "magenta",
 }  # fmt: skip
 
 

@@ -55,6 +55,7 @@ from dynamod.results import (
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.router.explain import by_dynamo_rule, dynamo_summary
+from dynamod.router.fit import ANY
 from dynamod.selectors import parse
 from dynamod.store import Store
 from dynamod.store.dynamo import DynamoStore
@@ -352,8 +353,11 @@ class Control:
         if prompt:
             tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
             read = await self.prompts.tokenize_text(prompt, tokenizer, block_size)
+        # As the front reads it: a worker of another reading is excluded, with the reason.
+        reading = self.router.reading(model)
+        needs = reading.needs(0) if reading is not None else ANY
         result = self.router.explain(
-            RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes)
+            RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes, needs=needs)
         )
         if isinstance(self.store, DynamoStore):  # Dynamo's frontend decides, by its rule
             result = by_dynamo_rule(result)

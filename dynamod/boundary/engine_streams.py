@@ -16,6 +16,13 @@ counted in ``dynamod_engine_streams_refused_total`` and logged (summarised, like
 ``boundary/breach_log.py``), and retried after its back-off; it is not marked (the router
 falls back on its own count). ``dynamod_engine_streams_open`` is how many are open now.
 
+**Connecting.** At most ``CONNECTING`` streams are being opened at once (connected, and
+waiting for their snapshot line); the others wait their turn before their clock starts,
+so a daemon that starts beside 10,000 workers, or a partition that heals, does not spend
+its loop on 10,000 handshakes at once and charge each a timeout for the wait. A stream
+leaves the gate with its first line, or when its attempt fails. Together with each
+worker's back-off (full jitter), reconnections are spread out.
+
 **The boundary.** Every line is read within the worker's ``Budgets``
 (``boundary/budgets.py``): its length, its rate (a budget per worker that survives its
 reconnections), the time to connect and to each line. Whatever the worker's bytes do — a
@@ -86,6 +93,8 @@ BACKOFF_CAP = 5.0
 SNAPSHOT_BLOCK_BYTES = 24
 SNAPSHOT_TOKEN_BYTES = 8
 SNAPSHOT_BLOCK_SIZE = 64
+CONNECTING = 128
+"""Streams being opened at once (see the module docstring)."""
 """A block of a KV snapshot line takes at most ``SNAPSHOT_BLOCK_BYTES`` (its hash) plus
 ``SNAPSHOT_TOKEN_BYTES`` a token (ids of up to 7 digits); block sizes past
 ``SNAPSHOT_BLOCK_SIZE`` count as that (a record's card is the worker's word)."""
@@ -115,6 +124,7 @@ class EngineStreams:
         self._open_files = open_files
         self._opening = 0
         """Streams connecting or open now: what ``open_files`` bounds."""
+        self._connecting = asyncio.Semaphore(CONNECTING)
         self._kv = kv
         self._budgets = budgets or Budgets()
         self._rng = rng or random.Random()
@@ -209,13 +219,21 @@ class EngineStreams:
         if not self._admit(feed):
             return
         self._opening += 1
+        gated = False
         try:
+            await self._connecting.acquire()
+            gated = True
             async for event in events(self._session, feed.url, self._budgets, feed.rate):
+                if gated:
+                    self._connecting.release()
+                    gated = False
                 self._deliver(feed, event)
             self._ended(feed, None)
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
         finally:
+            if gated:
+                self._connecting.release()
             self._opening -= 1
             if self._kv is not None:
                 self._kv.gone(key)

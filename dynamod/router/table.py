@@ -54,6 +54,8 @@ from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 
 # How many workers an error message names before it says "and N more".
 MESSAGE_WORKERS = 5
+EXCLUDED_NAMED = 3
+"""Excluded workers (another reading) a refusal names, after the others."""
 
 # Sets of required taints whose eligible groups are remembered per model; past this many
 # the memory starts over (so odd constraints sent by clients cannot grow it without end).
@@ -396,15 +398,37 @@ class RoutingTable:
         required = constraints.required_taints
         need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
         workers: Collection[WorkerRecord] = index.workers.values()
+        apart: list[WorkerRecord] = []
         if needs.reading is not None:
-            # The disagreeing workers are left out of the sentence too: they may be many,
-            # and a hostile record must not crowd the honest ones out of the message.
-            workers = [w for w in workers if Reading.of(w.model_card) == needs.reading]
+            # The disagreeing workers are named apart, after the others, and a few only:
+            # they may be many, and a hostile record must not crowd the honest ones out.
+            ours = [w for w in workers if Reading.of(w.model_card) == needs.reading]
+            apart = [w for w in workers if Reading.of(w.model_card) != needs.reading]
+            workers = ours
         if any(w.model_card.context_length < needs.context for w in workers):
             need += f" and a context that holds {needs.tokens or needs.context} tokens"
         shown = itertools.islice(workers, MESSAGE_WORKERS)
         reasons = [_reason(w, constraints, exclude, needs) for w in shown]
-        return f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
+        told = f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
+        return told + _left_out(apart, needs)
+
+
+def _left_out(workers: list[WorkerRecord], needs: CardNeeds) -> str:
+    """``; 1 more worker excluded, its reading disagreeing with the model's other workers'
+    (…): a1b2 (no tokenizer, block size 16)``: the workers left out of routing by design."""
+    if not workers or needs.reading is None:
+        return ""
+    named = [
+        f"{w.instance_id} ({Reading.of(w.model_card).describe()})"
+        for w in itertools.islice(workers, EXCLUDED_NAMED)
+    ]
+    more = len(workers) - len(named)
+    tail = f", and {more} more" if more > 0 else ""
+    plural = "s" if len(workers) != 1 else ""
+    return (
+        f"; {len(workers)} more worker{plural} excluded, reading bodies otherwise than the "
+        f"model's other workers ({needs.reading.describe()}): {', '.join(named)}{tail}"
+    )
 
 
 def _count_of(total: int, named: list[str]) -> str:
