@@ -373,7 +373,9 @@ class Control:
     def _candidate(self, row: WorkerExplanation) -> CandidateInfo:
         terms = row.terms
         info = self.info(row.worker)
-        if row.ineligible is not None:
+        if info.state is WorkerState.EXCLUDED:  # its reading decides, whatever else it lacks
+            reason = f"excluded: {info.state_reason}"
+        elif row.ineligible is not None:
             reason = row.ineligible.reason(row.worker)
         elif row.busy is Busy.UNHEALTHY and info.engine is not None:
             reason = f"{info.state}: {info.engine.reason}"
