@@ -52,13 +52,14 @@ def ls(
     """List workers with their taints.
 
     Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
-    TAINTS, STATE (ready, cordoned, draining, drained or unhealthy; on an NVIDIA Dynamo
-    fleet unreachable, or ready,cordon-not-honoured), LOAD (requests this
-    dynamod has in flight on it, and what its engine reports), AGE; -o wide adds TOPOLOGY,
-    REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
-    500 from one snapshot, and each page is printed as it arrives. --watch then prints
-    each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
-    get -w."""
+    TAINTS, STATE (ready, cordoned, draining, drained, unhealthy or excluded: left out of
+    routing for reading requests otherwise than its model's other workers, -o wide says
+    how; on an NVIDIA Dynamo fleet unreachable, or ready,cordon-not-honoured), LOAD
+    (requests this dynamod has in flight on it, and what its engine reports), AGE; -o wide
+    adds TOPOLOGY, REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large
+    fleet in pages of 500 from one snapshot, and each page is printed as it arrives.
+    --watch then prints each change as it happens, with an EVENT column (ADDED, TAINTS,
+    REMOVED), like kubectl get -w."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
