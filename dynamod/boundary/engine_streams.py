@@ -93,11 +93,11 @@ BACKOFF_CAP = 5.0
 SNAPSHOT_BLOCK_BYTES = 24
 SNAPSHOT_TOKEN_BYTES = 8
 SNAPSHOT_BLOCK_SIZE = 64
-CONNECTING = 128
-"""Streams being opened at once (see the module docstring)."""
 """A block of a KV snapshot line takes at most ``SNAPSHOT_BLOCK_BYTES`` (its hash) plus
 ``SNAPSHOT_TOKEN_BYTES`` a token (ids of up to 7 digits); block sizes past
 ``SNAPSHOT_BLOCK_SIZE`` count as that (a record's card is the worker's word)."""
+CONNECTING = 128
+"""Streams being opened at once (see the module docstring)."""
 
 
 class EngineStreams:
