@@ -39,7 +39,6 @@ overlap and is refused at apply (``refuse_overlaps``). See ``disjoint`` for the 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -47,10 +46,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-import yaml
-
 from dynamod import jsoncodec
 from dynamod.errors import PoolPolicyError, SelectorError, TaintError, shown
+from dynamod.pools import document
 from dynamod.selectors import Selector, Term
 from dynamod.selectors import parse as parse_selector
 from dynamod.taints import OPERATOR_TAINTS, TOPOLOGY_PREFIX, topology_taint, validate
@@ -113,12 +111,7 @@ class PoolPolicy:
     @classmethod
     def parse(cls, text: str | bytes) -> PoolPolicy:
         """A policy from a YAML or JSON document (JSON when it starts with ``{``)."""
-        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-        if len(data) > MAX_POLICY_BYTES:
-            raise PoolPolicyError(
-                f"policy: the document is {len(data)} bytes; the limit is {MAX_POLICY_BYTES} bytes"
-            )
-        return cls.from_dict(_load(data))
+        return cls.from_dict(read_document(text))
 
     @classmethod
     def from_dict(cls, doc: object) -> PoolPolicy:
@@ -248,56 +241,27 @@ def _zones_contradict(terms: tuple[Term, ...]) -> bool:
     return False
 
 
-def _load(data: bytes) -> object:
-    """The document's one value; JSON when it starts with ``{``, YAML otherwise."""
+def read_document(text: str | bytes) -> object:
+    """A document's one value, not yet checked as a policy: over ``MAX_POLICY_BYTES`` it is
+    refused before it is parsed, and parsing is bounded (``document``). Seconds of CPU at
+    most, not microseconds: call it off the event loop."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if len(data) > MAX_POLICY_BYTES:
+        raise PoolPolicyError(
+            f"policy: the document is {len(data)} bytes; the limit is {MAX_POLICY_BYTES} bytes"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PoolPolicyError(f"policy: the document is not UTF-8 text: {exc}") from None
-    if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text, object_pairs_hook=_unique_pairs)
-        except PoolPolicyError:
-            raise  # a repeated key: already said in our words
-        except ValueError as exc:  # JSONDecodeError, or an integer of too many digits
-            raise PoolPolicyError(f"policy: the document is not valid JSON: {exc}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a SafeLoader
-    except PoolPolicyError:
-        raise
-    except yaml.MarkedYAMLError as exc:
-        where = f" at line {exc.problem_mark.line + 1}" if exc.problem_mark else ""
-        raise PoolPolicyError(
-            f"policy: the document is not valid YAML: {exc.problem}{where}"
-        ) from None
-    except (yaml.YAMLError, ValueError, RecursionError) as exc:
-        raise PoolPolicyError(f"policy: the document is not valid YAML: {exc}") from None
+    return document.load(text)
 
 
-def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise PoolPolicyError(f"policy: key {key!r} appears twice in one mapping")
-        out[key] = value
-    return out
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """``yaml.safe_load``'s loader, refusing a mapping that repeats a key (PyYAML keeps the
-    last one silently; a document that says two things must say one)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise PoolPolicyError(
-                    f"policy: key {_show(key)} appears twice in one mapping (line "
-                    f"{key_node.start_mark.line + 1})"
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+def name_in(doc: object) -> str:
+    """The policy name a parsed document gives, when it gives a valid one; else ``""``
+    (for the audit line of a refused document)."""
+    name = doc.get("name") if isinstance(doc, Mapping) else None
+    return name if isinstance(name, str) and _NAME.fullmatch(name) else ""
 
 
 def _check_name(name: object) -> None:
@@ -421,6 +385,5 @@ def _whole_if_integral(number: int | float) -> Weight:
 
 
 def _show(value: object, limit: int = 200) -> str:
-    """A value as a message shows it: its repr, cut short (a document may be 64 KiB)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+    """A value as a message shows it: a bounded prefix of its repr (``document.brief``)."""
+    return document.brief(value, limit)
