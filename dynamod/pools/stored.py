@@ -36,6 +36,7 @@ from dynamod.errors import (
 )
 from dynamod.pool_results import ApplyKind, PolicyInfo
 from dynamod.pools.history import history_key
+from dynamod.pools.owners import required_field
 from dynamod.pools.policy import POOLS_PREFIX, PoolPolicy, overlaps, refuse_overlaps
 from dynamod.store import Entry, Store
 
@@ -181,19 +182,52 @@ async def remove_policy(store: Store, name: str) -> StoredPolicy:
 def in_force(policies: Sequence[StoredPolicy]) -> tuple[list[StoredPolicy], dict[str, str]]:
     """The policies to reconcile, by name, and why each other one is not: a policy that
     overlaps one whose name sorts before it (which can only be stored by two applies racing)
-    is left alone, with the reason."""
+    is left alone, with the reason. The policies chosen so far are indexed by the field
+    each selector requires (``owners.required_field``), so a policy is compared only with
+    those it could overlap: at a thousand policies of one model each, a few comparisons
+    each, not a million in all."""
     chosen: list[StoredPolicy] = []
     conflicts: dict[str, str] = {}
+    index = _ChosenIndex()
     for stored in sorted(policies, key=lambda s: s.name):
-        first = next((c for c in chosen if overlaps(c.policy, stored.policy)), None)
-        if first is None:
+        clash = [c for c in index.candidates(stored.policy) if overlaps(c.policy, stored.policy)]
+        if not clash:
             chosen.append(stored)
+            index.add(stored)
             continue
+        first = min(clash, key=lambda c: c.name)
         conflicts[stored.name] = (
             f"overlaps policy {first.name!r} (a shared pool taint on workers both selectors "
             f"can select), which is reconciled instead; change or remove one of them"
         )
     return chosen, conflicts
+
+
+class _ChosenIndex:
+    """Chosen policies by their required field and value; those requiring none apart."""
+
+    def __init__(self) -> None:
+        self.unkeyed: list[StoredPolicy] = []
+        self.by_field: dict[str, dict[str, list[StoredPolicy]]] = {}
+
+    def add(self, stored: StoredPolicy) -> None:
+        key = required_field(stored.policy.match)
+        if key is None:
+            self.unkeyed.append(stored)
+        else:
+            self.by_field.setdefault(key[0], {}).setdefault(key[1], []).append(stored)
+
+    def candidates(self, policy: PoolPolicy) -> Iterable[StoredPolicy]:
+        """Every chosen policy that might overlap ``policy``: one keyed on a field that
+        ``policy`` requires to hold another value cannot."""
+        wanted = {t.kind: t.value for t in policy.match.terms if t.kind != "taint" and not t.negate}
+        yield from self.unkeyed
+        for name, groups in self.by_field.items():
+            if name in wanted:
+                yield from groups.get(wanted[name], ())
+            else:
+                for group in groups.values():
+                    yield from group
 
 
 def _plausible(name: str) -> bool:
