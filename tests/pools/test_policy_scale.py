@@ -52,6 +52,7 @@ async def test_a_joining_worker_is_placed_within_a_second_at_a_thousand_policies
         for n in (500, 501, 502):
             started = time.monotonic()
             await add_workers(memory, 1, lease=lease, model=f"m{n}")
-            await view.wait_for(lambda v, n=n: placed(f"m{n}") == 2, within=10.0)
+            model = f"m{n}"
+            await view.wait_for(lambda v: placed(model) == 2, within=10.0)  # noqa: B023
             took.append(time.monotonic() - started)
         print(f"joining workers placed after {', '.join(f'{t:.3f}' for t in took)} s")
