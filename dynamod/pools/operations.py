@@ -20,7 +20,7 @@ from typing import Final, TypeVar
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import DynamoError, PolicyNotFoundError
+from dynamod.errors import DynamoError, PolicyNotFoundError, PoolPolicyError
 from dynamod.pool_results import (
     ApplyOutcome,
     DriftSeen,
@@ -31,7 +31,7 @@ from dynamod.pool_results import (
     RemoveOutcome,
 )
 from dynamod.pools.plan import Plan
-from dynamod.pools.policy import PoolPolicy, name_in, read_document
+from dynamod.pools.policy import PoolPolicy, name_in, read_document, spread_refusal
 from dynamod.pools.reconciler import PoolReconciler
 from dynamod.pools.stored import (
     StoredPolicy,
@@ -74,6 +74,7 @@ class PoolOperations:
                 doc = await asyncio.to_thread(read_document, document)
             name[0] = name_in(doc)
             policy = PoolPolicy.from_dict(doc)
+            self._check_spread(policy)
             if not dry_run:
                 caller.require_write()
             caller.check_taints(policy.taints)
@@ -87,6 +88,18 @@ class PoolOperations:
         outcome = await self._audited("pool-apply", lambda: name[0], caller, write)
         self._record(caller, "pool-apply", outcome.policy, outcome.outcome)
         return outcome
+
+    def _check_spread(self, policy: PoolPolicy) -> None:
+        """Refuse a spread whose plan would cost too much over the workers selected now."""
+        if policy.spread_by is None:
+            return
+        domains = {
+            record.runtime_config.topology_domains.get(policy.spread_by)
+            for record in self.reconciler.owners.of(policy.match)
+        }
+        refused = spread_refusal(policy, len(domains))
+        if refused:
+            raise PoolPolicyError(refused)
 
     async def list(self) -> list[PolicyInfo]:
         return [stored.info() for stored in await list_policies(self.store)]
@@ -157,7 +170,7 @@ class PoolOperations:
             recent=recent,
             drift=drift,
             budget_left=reconciler.budget_left(name),
-            conflict=reconciler.conflicts.get(name, ""),
+            conflict=reconciler.conflicts.get(name, "") or plan.refused,
         )
 
     async def _audited(

@@ -7,7 +7,8 @@ policy's workers (a policy that drops a pool must not leave that taint behind); 
 retired until the policy is removed.
 
 ``apply_policy`` is the one write of a document: the policy is checked before anything is
-read (``PoolPolicy``), then against the other stored policies (``refuse_overlaps``), then
+read (``PoolPolicy``), then against the other stored policies (``refuse_overlaps``, and
+``MAX_POLICIES`` for a new one), then
 written with a compare-and-swap at the revision read (a create is create-only), so two
 applies of one name never lose each other. Applying a document equal to the stored one
 writes nothing and keeps the revision. ``set_paused`` and ``remove_policy`` are
@@ -42,6 +43,9 @@ from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
 
+MAX_POLICIES: Final = 1000
+"""Policies one store holds: a new one past it is refused at apply (every daemon plans
+every policy)."""
 CAS_ATTEMPTS: Final = 4
 """Compare-and-swap attempts of one apply, pause or resume before ``ConflictError``."""
 BACKOFF_FIRST: Final = 0.005
@@ -130,6 +134,11 @@ async def apply_policy(
         stored = await list_policies(store)
         refuse_overlaps(policy, (s.policy for s in stored))
         old = next((s for s in stored if s.name == policy.name), None)
+        if old is None and len(stored) >= MAX_POLICIES:
+            raise PoolPolicyError(
+                f"policy: the store holds {len(stored)} policies; the limit is {MAX_POLICIES} "
+                f"(remove one, or merge policies, before applying {policy.name!r})"
+            )
         if old is not None and old.policy == policy:
             return old, "unchanged"
         retired = set() if old is None else (old.retired | old.policy.taints) - policy.taints

@@ -8,7 +8,15 @@ import pytest
 
 from dynamod.errors import PoolPolicyError
 from dynamod.pools import document
-from dynamod.pools.policy import PoolPolicy, name_in, read_document
+from dynamod.pools.plan import OwnedWorker, plan
+from dynamod.pools.policy import (
+    MAX_POOLS,
+    MAX_SPREAD_CELLS,
+    PoolPolicy,
+    name_in,
+    read_document,
+    spread_refusal,
+)
 
 
 def _bomb_yaml(levels: int) -> str:
@@ -94,3 +102,31 @@ def test_the_name_of_a_refused_document_is_read_from_the_one_parse() -> None:
     assert name_in(read_document("name: good\npools: 1\n")) == "good"
     assert name_in(read_document("name: Not A Label\n")) == ""
     assert name_in(read_document("- 1\n")) == ""
+
+
+def test_more_pools_than_the_limit_are_refused_naming_it() -> None:
+    pools = {f"pool=p{i}": 1 for i in range(MAX_POOLS + 1)}
+    with pytest.raises(PoolPolicyError) as caught:
+        PoolPolicy("big", "model=m", pools, spread_by="zone")
+    assert (
+        str(caught.value)
+        == f"pools: names {MAX_POOLS + 1} pool taints; the limit is 256 per policy"
+    )
+
+
+def test_the_issue_document_of_2000_pools_spread_over_zones_is_refused() -> None:
+    pools = "\n".join(f"  pool=p{i}: 1" for i in range(2000))
+    text = f"name: big\nselector: model=m\nspread_by: zone\npools:\n{pools}\n"
+    with pytest.raises(PoolPolicyError, match="the limit is 256 per policy"):
+        PoolPolicy.parse(text)
+
+
+def test_a_plan_over_the_spread_limit_moves_nothing_and_says_why() -> None:
+    policy = PoolPolicy("wide", "model=m", {"p=a": 1, "p=b": 1, "p=c": 1}, spread_by="zone")
+    domains = MAX_SPREAD_CELLS // 3 + 1
+    workers = [OwnedWorker(f"w{i}", domain=f"z{i}") for i in range(domains)]
+    result = plan(policy, workers)
+    assert result.moves == () and result.wanted_by_domain == {}
+    assert result.refused == spread_refusal(policy, domains)
+    assert f"{3 * domains} cells; the limit is {MAX_SPREAD_CELLS}" in result.refused
+    assert plan(policy, workers[:-1]).moves  # one domain fewer: within the limit, planned
