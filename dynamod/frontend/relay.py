@@ -4,7 +4,9 @@ The line that matters is the moment the client's answer starts. Before it, nothi
 reached the client, and a failure is an ``UpstreamFailure`` that may be tried once more
 on another worker: a refused or reset connection, a timeout, a 5xx status, and also an
 answer the front cannot pass on: a whole body over ``AnswerLimits.whole`` bytes or cut
-off, a stream whose first event is over ``AnswerLimits.event`` bytes, cut off or late.
+off, or a 2xx whole body that is empty or not a JSON object (the client could read no
+answer in it), a stream whose first event is over ``AnswerLimits.event`` bytes, cut off
+or late.
 So the client's answer starts with the worker's whole body, or with a stream's first
 whole event (its status line and headers then go out with it).
 
@@ -161,8 +163,27 @@ async def relay_whole(
     except _READ_FAILURES as exc:
         said = f"{name} failed while sending its answer: {_why(exc)}"
         return UpstreamFailure(worker, _reason(exc), _status(exc), said)
+    if 200 <= upstream.status < 300:
+        wrong = _not_an_answer(body)
+        if wrong:
+            said = f"{name} answered {upstream.status} with {wrong}"
+            return UpstreamFailure(worker, "broken", 502, said)
     headers = passed_headers(upstream.headers, worker.instance_id)
     return web.Response(status=upstream.status, body=body, headers=headers)
+
+
+def _not_an_answer(body: bytes) -> str:
+    """Why a 2xx whole body is no answer (empty, or not a JSON object); ``""`` when it is
+    one. The client would get nothing it could read: a failure of the worker instead."""
+    if not body.strip():
+        return "an empty body"
+    try:
+        value = jsoncodec.read(body, "its answer")
+    except InvalidInputError as exc:
+        return f"a body that is not JSON ({exc}; it begins {body[:60]!r})"
+    if not isinstance(value, dict):
+        return f"a body that is not a JSON object (it begins {body[:60]!r})"
+    return ""
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,10 @@ async def _answer(request: web.Request, mode: str, size_mb: int) -> web.StreamRe
         return await _endless(request, b'{"id":"', size_mb, "application/json")
     if mode == "huge":
         return await _endless(request, b'data: {"id":"', size_mb, "text/event-stream")
+    if mode == "empty" and not stream:  # 200 and no body at all
+        return web.Response(status=200, body=b"", content_type="application/json")
+    if mode == "not-json" and not stream:
+        return web.Response(status=200, body=b"<html>ok</html>", content_type="application/json")
     if mode == "huge-later-event":
         return await _endless(request, GOOD_EVENT + b'data: {"id":"', size_mb, "text/event-stream")
     if mode == "half-event":
