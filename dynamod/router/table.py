@@ -54,6 +54,9 @@ from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 
 # How many workers an error message names before it says "and N more".
 MESSAGE_WORKERS = 5
+MESSAGE_TAINTS = 16
+"""Taints a message names in one list (required, missing, held); then ``(and N more)``: a
+request may name 10,000 required taints, and its 503 must stay a sentence."""
 
 # Sets of required taints whose eligible groups are remembered per model; past this many
 # the memory starts over (so odd constraints sent by clients cannot grow it without end).
@@ -99,8 +102,8 @@ class Ineligible:
         if self.cordoned:
             parts.append("is cordoned")
         if self.missing:
-            held = ", ".join(record.taints) or "no taints"
-            parts.append(f"has {held} (missing {', '.join(self.missing)})")
+            held = named(record.taints, ", ") or "no taints"
+            parts.append(f"has {held} (missing {named(self.missing, ', ')})")
         if self.other_reading is not None:
             parts.append(
                 f"disagrees with the model's other workers ({self.other_reading.describe()})"
@@ -380,7 +383,7 @@ class RoutingTable:
             known = f"workers serve {others}" if others else "no workers are registered"
             return f"no worker serves model {model!r}; {known}"
         required = constraints.required_taints
-        need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
+        need = f"has {named(sorted(required), ' and ')}" if required else "is schedulable"
         workers: Collection[WorkerRecord] = index.workers.values()
         if needs.reading is not None:
             # The disagreeing workers are left out of the sentence too: they may be many,
@@ -393,11 +396,20 @@ class RoutingTable:
         return f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
 
 
-def _count_of(total: int, named: list[str]) -> str:
+def _count_of(total: int, shown: list[str]) -> str:
     """``2 workers: a, b`` / ``7 workers: a, ..., e, and 2 more``."""
-    more = total - len(named)
+    more = total - len(shown)
     tail = f", and {more} more" if more > 0 else ""
-    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(named)}{tail}"
+    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(shown)}{tail}"
+
+
+def named(taints: Collection[str], sep: str, limit: int = MESSAGE_TAINTS) -> str:
+    """The first ``limit`` of ``taints`` (in their order) joined by ``sep``, then ``(and N
+    more)``; each cut to 100 characters (a taint may be kilobytes)."""
+    items = list(itertools.islice(taints, limit))
+    text = sep.join(t if len(t) <= 100 else f"{t[:100]}..." for t in items)
+    more = len(taints) - len(items)
+    return f"{text} (and {more} more)" if more > 0 else text
 
 
 def why_not(
