@@ -95,7 +95,8 @@ class _Bucket:
 
 
 class RateBudget:
-    """One worker's rate budget: lines and bytes, each a token bucket (``Budgets``).
+    """One worker's rate budget: lines, bytes and KV events, each a token bucket
+    (``Budgets``).
 
     ``spend(size)`` pays for one line of ``size`` bytes, or raises ``TooFastError`` when
     the worker has spent its burst faster than its rate refills it. ``clock``: seconds,
