@@ -173,7 +173,11 @@ class Frontend(Drains):
             raise RuntimeError("Frontend.start() was already called")
         # No connection limit of its own: the router bounds what each worker gets.
         connector = aiohttp.TCPConnector(limit=0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        # No decompression by aiohttp (a gzip bomb inflates on the loop): relay.py inflates
+        # a whole answer in slices, and asks workers for identity.
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False
+        )
         self._departures.follow(self._view.records())
         self._unfollow = self._view.listen(self._departures.apply)
 

@@ -16,7 +16,9 @@ silence, an end without ``[DONE]``) ends it with one error event and ``[DONE]``,
 shape the worker itself uses. Only complete events are written, so a stream cut off
 mid-event never hands the client half a JSON object. Every failure of a worker, before
 or after that line, is reported (``report``: a log line naming the worker, a metric).
-aiohttp errors are translated here and nowhere else in the front.
+aiohttp errors are translated here and nowhere else in the front. Workers are asked for
+``identity``; a compressed whole answer is inflated in slices within the same limit
+(``http.bounded.inflate``), a compressed stream refused (aiohttp inflates nothing).
 
 The streams being relayed are held in ``http.sse.OpenStreams``, whose ``cut(message)`` the
 daemon calls when its grace period ends with streams still open: each ends with an error
@@ -38,7 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError, OversizeError
 from dynamod.frontend.replies import passed_headers
-from dynamod.http.bounded import read_body
+from dynamod.http.bounded import EncodingError, inflate, read_body
 from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import error_event, error_response
 from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 ERROR_TEXT_LIMIT = 64 * 1024
 """Bytes of a worker's 5xx answer read for its message; the rest is not read."""
 _READ_FAILURES = (aiohttp.ClientError, HttpProcessingError, TimeoutError)
+_SENT_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+"""An honest worker answers uncompressed; a compressed whole answer is inflated in slices
+(``http.bounded.inflate``), never by aiohttp on the loop (the session does not decompress)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ async def send(
     name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=_payload(body), headers={**headers, "Content-Type": "application/json"}
+            url, data=_payload(body), headers={**headers, **_SENT_HEADERS}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
@@ -156,10 +161,15 @@ async def relay_whole(
     """The worker's whole answer, passed on; a failure when it is over ``limits.whole``
     bytes or breaks off (nothing has reached the client yet)."""
     name = _name(worker)
+    what = f"the answer of {name}"
     try:
-        body = await read_body(upstream, limits.whole, f"the answer of {name}")
+        raw = await read_body(upstream, limits.whole, what)
+        encoding = upstream.headers.get("Content-Encoding", "")
+        body = await inflate(raw, encoding, limits.whole, what)
     except OversizeError as exc:
         return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an answer: {exc}")
+    except EncodingError as exc:
+        return UpstreamFailure(worker, "broken", 502, f"{name} sent an answer unread: {exc}")
     except _READ_FAILURES as exc:
         said = f"{name} failed while sending its answer: {_why(exc)}"
         return UpstreamFailure(worker, _reason(exc), _status(exc), said)
@@ -211,6 +221,10 @@ async def relay_stream(
     connection, which stops its generation.
     """
     what = f"the stream of {_name(worker)}"
+    encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":  # asked for identity (``send``); events are read as sent
+        said = f"{_name(worker)} sent an event stream in Content-Encoding {encoding[:40]!r}"
+        return UpstreamFailure(worker, "broken", 502, f"{said}; the front reads them uncompressed")
     events = EventReader(upstream.content, relay.limits.event, what)
     with relay.streams.opened(upstream) as stream:
         first = await _next(events, stream, worker)

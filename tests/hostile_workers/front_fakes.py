@@ -31,6 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
+import json
 import time
 
 from aiohttp import web
@@ -108,6 +110,14 @@ async def _answer(request: web.Request, mode: str, size_mb: int) -> web.StreamRe
         return web.Response(status=200, body=b"", content_type="application/json")
     if mode == "not-json" and not stream:
         return web.Response(status=200, body=b"<html>ok</html>", content_type="application/json")
+    if mode == "gzip-bomb" and not stream:  # a few hundred KiB that inflate to size_mb MiB
+        bomb = gzip.compress(b" " * (size_mb << 20), compresslevel=9)
+        headers = {"Content-Encoding": "gzip"}
+        return web.Response(body=bomb, headers=headers, content_type="application/json")
+    if mode == "gzip" and not stream:  # an honest answer, compressed although not asked to be
+        body = gzip.compress(json.dumps(completion()).encode())
+        headers = {"Content-Encoding": "gzip"}
+        return web.Response(body=body, headers=headers, content_type="application/json")
     if mode == "huge-later-event":
         return await _endless(request, GOOD_EVENT + b'data: {"id":"', size_mb, "text/event-stream")
     if mode == "half-event":
