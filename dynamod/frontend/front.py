@@ -162,8 +162,9 @@ class Frontend(Drains):
         self._session: aiohttp.ClientSession | None = None
         self._requests = RequestTracker(self._metrics.in_flight)
         self._departures = Departures(gone_window)
-        self._streams = OpenStreams()
-        self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
+        limits = limits or AnswerLimits()
+        self._streams = OpenStreams(budget=limits.streams)
+        self._relay = StreamRelay(limits, self._streams, self._report)
         self._unfollow: Callable[[], None] | None = None
         self._traffic = traffic if traffic is not None else Traffic()
 

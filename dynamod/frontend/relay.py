@@ -226,7 +226,7 @@ async def relay_stream(
         said = f"{_name(worker)} sent an event stream in Content-Encoding {encoding[:40]!r}"
         return UpstreamFailure(worker, "broken", 502, f"{said}; the front reads them uncompressed")
     events = EventReader(upstream.content, relay.limits.event, what)
-    with relay.streams.opened(upstream) as stream:
+    with relay.streams.opened(upstream, f"the stream of {_name(worker)}") as stream:
         first = await _next(events, stream, worker)
         if isinstance(first, UpstreamFailure):
             if stream.cut is not None:
@@ -237,7 +237,8 @@ async def relay_stream(
         )
         try:
             await response.prepare(request)
-            await _pump(response, first, events, stream, worker, on_event, relay.report)
+            stream.client = request.transport
+            await _pump(response, first, events, stream, worker, on_event, relay)
             await response.write_eof()
         except ConnectionResetError:
             log.debug("client went away from a stream of worker %s", worker.instance_id)
@@ -271,16 +272,20 @@ async def _pump(
     stream: OpenStream,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
-    report: Report,
+    relay: StreamRelay,
 ) -> None:
     while True:
         on_event(event)
+        if not relay.streams.make_room(stream, len(event)):
+            stream.drop("it holds the most of all streams, over their budget")
+            return
         await response.write(event)
+        stream.pending = 0
         if is_done(event):
             return
         found = await _next(events, stream, worker)
         if isinstance(found, UpstreamFailure):
-            await _end_broken(response, stream, found, report)
+            await _end_broken(response, stream, found, relay.report)
             return
         event = found
 

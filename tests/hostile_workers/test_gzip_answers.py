@@ -1,5 +1,5 @@
 """Compressed answers from workers (issue 28), with real processes: the front asks for
-``identity`` and does not let aiohttp inflate on the loop; a gzip bomb (256 MiB in a few
+``identity`` and does not let aiohttp inflate on the loop; a gzip bomb (64 MiB in a few
 hundred KiB) is inflated slice by slice only up to the answer limit, then refused with a
 502 naming the worker, and the daemon's peak memory stays near it; an honest gzip answer
 is passed on decoded."""
@@ -31,7 +31,7 @@ async def test_a_gzip_bomb_is_refused_at_the_limit_and_an_honest_gzip_answer_pas
 ) -> None:
     store = (tmp_path / "store").as_uri()
     body = {"model": MODEL, "prompt": "hello world", "max_tokens": 2}
-    bomb = ("--id", "b" * 16, "--mode", "gzip-bomb", "--size-mb", "256", "--taint", "bomb")
+    bomb = ("--id", "b" * 16, "--mode", "gzip-bomb", "--size-mb", "64", "--taint", "bomb")
     async with (
         running(fake_worker(store, *bomb)) as bomber,
         running(fake_worker(store, "--id", "c" * 16, "--mode", "gzip", "--taint", "zip")) as z,
