@@ -25,11 +25,13 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
+from dynamod import jsoncodec
 from dynamod.backoff import Backoff
 from dynamod.errors import (
     ConflictError,
+    InvalidInputError,
     KeyNotFoundError,
     PolicyNotFoundError,
     PoolPolicyError,
@@ -83,12 +85,12 @@ def decode(entry: Entry) -> StoredPolicy:
     """The policy stored in ``entry``; ``PoolPolicyError`` when it is not one (a value
     written past ``apply_policy``), naming the key."""
     try:
-        body = json.loads(entry.value)
+        body: Any = jsoncodec.read(entry.value, f"stored policy at {entry.key!r}")
         policy = PoolPolicy.from_dict(body["policy"])
         retired = frozenset(str(t) for t in body.get("retired", ()))
     except PoolPolicyError as exc:
         raise PoolPolicyError(f"stored policy at {entry.key!r} is refused: {exc}") from None
-    except (ValueError, TypeError, KeyError) as exc:
+    except (InvalidInputError, ValueError, TypeError, KeyError) as exc:
         raise PoolPolicyError(
             f"stored policy at {entry.key!r} is not a policy record: {exc!r}"
         ) from None

@@ -129,3 +129,12 @@ async def test_a_new_policy_past_the_store_limit_is_refused_a_stored_one_still_c
         assert await store.get(extra.key) is None
         changed = PoolPolicy("p7", "model=m7", {"pool=a": 2, "pool=b": 1})
         assert (await apply_policy(store, changed))[1] == "changed"
+
+
+async def test_a_deeply_nested_stored_value_is_refused_not_a_recursion_error() -> None:
+    async with await open_store("memory://") as store:
+        deep = b'{"policy": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+        await store.put("v1/pools/deep", deep)
+        assert await list_policies(store) == []  # logged and left out
+        with pytest.raises(PoolPolicyError, match="stored policy at 'v1/pools/deep' is not a"):
+            await get_policy(store, "deep")
