@@ -357,7 +357,9 @@ class StatusInfo:
 class DrainStatus:
     """One worker while a drain is waited for: its state and what is in flight there;
     ``draining``: it still holds the drain taint (false once uncordoned); ``gone``: it left
-    the view (its engine no longer reports, this router's requests may still run)."""
+    mid-drain, its record gone from the view or its engine's stream broken (killed before
+    its lease ran out); then ``in_flight`` is what was in flight when it was last seen,
+    which may have been cut. A gone worker is not drained: the wait for it is over."""
 
     worker: str
     key: str
@@ -368,20 +370,21 @@ class DrainStatus:
 
     @property
     def drained(self) -> bool:
-        """Nothing more to wait for: drained (or gone) with nothing in flight."""
-        return (self.draining or self.gone) and self.in_flight.idle
+        """Drained: still draining, nothing in flight, and not gone."""
+        return self.draining and not self.gone and self.in_flight.idle
 
     @property
     def over(self) -> bool:
-        """The wait for it is over: drained, or its drain ended (uncordoned)."""
-        return self.drained or not (self.draining or self.gone)
+        """The wait for it is over: drained, gone, or its drain ended (uncordoned)."""
+        return self.drained or self.gone or not self.draining
 
     def describe(self) -> str:
         """``draining: router 1, engine running 1, waiting 0`` and the like."""
-        if not (self.draining or self.gone):
+        if self.gone:
+            return f"gone mid-drain (killed or left) with {self.in_flight.describe()} in flight"
+        if not self.draining:
             return f"{self.state}: not draining (uncordoned, or never drained)"
-        where = "gone from the fleet, " if self.gone else ""
-        return f"{self.state}: {where}{self.in_flight.describe()}"
+        return f"{self.state}: {self.in_flight.describe()}"
 
 
 @dataclass(frozen=True)

@@ -205,6 +205,17 @@ Timeout = Annotated[
 ]
 
 
+AllowGone = Annotated[
+    bool,
+    typer.Option(
+        "--allow-gone",
+        help="Exit 0 when a worker is gone mid-drain (killed, or left the fleet) and every "
+        "other one drained. Without it a gone worker is reported with what was in flight "
+        "and the exit is 1.",
+    ),
+]
+
+
 @app.command()
 def drain(
     ctx: typer.Context,
@@ -214,6 +225,7 @@ def drain(
     timeout: Timeout = None,
     dry_run: DryRun = False,
     yes: Yes = False,
+    allow_gone: AllowGone = False,
 ) -> None:
     """Take workers out of routing and wait until nothing is in flight on them.
 
@@ -222,7 +234,9 @@ def drain(
     the worker's engine (where it reports) has a request in flight, showing each change on
     a terminal, and prints drained (exit 0). When --timeout passes first, or an uncordon
     ends the drain, prints one line per worker not drained with what is in flight there
-    (exit 1). workers ls shows STATE draining, then drained: the worker can be stopped.
+    (exit 1). A worker killed or gone from the fleet mid-drain is reported gone, with what
+    was in flight when it was last seen (it may have been cut): exit 1 unless --allow-gone.
+    workers ls shows STATE draining, then drained: the worker can be stopped.
     Ctrl-C ends the wait, not the drain; uncordon ends the drain."""
     from dynamoctl import drains
     from dynamoctl.options import UsageError
@@ -231,4 +245,4 @@ def drain(
         raise UsageError(f"--timeout must be a number of seconds above 0, got {timeout:g}")
     chosen = target(worker, selector, all_workers)
     check_all(chosen, dry_run, yes)
-    drains.run(ctx, chosen, timeout, dry_run, yes)
+    drains.run(ctx, chosen, timeout, dry_run, yes, allow_gone=allow_gone)

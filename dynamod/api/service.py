@@ -46,6 +46,7 @@ from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
+    PermissionDeniedError,
     ShuttingDownError,
     StoreUnavailableError,
     StreamLimitError,
@@ -233,14 +234,22 @@ class WorkerService(rpc.WorkerServiceServicer):
         async def sent(event: DrainEvent) -> None:
             await context.write(convert.drain_event_to_pb(event))
 
-        async def body(_: Principal) -> None:
+        async def body(caller: Principal) -> None:
             if self.api.draining:
                 raise ShuttingDownError("dynamod is shutting down; retry on another replica")
+            if caller.role != "write":  # the wait is the second half of a drain, a write
+                raise PermissionDeniedError(
+                    f"{caller.name!r} has read-only access; waiting for a drain needs a "
+                    "write token (workers ls shows each worker's state to any token)"
+                )
             target = convert.target_from_pb(request)
             deadline = _drain_deadline(request.timeout_seconds)
-            with self.api.control.watch_drain(
-                target, after_revision=request.after_revision
-            ) as watch:
+            with (
+                self.api.slots.hold(caller),  # a stream slot, as TailEvents takes
+                self.api.control.watch_drain(
+                    target, after_revision=request.after_revision
+                ) as watch,
+            ):
                 self.api.drain_watches.add(watch)
                 try:
                     await watch.run(sent, deadline)

@@ -301,13 +301,17 @@ class EngineStreams:
 
 
 def worker_budgets(budgets: Budgets, record: WorkerRecord, kv: KvIndexer | None) -> Budgets:
-    """The budgets of ``record``'s worker: ``budgets``, with a byte burst that takes its
-    whole KV snapshot when that is larger (see the module docstring)."""
+    """The budgets of ``record``'s worker: ``budgets``, with a byte burst and a KV event
+    burst that take its whole KV snapshot when that is larger (see the module docstring)."""
     if kv is None or not offers_kv(record):
         return budgets
     size = min(max(record.model_card.kv_block_size, 1), SNAPSHOT_BLOCK_SIZE)
     snapshot = kv.limit(record) * (SNAPSHOT_BLOCK_BYTES + SNAPSHOT_TOKEN_BYTES * size)
-    return replace(budgets, bytes_burst=max(budgets.bytes_burst, snapshot))
+    return replace(
+        budgets,
+        bytes_burst=max(budgets.bytes_burst, snapshot),
+        kv_events_burst=max(budgets.kv_events_burst, kv.limit(record)),  # a block an event
+    )
 
 
 class _Feed:

@@ -56,6 +56,9 @@ from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 MESSAGE_WORKERS = 5
 EXCLUDED_NAMED = 3
 """Excluded workers (another reading) a refusal names, after the others."""
+MESSAGE_TAINTS = 16
+"""Taints a message names in one list (required, missing, held); then ``(and N more)``: a
+request may name 10,000 required taints, and its 503 must stay a sentence."""
 
 # Sets of required taints whose eligible groups are remembered per model; past this many
 # the memory starts over (so odd constraints sent by clients cannot grow it without end).
@@ -101,8 +104,8 @@ class Ineligible:
         if self.cordoned:
             parts.append("is cordoned")
         if self.missing:
-            held = ", ".join(record.taints) or "no taints"
-            parts.append(f"has {held} (missing {', '.join(self.missing)})")
+            held = named(record.taints, ", ") or "no taints"
+            parts.append(f"has {held} (missing {named(self.missing, ', ')})")
         if self.other_reading is not None:
             parts.append(
                 f"disagrees with the model's other workers ({self.other_reading.describe()})"
@@ -396,7 +399,7 @@ class RoutingTable:
             known = f"workers serve {others}" if others else "no workers are registered"
             return f"no worker serves model {model!r}; {known}"
         required = constraints.required_taints
-        need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
+        need = f"has {named(sorted(required), ' and ')}" if required else "is schedulable"
         workers: Collection[WorkerRecord] = index.workers.values()
         apart: list[WorkerRecord] = []
         if needs.reading is not None:
@@ -418,24 +421,33 @@ def _left_out(workers: list[WorkerRecord], needs: CardNeeds) -> str:
     (…): a1b2 (no tokenizer, block size 16)``: the workers left out of routing by design."""
     if not workers or needs.reading is None:
         return ""
-    named = [
+    shown = [
         f"{w.instance_id} ({Reading.of(w.model_card).describe()})"
         for w in itertools.islice(workers, EXCLUDED_NAMED)
     ]
-    more = len(workers) - len(named)
+    more = len(workers) - len(shown)
     tail = f", and {more} more" if more > 0 else ""
     plural = "s" if len(workers) != 1 else ""
     return (
         f"; {len(workers)} more worker{plural} excluded, reading bodies otherwise than the "
-        f"model's other workers ({needs.reading.describe()}): {', '.join(named)}{tail}"
+        f"model's other workers ({needs.reading.describe()}): {', '.join(shown)}{tail}"
     )
 
 
-def _count_of(total: int, named: list[str]) -> str:
+def _count_of(total: int, shown: list[str]) -> str:
     """``2 workers: a, b`` / ``7 workers: a, ..., e, and 2 more``."""
-    more = total - len(named)
+    more = total - len(shown)
     tail = f", and {more} more" if more > 0 else ""
-    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(named)}{tail}"
+    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(shown)}{tail}"
+
+
+def named(taints: Collection[str], sep: str, limit: int = MESSAGE_TAINTS) -> str:
+    """The first ``limit`` of ``taints`` (in their order) joined by ``sep``, then ``(and N
+    more)``; each cut to 100 characters (a taint may be kilobytes)."""
+    items = list(itertools.islice(taints, limit))
+    text = sep.join(t if len(t) <= 100 else f"{t[:100]}..." for t in items)
+    more = len(taints) - len(items)
+    return f"{text} (and {more} more)" if more > 0 else text
 
 
 def why_not(
