@@ -43,11 +43,17 @@ WORKER_WIDE_HEADERS = (
 def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     """Each id → its shortest prefix of at least ``minimum`` characters that no other id
     in ``ids`` shares (the daemon accepts any unique prefix)."""
+    unique = sorted(set(ids))
+    length = id_length(unique, minimum)
+    return {i: i[:length] for i in unique}
+
+
+def id_length(ids: Iterable[str], minimum: int = SHORT_ID) -> int:
+    """``results.id_prefix_length``: the shortest prefix, at least ``minimum`` long, that
+    no two of ``ids`` share."""
     from dynamod.results import id_prefix_length
 
-    unique = sorted(set(ids))
-    length = id_prefix_length(unique, minimum)
-    return {i: i[:length] for i in unique}
+    return id_prefix_length(ids, minimum)
 
 
 def age(seconds: float) -> str:
@@ -179,15 +185,28 @@ def worker_object(
         },
         "model_card": record.model_card.to_json() if card is None else card,
         "engine": None if info.engine is None else info.engine.to_json(),
-        **_dynamo(record.extra),
+        **_dynamo(record.extra, info.key, info.id),
     }
 
 
-def _dynamo(extra: Mapping[str, Any]) -> dict[str, Any]:
+DYNAMO_CARDS = "v1/mdc/"
+"""Where an NVIDIA Dynamo worker's card is: the key it is shown by."""
+
+
+def _dynamo(extra: Mapping[str, Any], key: str = "", ident: str = "") -> dict[str, Any]:
     """An NVIDIA Dynamo worker's own part of a record (its card's key, its instance id in
-    decimal) or of a model card (its LoRA adapters), when it is one."""
+    decimal) or of a model card (its LoRA adapters), when it is one. A listing carries
+    no record, only the key: its card's key, and the id in decimal is the hex id's
+    number (``store.dynamo.keys``)."""
     found = extra.get("dynamo")
-    return {"dynamo": found} if isinstance(found, dict) else {}
+    if isinstance(found, dict):
+        return {"dynamo": found}
+    if key.startswith(DYNAMO_CARDS) and ident:
+        try:
+            return {"dynamo": {"card_key": key, "instance_id": str(int(ident, 16))}}
+        except ValueError:
+            return {}
+    return {}
 
 
 def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
@@ -290,9 +309,10 @@ def event_change(event: EventInfo) -> str:
     return f"taints={joined(event.worker.taints)}"
 
 
-def event_row(event: EventInfo, wide: bool) -> list[str]:
+def event_row(event: EventInfo, wide: bool, id_length: int = SHORT_ID) -> list[str]:
+    """A row of ``events tail``; the worker's id cut to ``id_length`` (``EventTail``)."""
     worker = event.worker
-    ident = worker.id if wide and worker else (worker.id[:SHORT_ID] if worker else "-")
+    ident = worker.id if wide and worker else (worker.id[:id_length] if worker else "-")
     start = [iso_time(event.time), str(event.revision), event.kind, ident]
     model = [worker.record.model if worker else "-"] if wide else []
     return [*start, *model, event_change(event)]
@@ -348,8 +368,8 @@ def ranked(info: ExplainInfo) -> list[CandidateInfo]:
     return [*eligible, *others]
 
 
-def explain_rows(info: ExplainInfo) -> list[list[str]]:
-    shorts = short_ids(c.worker.id for c in info.candidates)
+def explain_rows(info: ExplainInfo, id_prefix: int = SHORT_ID) -> list[list[str]]:
+    shorts = short_ids((c.worker.id for c in info.candidates), id_prefix)
     return [candidate_row(c, shorts[c.worker.id]) for c in ranked(info)]
 
 

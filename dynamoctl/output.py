@@ -54,6 +54,9 @@ class Printer:
         self.stderr = stderr or sys.stderr
         self.colour = wants_colour(self.stdout)
         self._console: Any = None
+        self.id_prefix = 8
+        """How many characters of an id its tables show at least: the daemon's prefix that
+        tells apart every worker it sees (``AsyncClient.id_prefix``), once asked."""
 
     @property
     def wide(self) -> bool:

@@ -101,6 +101,8 @@ def run(
         done = await apply(
             client, printer, update, target, dry_run=dry_run, confirm=target.all and not yes
         )
+        if done:
+            printer.id_prefix = await client.id_prefix()
         return show(printer, done, target, dry_run=dry_run, describe=describe)
 
     execute(ctx, body)
@@ -116,7 +118,7 @@ def show(
 ) -> int:
     """Print the outcome in the chosen format; each failure gets its own line on stderr.
     Returns 1 when any worker failed."""
-    shorts = formats.short_ids(c.worker for c in changes)
+    shorts = formats.short_ids((c.worker for c in changes), printer.id_prefix)
     for change in changes:
         if change.error is not None:
             printer.error(f"worker {shorts[change.worker]}: {change.error.message}")

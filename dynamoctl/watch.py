@@ -101,7 +101,8 @@ class WorkerWatch:
                 self.printer.line(f"{kind} {info.id}")
             self.printer.flush()
             return
-        shorts = formats.short_ids([*self.known, *(i.id for _, i in changes)])
+        ids = [*self.known, *(i.id for _, i in changes)]
+        shorts = formats.short_ids(ids, self.printer.id_prefix)
         now = time.time()
         rows = [
             [kind, *formats.worker_row(info, shorts[info.id], self.printer.wide, now)]
@@ -127,17 +128,33 @@ class EventTail:
         self.pending: list[list[str]] = []
         headers = formats.EVENT_WIDE_HEADERS if printer.wide else formats.EVENT_HEADERS
         self.columns = Columns(printer, headers, 2)
+        self.seen: set[str] = set()
+        self.id_length = printer.id_prefix
 
     def feed(self, event: EventInfo) -> None:
+        self._see(event)
         if self.printer.output == "json":
             self.printer.json_line(_event_object(event))
         elif self.printer.output == "yaml":
             self.printer.yaml(_event_object(event), document=True)
             self.printer.flush()
         elif self.buffered:
-            self.pending.append(_event_row(event, self.printer.wide))
+            self.pending.append(_event_row(event, self.printer.wide, self.id_length))
         else:
-            self.columns.rows([_event_row(event, self.printer.wide)])
+            self.columns.rows([_event_row(event, self.printer.wide, self.id_length)])
+
+    def _see(self, event: EventInfo) -> None:
+        """Ids are cut to the daemon's prefix for the fleet when the tail began, longer
+        once two ids the stream has shown would share it (workers that joined since)."""
+        ids = [w.id for w in event.workers] if event.kind == "RESYNC" else []
+        if event.worker is not None:
+            ids.append(event.worker.id)
+        if event.pool is not None and event.pool.worker:
+            ids.append(event.pool.worker)
+        fresh = [i for i in ids if i not in self.seen]
+        if fresh:
+            self.seen.update(fresh)
+            self.id_length = formats.id_length(self.seen, self.id_length)
 
     def close(self) -> None:
         self.columns.rows(self.pending)
@@ -152,7 +169,7 @@ def _event_object(event: EventInfo) -> dict[str, Any]:
     return obj
 
 
-def _event_row(event: EventInfo, wide: bool) -> list[str]:
+def _event_row(event: EventInfo, wide: bool, id_length: int) -> list[str]:
     if event.pool is not None:
-        return pool_formats.pool_event_row(event, wide)
-    return formats.event_row(event, wide)
+        return pool_formats.pool_event_row(event, wide, id_length)
+    return formats.event_row(event, wide, id_length)

@@ -59,6 +59,8 @@ def tail(
         from dynamoctl.watch import EventTail
 
         check_selector(selector)
+        if printer.output == "table":
+            printer.id_prefix = await client.id_prefix()
         stream = EventTail(printer, buffered=no_follow)
         events = client.tail_events(
             since=since, selector=selector or "", follow=not no_follow, pools=pools

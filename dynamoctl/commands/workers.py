@@ -92,6 +92,8 @@ def _structured(printer: Printer, obj: object) -> None:
 async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
     from dynamoctl.watch import WorkerWatch
 
+    if printer.output in ("table", "wide"):
+        printer.id_prefix = await client.id_prefix()
     watch = WorkerWatch(printer)
     async for event in client.tail_events(selector=selector, follow=True):
         watch.feed(event)

@@ -40,6 +40,7 @@ from dynamod.errors import DynamoError, UnreachableError
 from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.records import ModelCard
 from dynamod.results import (
+    ID_PREFIX,
     DrainEvent,
     DrainResult,
     DrainStatus,
@@ -190,6 +191,13 @@ class AsyncClient(AsyncDynamoHelpers):
         async for reply in self._stream(call):
             workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
             yield WorkerPage(workers, reply.revision, reply.id_prefix)
+
+    async def id_prefix(self) -> int:
+        """How many characters of an id tell apart every worker the daemon sees: what a
+        table cuts ids to, so that each one printed resolves with ``get_worker``."""
+        request = pb.ListWorkersRequest(fields=["id"], prefix_only=True)
+        reply = await self._call(self._workers.ListWorkers, request)
+        return max(int(reply.id_prefix), ID_PREFIX)
 
     async def get_worker(self, ref: str) -> WorkerInfo:
         reply = await self._call(self._workers.GetWorker, pb.GetWorkerRequest(id=ref))

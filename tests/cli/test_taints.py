@@ -268,8 +268,10 @@ def test_cordon_takes_a_worker_out_of_routing_and_uncordon_puts_it_back(fleet: F
     again = fleet.cli.ok("workers", "cordon", fleet.solo).lines[1]
     assert "already cordoned" in again
     fleet.cluster.settle(int(again.split()[-1]))
-    explain = json.loads(fleet.cli.ok("route", "explain", "--model", "solo", "-o", "json").out)
-    (candidate,) = explain["candidates"]
+    explained = fleet.cli.run("route", "explain", "--model", "solo", "-o", "json")
+    assert explained.code == 1  # no worker is eligible: a script can tell
+    assert "no worker of model 'solo' is eligible" in explained.err
+    (candidate,) = json.loads(explained.out)["candidates"]
     assert not candidate["eligible"] and "cordoned" in candidate["reason"]
     assert "uncordoned" in fleet.cli.ok("workers", "uncordon", fleet.solo).out
 
