@@ -282,6 +282,10 @@ class Control:
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc, audit)
             raise
+        except asyncio.CancelledError:  # the caller went away (its deadline, Ctrl-C)
+            self._audit(caller, update, record, record.taints, None, None, None, audit,
+                        cancelled=True)  # fmt: skip
+            raise
         self._audit(
             caller, update, record, change.before, change.after, change.revision, None, audit
         )
@@ -314,10 +318,16 @@ class Control:
         revision: int | None,
         error: DynamoError | None,
         extra: Mapping[str, object] | None = None,
+        *,
+        cancelled: bool = False,
     ) -> None:
+        """One worker's audit line. ``cancelled``: the update was cancelled before its
+        outcome was known (outcome ``cancelled``; the worker may or may not hold it)."""
         outcome = "ok" if error is None else type(error).__name__
         if error is None and after is not None and tuple(before) == tuple(after):
             outcome = "unchanged"
+        if cancelled:
+            outcome = "cancelled"
         if self.metrics is not None:
             self.metrics.taint_updates.labels(outcome).inc()
             if outcome == "ok" and revision is not None:
@@ -335,6 +345,7 @@ class Control:
             revision=revision,
             outcome=outcome,
             **({"error": str(error)} if error is not None else {}),
+            **({"error": _CANCELLED} if cancelled else {}),
             **(extra or {}),
         )
 
@@ -424,6 +435,12 @@ class Control:
             revision=self.view.revision,
             state=self.state,
         )
+
+
+_CANCELLED = (
+    "cancelled before its outcome was known (the caller went away, or dynamod stopped); "
+    "the worker may or may not hold the change: workers get shows which"
+)
 
 
 def _from_decimal(ref: str) -> str | None:

@@ -36,7 +36,7 @@ from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import Credentials, completed, target_of
-from dynamod.errors import DynamoError, UnreachableError
+from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
 from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.records import ModelCard
 from dynamod.results import (
@@ -57,6 +57,12 @@ from dynamod.targets import Target
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+UPDATE_WAIT = 20.0
+"""Seconds a daemon may spend on one worker's taint update on a caller's behalf, beyond
+the call itself: an NVIDIA Dynamo worker's route answering (up to 5 s) and the store
+showing the change (up to 10 s), with room to spare. An update's deadline is the client's
+``timeout`` plus this, so the daemon's own error (the wait ran out) reaches the caller,
+never a deadline of its own; a bulk update's stream waits that long for each outcome."""
 
 
 class AsyncClient(AsyncDynamoHelpers):
@@ -137,21 +143,38 @@ class AsyncClient(AsyncDynamoHelpers):
         token = self._credentials.token
         return [("authorization", f"Bearer {token}")] if token else []
 
-    async def _call(self, method: Any, request: Any) -> Any:
+    async def _call(self, method: Any, request: Any, *, wait: float = 0.0) -> Any:
+        """One unary call, its deadline ``timeout`` plus the daemon's own ``wait``."""
         self._loop = self._loop or asyncio.get_running_loop()
+        deadline = self.timeout + wait
         try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata())
+            return await method(request, timeout=deadline, metadata=self._metadata())
         except aio.AioRpcError as exc:
-            raise self._error(exc) from None
+            raise self._error(exc, deadline) from None
 
-    def _error(self, exc: aio.AioRpcError) -> DynamoError:
+    def _error(self, exc: aio.AioRpcError, deadline: float | None = None) -> DynamoError:
         error = from_status(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
-        if isinstance(error, UnreachableError):
-            return UnreachableError(
-                f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
-                "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
-            )
-        return error
+        if not isinstance(error, UnreachableError):
+            return error
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._connected():
+            return self._late(deadline)
+        return UnreachableError(
+            f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
+            "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
+        )
+
+    def _connected(self) -> bool:
+        """The channel is connected: a deadline then means a slow answer, not no daemon."""
+        state = self._channel.get_state(try_to_connect=False)
+        return bool(state == grpc.ChannelConnectivity.READY)
+
+    def _late(self, deadline: float | None) -> AnswerTimeoutError:
+        within = self.timeout if deadline is None else deadline
+        return AnswerTimeoutError(
+            f"dynamod at {self.endpoint} is reachable but did not answer within {within:g} s; "
+            "the call may still be carried out there (an update's audit line says). Allow "
+            "longer with --timeout or DYNAMO_TIMEOUT"
+        )
 
     async def list_workers(
         self,
@@ -210,7 +233,7 @@ class AsyncClient(AsyncDynamoHelpers):
         all); with ``dry_run`` compute the outcomes and write nothing. Per-worker failures
         of a bulk update are in each outcome's ``error``."""
         request = _update_request(update, target, dry_run)
-        reply = await self._call(self._taints.UpdateTaints, request)
+        reply = await self._call(self._taints.UpdateTaints, request, wait=UPDATE_WAIT)
         return [convert.change_from_pb(c) for c in reply.results]
 
     async def stream_update_taints(
@@ -219,10 +242,8 @@ class AsyncClient(AsyncDynamoHelpers):
         """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
         order): for progress on a bulk update."""
         request = _update_request(update, target, dry_run)
-        call = self._taints.StreamUpdateTaints(
-            request, timeout=self.timeout, metadata=self._metadata()
-        )
-        async for message in self._stream(call):
+        call = self._taints.StreamUpdateTaints(request, metadata=self._metadata())
+        async for message in self._stream(call, idle=self.timeout + UPDATE_WAIT):
             yield convert.change_from_pb(message)
 
     async def drain(
@@ -312,12 +333,21 @@ class AsyncClient(AsyncDynamoHelpers):
         async for message in self._stream(call):
             yield stats_convert.stats_from_pb(message)
 
-    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
-        """The messages of a server stream, its errors as ours; cancelled when left."""
+    async def _stream(self, call: Any, idle: float | None = None) -> AsyncGenerator[Any, None]:
+        """The messages of a server stream, its errors as ours; cancelled when left.
+        ``idle``: the longest wait for each message (then ``AnswerTimeoutError``)."""
         self._loop = self._loop or asyncio.get_running_loop()
         self._calls.add(call)
+        messages = aiter(call)
         try:
-            async for message in call:
+            while True:
+                try:
+                    async with asyncio.timeout(idle):
+                        message = await anext(messages)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise self._late(idle) from None
                 yield message
         except aio.AioRpcError as exc:
             raise self._error(exc) from None
