@@ -12,9 +12,11 @@ from dynamoctl import exits, formats, shells
 from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, target
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import UpdateOutcome
+    from dynamod.results import UpdateOutcome, WorkerPage
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(
@@ -42,12 +44,36 @@ OptionalId = Annotated[
 ]
 
 
+def _sort_path(value: str | None) -> str | None:
+    if value is not None:
+        from dynamoctl.jsonpath import TemplateError, parse_path
+
+        try:
+            parse_path(value)
+        except TemplateError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+SortBy = Annotated[
+    str | None,
+    typer.Option(
+        "--sort-by",
+        help="Sort by the value at this JSONPath in each worker's -o json object, as "
+        "kubectl does (e.g. .state, '{.load.active_requests}', .taints[0]).",
+        metavar="JSONPATH",
+        callback=_sort_path,
+    ),
+]
+
+
 @app.command("ls")
 def ls(
     ctx: typer.Context,
     selector: SelectorOption = None,
     model: Model = None,
     watch: Watch = False,
+    sort_by: SortBy = None,
 ) -> None:
     """List workers with their taints.
 
@@ -55,8 +81,9 @@ def ls(
     TAINTS, STATE (ready, cordoned, draining, drained or unhealthy; on an NVIDIA Dynamo
     fleet unreachable, or ready,cordon-not-honoured), LOAD (requests this
     dynamod has in flight on it, and what its engine reports), AGE; -o wide adds TOPOLOGY,
-    REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
-    500 from one snapshot, and each page is printed as it arrives. --watch then prints
+    REVISION and MDCSUM. Sorted by model, then id (--sort-by: by any field of -o json).
+    dynamod sends a large fleet in pages of 500 from one snapshot, and each page is
+    printed as it arrives (with --sort-by, once all have). --watch then prints
     each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
     get -w."""
     from dynamoctl.session import execute
@@ -68,9 +95,14 @@ def ls(
         check_selector(selector)
         if watch:
             return await _watch(client, printer, _with_model(selector, model))
-        pages = client.stream_workers(
-            model=model or "", selector=selector or "", fields=listing.FIELDS[printer.output]
+        fields = listing.FIELDS["json" if sort_by else printer.output]
+        pages: AsyncIterator[WorkerPage] = client.stream_workers(
+            model=model or "", selector=selector or "", fields=fields
         )
+        if sort_by:
+            from dynamoctl.jsonpath import parse_path
+
+            pages = listing.sorted_by(parse_path(sort_by), pages)
         await listing.show(printer, pages, filtered=bool(selector or model))
         return exits.OK
 

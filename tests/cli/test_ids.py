@@ -85,3 +85,37 @@ def test_a_decimal_that_is_no_whole_id_is_still_a_prefix(fleet: Cluster, tmp_pat
     refused = fleet.cli.run("workers", "get", "12")
     assert refused.code == 1
     assert "'12' is ambiguous: it matches 3 workers" in refused.err
+
+
+def test_jsonpath_prints_what_kubectls_would(fleet: Cluster) -> None:
+    ids = fleet.cli.ok("workers", "ls", "-o", "jsonpath={.items[*].id}").out
+    assert ids == f"{CANARY} {TWIN} {OTHER}"  # as listed (by model, then id); no newline
+    ranged = "{range .items[*]}{.id}{'\\t'}{.taints}{'\\n'}{end}".replace("'", '"')
+    lines = fleet.cli.ok("workers", "ls", "-l", "canary", "-o", f"jsonpath={ranged}").out
+    assert lines == f'{CANARY}\t["canary"]\n'
+    one = fleet.cli.ok("workers", "get", TWIN, "-o", "jsonpath={.address}").out
+    assert one == "http://10.0.0.2:8002"  # one object: the template sees it, not a list
+
+
+def test_custom_columns_and_sort_by(fleet: Cluster) -> None:
+    spec = "custom-columns=ID:.id,PORT:.address,TAINTS:.taints[*]"
+    out = fleet.cli.ok("workers", "ls", "-o", spec, "--sort-by", "{.address}").lines
+    assert out[0].split() == ["ID", "PORT", "TAINTS"]
+    assert [line.split() for line in out[1:]] == [
+        [CANARY, "http://10.0.0.1:8001", "canary"],
+        [TWIN, "http://10.0.0.2:8002", "<none>"],
+        [OTHER, "http://10.0.0.3:8003", "<none>"],
+    ]
+    by_taint = fleet.cli.ok("workers", "ls", "--sort-by=.taints[0]", "-o", "name").lines
+    assert by_taint[0] == CANARY  # the only one with a taint; the others, missing it, last
+    table = fleet.cli.ok("workers", "ls", "--sort-by", ".address", "--no-headers").out
+    assert table.split()[0] == CANARY[: len(table.split()[0])]  # the table, sorted too
+
+
+def test_a_template_that_does_not_parse_is_a_usage_error(fleet: Cluster) -> None:
+    bad = fleet.cli.run("workers", "ls", "-o", "jsonpath={.items[")
+    assert bad.code == 2 and "unbalanced brace" in bad.err
+    bad = fleet.cli.run("workers", "ls", "-o", "custom-columns=ID")
+    assert bad.code == 2 and "must look like HEADER:.path" in bad.err
+    bad = fleet.cli.run("workers", "ls", "--sort-by", ".items[zz]")
+    assert bad.code == 2 and "[zz] is not an index" in bad.err
