@@ -83,6 +83,40 @@ def joined(items: Sequence[str]) -> str:
     return ",".join(items) if items else NONE
 
 
+def taints_text(taints: Sequence[str]) -> str:
+    """A table's taints: comma-separated, each odd one quoted (``shown_taint``)."""
+    return joined([shown_taint(t) for t in taints])
+
+
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+
+
+def shown_taint(taint: str) -> str:
+    """A taint as ``ls`` shows an odd file name: as it is when it reads plainly, else in
+    shell quotes, so that it can be told apart and pasted back (``taints rm ID ' a '``):
+    ``' padded '``, ``''``, ``$'\\t'``. NVIDIA Dynamo takes taints our grammar refuses
+    (``dynamod.taints.validate``): whitespace around them, empty ones, control characters;
+    a comma or a quote would make a list of them ambiguous."""
+    if taint and taint == taint.strip() and taint.isprintable() and not set(taint) & set(",'\""):
+        return taint
+    if taint.isprintable():
+        return "'" + taint.replace("'", "'\\''") + "'"
+    return "$'" + "".join(_escaped(c) for c in taint) + "'"
+
+
+def _escaped(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    )
+
+
 def topology_text(domains: dict[str, str]) -> str:
     return joined([f"{k}={v}" for k, v in sorted(domains.items())])
 
@@ -127,7 +161,7 @@ def worker_row(
 ) -> list[str]:
     record = info.record
     domains = dict(record.runtime_config.topology_domains)
-    start = [short, record.model, record.address, joined(info.taints)]
+    start = [short, record.model, record.address, taints_text(info.taints)]
     when = started_age(record.started_at, now)
     state = str(info.state)
     if not wide:
@@ -218,8 +252,8 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Model", record.model),
         ("Address", record.address),
         ("System address", record.system_address or NONE),
-        ("Taints", joined(info.taints)),
-        ("Generated", joined(info.generated_taints)),
+        ("Taints", taints_text(info.taints)),
+        ("Generated", taints_text(info.generated_taints)),
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
         ("State", str(info.state)),
@@ -254,7 +288,7 @@ def _dynamo_details(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def change_text(added: Sequence[str], removed: Sequence[str]) -> str:
     """``+capacity/fast -pool=slow``, or ``unchanged``."""
-    parts = [f"+{t}" for t in added] + [f"-{t}" for t in removed]
+    parts = [f"+{shown_taint(t)}" for t in added] + [f"-{shown_taint(t)}" for t in removed]
     return " ".join(parts) if parts else "unchanged"
 
 
@@ -306,7 +340,7 @@ def event_change(event: EventInfo) -> str:
     if event.kind == "TAINTS":
         return change_text(event.added, event.removed)
     assert event.worker is not None
-    return f"taints={joined(event.worker.taints)}"
+    return f"taints={taints_text(event.worker.taints)}"
 
 
 def event_row(event: EventInfo, wide: bool, id_length: int = SHORT_ID) -> list[str]:
@@ -346,11 +380,11 @@ def candidate_row(candidate: CandidateInfo, short: str) -> list[str]:
     rank = str(candidate.rank) if candidate.rank else "-"
     why = candidate.reason or ("chosen" if candidate.rank == 1 else "eligible")
     if not candidate.eligible:
-        return [rank, short, joined(candidate.worker.taints), *["-"] * 5, why]
+        return [rank, short, taints_text(candidate.worker.taints), *["-"] * 5, why]
     return [
         rank,
         short,
-        joined(candidate.worker.taints),
+        taints_text(candidate.worker.taints),
         f"{candidate.load_cost:.3f}",
         f"{candidate.overlap_credit:.3f} ({candidate.overlap_blocks} blocks, "
         f"{candidate.overlap_source})",

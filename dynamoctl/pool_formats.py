@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dynamoctl.formats import NONE, SHORT_ID, iso_time, joined, short_ids
+from dynamoctl.formats import NONE, SHORT_ID, iso_time, joined, short_ids, taints_text
 
 if TYPE_CHECKING:
     from dynamod.pool_results import (
@@ -157,7 +157,7 @@ def drift_rows(drift: Sequence[DriftSeen], id_prefix: int = SHORT_ID) -> list[li
         [
             iso_time(d.time),
             shorts[d.worker],
-            joined(d.held),
+            taints_text(d.held),
             d.assigned,
             str(d.revision),
             d.action,

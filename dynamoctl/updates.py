@@ -162,7 +162,7 @@ def _table(
     for change in done:
         row = [shorts[change.worker], describe(change), str(change.revision)]
         if full:
-            row += [formats.joined(change.before), formats.joined(change.after)]
+            row += [formats.taints_text(change.before), formats.taints_text(change.after)]
         rows.append(row)
     printer.table(headers, rows, style=_change_style)
 

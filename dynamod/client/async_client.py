@@ -24,12 +24,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc import aio
 
-from dynamod.api import convert, pool_convert, stats_convert
+from dynamod.api import convert
 from dynamod.api.error_status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
@@ -37,7 +37,6 @@ from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import Credentials, completed, target_of
 from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
-from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
 from dynamod.records import ModelCard
 from dynamod.results import (
     ID_PREFIX,
@@ -51,9 +50,12 @@ from dynamod.results import (
     WorkerInfo,
     WorkerPage,
 )
-from dynamod.stats_results import FleetStats, StatsQuery
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 from dynamod.targets import Target
+
+if TYPE_CHECKING:  # pools' and stats' types, imported by the calls that return them
+    from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
+    from dynamod.stats_results import FleetStats, StatsQuery
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
@@ -328,6 +330,9 @@ class AsyncClient(AsyncDynamoHelpers):
         rows of ``query`` (a selector, an order, ``limit`` rows from ``offset``: the daemon
         sorts and cuts, so a frame of a large fleet stays small). Ends when the daemon
         drains; no deadline (it is a watch)."""
+        from dynamod.api import stats_convert
+        from dynamod.stats_results import StatsQuery
+
         request = stats_convert.query_to_pb(query or StatsQuery())
         call = self._stats.WatchStats(request, metadata=self._metadata())
         async for message in self._stream(call):
@@ -382,34 +387,48 @@ class AsyncClient(AsyncDynamoHelpers):
         only. The outcome says ``created``, ``changed`` or ``unchanged`` and the moves the
         daemon plans for it."""
         request = pb.ApplyPolicyRequest(document=document, dry_run=dry_run)
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.apply_from_pb(await self._call(self._pools.ApplyPolicy, request))
 
     async def list_policies(self) -> list[PolicyInfo]:
         reply = await self._call(self._pools.ListPolicies, pb.ListPoliciesRequest())
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return [pool_convert.policy_from_pb(p) for p in reply.policies]
 
     async def get_policy(self, name: str) -> PolicyInfo:
         """The stored policy ``name``; ``PolicyNotFoundError`` when there is none."""
         reply = await self._call(self._pools.GetPolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.policy_from_pb(reply.policy)
 
     async def pool_status(self, name: str) -> PoolStatusInfo:
         """Target and actual counts per pool, pending and recent moves, drift, the leader."""
         reply = await self._call(self._pools.GetPoolStatus, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.status_from_pb(reply)
 
     async def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         """Pause ``name`` (planned and reported, nothing written); whether this changed it."""
         reply = await self._call(self._pools.PausePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         reply = await self._call(self._pools.ResumePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def remove_policy(self, name: str) -> RemoveOutcome:
         """Delete ``name``; every worker keeps its taints as they are."""
         reply = await self._call(self._pools.RemovePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert  # pools' types: when needed
+
         return pool_convert.remove_from_pb(reply)
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamod.auth import read_token_file
 from dynamod.errors import ConfigError
 from dynamod.paths import default_socket
 
@@ -210,6 +209,8 @@ def connection(
     timeout: float | None,
 ) -> Connection:
     """A ``Connection`` from settled values (None: the default); reads the files named."""
+    from dynamod.auth import read_token_file  # the daemon's token rules, when a file is named
+
     if (cert is None) != (cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
     credentials = Credentials(
