@@ -62,7 +62,7 @@ async def drain(
     shorts = formats.short_ids((c.worker for c in cordoned), printer.id_prefix)
     for change in cordoned:
         if change.error is not None:
-            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+            printer.error(updates.failure_line(change, shorts[change.worker]))
     live = _Progress(printer, shorts) if printer.stderr.isatty() else None
     result = await client.follow_drain(cordoned, target, timeout=timeout, progress=live)
     return show(printer, result, timeout)

@@ -73,9 +73,14 @@ def age(seconds: float) -> str:
     return f"{d}d{h % 24}h" if d < 8 else f"{d}d"
 
 
+UNKNOWN = "-"
+"""What a table shows for a value a worker does not report (an NVIDIA Dynamo worker's
+start time, pid and version)."""
+
+
 def started_age(started_at: float, now: float | None = None) -> str:
     if started_at <= 0:
-        return "<unknown>"
+        return UNKNOWN
     return age((time.time() if now is None else now) - started_at)
 
 
@@ -258,8 +263,10 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Revision", str(info.revision)),
         ("State", str(info.state)),
         ("Key", info.key),
-        ("Host", f"{record.host or NONE} (pid {record.pid})"),
-        ("Version", record.version or NONE),
+        ("Host", record.host or UNKNOWN)
+        if not record.pid
+        else ("Host", f"{record.host or UNKNOWN} (pid {record.pid})"),
+        ("Version", record.version or UNKNOWN),
         ("Age", started_age(record.started_at)),
         ("Load", f"{info.load.active_requests} requests, {info.load.kv_blocks} KV blocks"),
         ("Engine load", engine_text(info)),

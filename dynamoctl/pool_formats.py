@@ -221,7 +221,11 @@ def status_details(status: PoolStatusInfo) -> list[tuple[str, str]]:
     balanced = (
         "yes" if status.balanced else f"no: {pending} move{'' if pending == 1 else 's'} pending"
     )
-    budget = "no budget" if status.budget_left is None else f"{status.budget_left} moves left now"
+    budget = (
+        "unlimited (no move budget set)"
+        if status.budget_left is None
+        else f"{status.budget_left} moves left now"
+    )
     pairs = [
         ("Name", info.name),
         ("Selector", info.selector),

@@ -44,8 +44,9 @@ IfRevision = Annotated[
     typer.Option(
         "--if-revision",
         help="Change only if the worker's record is still at revision N (optimistic lock; "
-        "see REVISION in -o wide).",
+        "see REVISION in -o wide; a store revision, 1 or more).",
         metavar="N",
+        min=1,
     ),
 ]
 WorkerId = Annotated[

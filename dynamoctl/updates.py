@@ -121,13 +121,23 @@ def show(
     shorts = formats.short_ids((c.worker for c in changes), printer.id_prefix)
     for change in changes:
         if change.error is not None:
-            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+            printer.error(failure_line(change, shorts[change.worker]))
     _render(printer, changes, shorts, dry_run, describe)
-    if not changes:
-        printer.note(f"no worker matched: {target.describe()}")
-    elif dry_run:
+    if not changes:  # a selector that matches nothing is usually a typo
+        printer.error(f"no worker matched: {target.describe()}")
+        return exits.FAILED
+    if dry_run:
         printer.note("dry run: nothing was written")
     return exits.FAILED if any(c.error for c in changes) else exits.OK
+
+
+def failure_line(change: UpdateOutcome, short: str) -> str:
+    """``worker ID: why``, unless the daemon's message already names the worker."""
+    assert change.error is not None
+    message = change.error.message
+    if message.startswith((f"worker {change.worker}", f"worker {short}")):
+        return message
+    return f"worker {short}: {message}"
 
 
 def _render(

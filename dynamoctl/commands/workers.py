@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import UpdateOutcome, WorkerPage
+    from dynamod.results import EventInfo, UpdateOutcome, WorkerPage
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(
@@ -85,7 +85,7 @@ def ls(
     dynamod sends a large fleet in pages of 500 from one snapshot, and each page is
     printed as it arrives (with --sort-by, once all have). --watch then prints
     each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
-    get -w."""
+    get -w, across dynamod's restarts (said on stderr)."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -122,15 +122,19 @@ def _structured(printer: Printer, obj: object) -> None:
 
 
 async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
+    from dynamoctl.resume import following
     from dynamoctl.watch import WorkerWatch
 
     if printer.output in ("table", "wide"):
         printer.id_prefix = await client.id_prefix()
     watch = WorkerWatch(printer)
-    async for event in client.tail_events(selector=selector, follow=True):
+
+    def tail(after: int | None) -> AsyncIterator[EventInfo]:
+        return client.tail_events(since=after, selector=selector, follow=True)
+
+    async for event in following(printer, tail, None):
         watch.feed(event)
-    printer.error("dynamod ended the stream (it is shutting down or restarting)")
-    return exits.FAILED
+    return exits.FAILED  # not reached: following() ends only with the command
 
 
 @app.command()

@@ -227,9 +227,10 @@ def test_a_selector_changes_every_matching_worker_and_only_those(fleet: Fleet) -
     assert untouched["taints"] == ["pool=b"]
 
 
-def test_a_selector_matching_nothing_says_so(fleet: Fleet) -> None:
-    result = fleet.cli.ok("taints", "add", "-l", "model=nobody", "x")
-    assert result.out == ""
+def test_a_selector_matching_nothing_says_so_and_exits_1(fleet: Fleet) -> None:
+    """A selector that matches nothing is usually a typo: a script must be able to tell."""
+    result = fleet.cli.run("taints", "add", "-l", "model=nobody", "x")
+    assert (result.code, result.out) == (1, "")
     assert "no worker matched: workers matching 'model=nobody'" in result.err
 
 
