@@ -30,7 +30,7 @@ A round, for each policy in force (``stored.in_force``), by name:
    ``fence()`` right before the compare-and-swap, and the policy, the move and the epoch in
    the audit line. A move budget (``max_moves`` per ``move_interval``) holds moves back;
    the round after the window refills makes them.
-5. Routable workers holding one pool and not drifted are adopted: ``assigned`` is what
+5. ReadyRequest workers holding one pool and not drifted are adopted: ``assigned`` is what
    they hold. A new leader starts with nothing assigned, so the pools its workers hold when
    it takes over are the truth; a change made while nobody led (at most the lease's TTL
    plus a second) is adopted, not put back (the counts still follow the policy).
@@ -61,7 +61,6 @@ from dynamod.errors import (
     RevisionMismatchError,
     WorkerNotFoundError,
 )
-from dynamod.lifecycle import wait_any
 from dynamod.pool_results import DriftSeen, PoolMove
 from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
@@ -76,7 +75,7 @@ from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
 from dynamod.store import Store
 from dynamod.taints import OPERATOR_TAINTS, TaintUpdate, caller_taints
-from dynamod.tasks import race, together
+from dynamod.tasks import race, together, wait_any
 
 log = logging.getLogger(__name__)
 
@@ -580,7 +579,7 @@ def _drift_action(policy: PoolPolicy, excluded: bool) -> str:
 def _adopt(
     assigned: dict[str, str], workers: list[OwnedWorker], result: Plan, planned: set[str]
 ) -> None:
-    """Routable workers holding one pool, not drifted, not about to move: what they hold is
+    """ReadyRequest workers holding one pool, not drifted, not about to move: what they hold is
     what the leader stands by (``assigned``), unless it assigned them something already."""
     drifted = set(result.drift)
     for worker in _single(workers):
