@@ -32,7 +32,7 @@ def cli(tmp_path: Path) -> Cli:
         (["taints", "add", "-l", "a", "--all", "x"], "exactly one of ID, -l SELECTOR or --all"),
         (["route", "explain", "--model", "m", "--prefer", "fast"], "must look like TAINT=WEIGHT"),
         (["completion", "tcsh"], "'tcsh' is not one of bash, zsh, fish"),
-        (["taints", "add", "a", "x", "--if-revision", "-1"], "greater than or equal to 1"),
+        (["taints", "add", "a", "x", "--if-revision", "-1"], "-1 is not a store revision"),
         (["workers", "ls", "-o", "jsonpath={.id"], "unbalanced brace"),
     ],
 )
