@@ -381,53 +381,55 @@ class AsyncClient(AsyncDynamoHelpers):
 
     # Pool policies (dynamod/pools): the PoolService.
 
+    # The pools' calls import their converter (and the pools' types) when first made: a
+    # listing or a taint update, what scripts run in loops, never pays for them.
     async def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
         """Store a pool policy (YAML or JSON text); a refused one raises ``PoolPolicyError``
         naming the field and the rule, and stores nothing. With ``dry_run`` check and plan
         only. The outcome says ``created``, ``changed`` or ``unchanged`` and the moves the
         daemon plans for it."""
         request = pb.ApplyPolicyRequest(document=document, dry_run=dry_run)
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.apply_from_pb(await self._call(self._pools.ApplyPolicy, request))
 
     async def list_policies(self) -> list[PolicyInfo]:
         reply = await self._call(self._pools.ListPolicies, pb.ListPoliciesRequest())
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return [pool_convert.policy_from_pb(p) for p in reply.policies]
 
     async def get_policy(self, name: str) -> PolicyInfo:
         """The stored policy ``name``; ``PolicyNotFoundError`` when there is none."""
         reply = await self._call(self._pools.GetPolicy, pb.PolicyRequest(name=name))
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.policy_from_pb(reply.policy)
 
     async def pool_status(self, name: str) -> PoolStatusInfo:
         """Target and actual counts per pool, pending and recent moves, drift, the leader."""
         reply = await self._call(self._pools.GetPoolStatus, pb.PolicyRequest(name=name))
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.status_from_pb(reply)
 
     async def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         """Pause ``name`` (planned and reported, nothing written); whether this changed it."""
         reply = await self._call(self._pools.PausePolicy, pb.PolicyRequest(name=name))
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         reply = await self._call(self._pools.ResumePolicy, pb.PolicyRequest(name=name))
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def remove_policy(self, name: str) -> RemoveOutcome:
         """Delete ``name``; every worker keeps its taints as they are."""
         reply = await self._call(self._pools.RemovePolicy, pb.PolicyRequest(name=name))
-        from dynamod.api import pool_convert  # pools' types: when needed
+        from dynamod.api import pool_convert
 
         return pool_convert.remove_from_pb(reply)
 
