@@ -65,12 +65,14 @@ async def drain(
     cordoned = await updates.apply(
         client, printer, update, target, dry_run=dry_run, confirm=confirm
     )
+    if cordoned:
+        printer.id_prefix = await client.id_prefix()
     if dry_run or not cordoned:
         return updates.show(printer, cordoned, target, dry_run=dry_run, describe=_describe)
-    shorts = formats.short_ids(c.worker for c in cordoned)
+    shorts = formats.short_ids((c.worker for c in cordoned), printer.id_prefix)
     for change in cordoned:
         if change.error is not None:
-            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+            printer.error(updates.failure_line(change, shorts[change.worker]))
     live = _Progress(printer, shorts) if printer.stderr.isatty() else None
     result = await client.follow_drain(cordoned, target, timeout=timeout, progress=live)
     return show(printer, result, timeout, allow_gone=allow_gone)
@@ -94,7 +96,7 @@ class _Progress:
             self.printer.note(f"{self._short(status)} {status.describe()}")
 
     def _short(self, status: DrainStatus) -> str:
-        return self.shorts.get(status.worker, status.worker[: formats.SHORT_ID])
+        return self.shorts.get(status.worker, status.worker[: self.printer.id_prefix])
 
 
 def show(
@@ -113,7 +115,7 @@ def show(
     elif result.drained:
         printer.line("drained")
     else:
-        shorts = formats.short_ids(w.worker for w in result.workers)
+        shorts = formats.short_ids((w.worker for w in result.workers), printer.id_prefix)
         for status in result.busy:
             printer.line(f"{shorts[status.worker]}   {status.describe()}")
     if result.drained:

@@ -14,15 +14,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dynamod import errors
 from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
-from dynamod.pool_results import PoolEventInfo
 from dynamod.records import WorkerRecord, mdcsum
 from dynamod.taints import CORDONED, DRAINING, OPERATOR_TAINTS, is_topology
+
+if TYPE_CHECKING:  # an annotation only: a listing never pays for the pools' types
+    from dynamod.pool_results import PoolEventInfo
 
 
 class WorkerState(enum.StrEnum):

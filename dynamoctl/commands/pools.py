@@ -81,7 +81,8 @@ def apply(
         else:
             printer.line(pool_formats.apply_summary(outcome))
             if outcome.moves:
-                printer.table(pool_formats.MOVE_HEADERS, pool_formats.move_rows(outcome.moves))
+                rows = pool_formats.move_rows(outcome.moves, await client.id_prefix())
+                printer.table(pool_formats.MOVE_HEADERS, rows)
         return exits.OK
 
     execute(ctx, body)
@@ -151,11 +152,12 @@ def status(ctx: typer.Context, name: Name) -> None:
         for line in details_lines(pool_formats.status_details(info)):
             printer.line(line)
         _section(printer, "Pools", pool_formats.COUNT_HEADERS, pool_formats.count_rows(info))
-        moves = pool_formats.move_rows(info.pending)
+        prefix = await client.id_prefix()
+        moves = pool_formats.move_rows(info.pending, prefix)
         _section(printer, "Pending moves", pool_formats.MOVE_HEADERS, moves)
-        made = pool_formats.made_rows(info.recent if printer.wide else info.recent[-10:])
+        made = pool_formats.made_rows(info.recent if printer.wide else info.recent[-10:], prefix)
         _section(printer, "Recent moves", pool_formats.MADE_HEADERS, made)
-        drift = pool_formats.drift_rows(info.drift if printer.wide else info.drift[-10:])
+        drift = pool_formats.drift_rows(info.drift if printer.wide else info.drift[-10:], prefix)
         _section(printer, "Drift", pool_formats.DRIFT_HEADERS, drift)
         return exits.OK
 

@@ -12,9 +12,11 @@ from dynamoctl import exits, formats, shells
 from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, target
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import UpdateOutcome
+    from dynamod.results import EventInfo, UpdateOutcome, WorkerPage
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(
@@ -42,12 +44,36 @@ OptionalId = Annotated[
 ]
 
 
+def _sort_path(value: str | None) -> str | None:
+    if value is not None:
+        from dynamoctl.jsonpath import TemplateError, parse_path
+
+        try:
+            parse_path(value)
+        except TemplateError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+SortBy = Annotated[
+    str | None,
+    typer.Option(
+        "--sort-by",
+        help="Sort by the value at this JSONPath in each worker's -o json object, as "
+        "kubectl does (e.g. .state, '{.load.active_requests}', .taints[0]).",
+        metavar="JSONPATH",
+        callback=_sort_path,
+    ),
+]
+
+
 @app.command("ls")
 def ls(
     ctx: typer.Context,
     selector: SelectorOption = None,
     model: Model = None,
     watch: Watch = False,
+    sort_by: SortBy = None,
 ) -> None:
     """List workers with their taints.
 
@@ -56,10 +82,11 @@ def ls(
     routing for reading requests otherwise than its model's other workers, -o wide says
     how; on an NVIDIA Dynamo fleet unreachable, or ready,cordon-not-honoured), LOAD
     (requests this dynamod has in flight on it, and what its engine reports), AGE; -o wide
-    adds TOPOLOGY, REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large
-    fleet in pages of 500 from one snapshot, and each page is printed as it arrives.
-    --watch then prints each change as it happens, with an EVENT column (ADDED, TAINTS,
-    REMOVED), like kubectl get -w."""
+    adds TOPOLOGY, REVISION and MDCSUM. Sorted by model, then id (--sort-by: by any field
+    of -o json). dynamod sends a large fleet in pages of 500 from one snapshot, and each
+    page is printed as it arrives (with --sort-by, once all have). --watch then prints each
+    change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get
+    -w, across dynamod's restarts (said on stderr)."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -69,9 +96,14 @@ def ls(
         check_selector(selector)
         if watch:
             return await _watch(client, printer, _with_model(selector, model))
-        pages = client.stream_workers(
-            model=model or "", selector=selector or "", fields=listing.FIELDS[printer.output]
+        fields = listing.FIELDS["json" if sort_by else printer.output]
+        pages: AsyncIterator[WorkerPage] = client.stream_workers(
+            model=model or "", selector=selector or "", fields=fields
         )
+        if sort_by:
+            from dynamoctl.jsonpath import parse_path
+
+            pages = listing.sorted_by(parse_path(sort_by), pages)
         await listing.show(printer, pages, filtered=bool(selector or model))
         return exits.OK
 
@@ -91,13 +123,19 @@ def _structured(printer: Printer, obj: object) -> None:
 
 
 async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
+    from dynamoctl.resume import following
     from dynamoctl.watch import WorkerWatch
 
+    if printer.output in ("table", "wide"):
+        printer.id_prefix = await client.id_prefix()
     watch = WorkerWatch(printer)
-    async for event in client.tail_events(selector=selector, follow=True):
+
+    def tail(after: int | None) -> AsyncIterator[EventInfo]:
+        return client.tail_events(since=after, selector=selector, follow=True)
+
+    async for event in following(printer, tail, None):
         watch.feed(event)
-    printer.error("dynamod ended the stream (it is shutting down or restarting)")
-    return exits.FAILED
+    return exits.FAILED  # not reached: following() ends only with the command
 
 
 @app.command()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from dynamod import jsoncodec
-from dynamod.api.pool_convert import pool_event_from_pb, pool_event_to_pb
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
@@ -32,6 +32,9 @@ from dynamod.results import (
 )
 from dynamod.taints import UpdateAction
 from dynamod.targets import Target
+
+if TYPE_CHECKING:
+    from dynamod.pool_results import PoolEventInfo
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
     "replace": pb.TAINT_ACTION_REPLACE,
@@ -229,6 +232,8 @@ def event_to_pb(event: EventInfo) -> pb.Event:
     if event.worker is not None:
         message.worker.CopyFrom(worker_to_pb(event.worker))
     if event.pool is not None:
+        from dynamod.api.pool_convert import pool_event_to_pb  # pools' types: when needed
+
         message.pool.CopyFrom(pool_event_to_pb(event.pool))
     return message
 
@@ -242,8 +247,17 @@ def event_from_pb(message: pb.Event) -> EventInfo:
         added=tuple(message.added),
         removed=tuple(message.removed),
         workers=tuple(worker_from_pb(w) for w in message.workers),
-        pool=pool_event_from_pb(message.pool) if message.HasField("pool") else None,
+        pool=_pool_event(message),
     )
+
+
+def _pool_event(message: pb.Event) -> PoolEventInfo | None:
+    """The pool part of an event; pools' types are imported only for one."""
+    if not message.HasField("pool"):
+        return None
+    from dynamod.api.pool_convert import pool_event_from_pb
+
+    return pool_event_from_pb(message.pool)
 
 
 def explain_to_pb(info: ExplainInfo) -> pb.ExplainResponse:

@@ -53,7 +53,7 @@ from dynamod.errors import (
     UnauthenticatedError,
 )
 from dynamod.pools.operations import PoolOperations
-from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
+from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo
 from dynamod.selectors import Selector, parse
 from dynamod.stats_sampler import StatsSampler
 from dynamod.taints import RoutingConstraints, TaintUpdate
@@ -184,8 +184,11 @@ class WorkerService(rpc.WorkerServiceServicer):
         async def body(_: Principal) -> bytes:
             with self.api.listing.labels("ListWorkers").time():
                 fields = worker_pages.worker_fields(request.fields)
-                workers, revision = self._select(request)
-                prefix = id_prefix_length(w.id for w in workers)
+                prefix = self.api.control.id_prefix()
+                workers: list[WorkerInfo] = []
+                revision = self.api.control.view.revision
+                if not request.prefix_only:  # the prefix is the whole fleet's, whatever the filter
+                    workers, revision = self._select(request)
                 return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
@@ -204,7 +207,7 @@ class WorkerService(rpc.WorkerServiceServicer):
             except DynamoError as exc:
                 await self.api.fail("StreamWorkers", context, exc)
             workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
-            prefix = id_prefix_length(w.id for w in workers)
+            prefix = self.api.control.id_prefix()
             for start in range(0, max(len(workers), 1), size):
                 page = self.messages.response(
                     workers[start : start + size], fields, revision, prefix

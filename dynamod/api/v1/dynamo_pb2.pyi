@@ -281,6 +281,7 @@ class ListWorkersRequest(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     FIELDS_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PREFIX_ONLY_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """empty: every model"""
     selector: _builtins.str
@@ -290,6 +291,10 @@ class ListWorkersRequest(_message.Message):
     endpoint: _builtins.str
     page_size: _builtins.int
     """StreamWorkers: workers per message (0: 500)"""
+    prefix_only: _builtins.bool
+    """ListWorkers: answer with the revision and id_prefix only, no workers (what a client
+    showing ids from another call, such as an update's or an event's, cuts them to)
+    """
     @_builtins.property
     def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them
@@ -308,10 +313,11 @@ class ListWorkersRequest(_message.Message):
         endpoint: _builtins.str = ...,
         fields: _abc.Iterable[_builtins.str] | None = ...,
         page_size: _builtins.int = ...,
+        prefix_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "selector", b"selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "prefix_only", b"prefix_only", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -327,8 +333,9 @@ class ListWorkersResponse(_message.Message):
     revision: _builtins.int
     """the view's store revision"""
     id_prefix: _builtins.int
-    """The shortest id prefix, at least 8 characters, that tells apart every worker of the
-    listing (the same in every page of a stream): what a client may show as the id.
+    """The shortest id prefix, at least 8 characters, that tells apart every worker the
+    daemon sees, whatever the filter (the same in every page of a stream): what a client
+    may show as the id, sure that it resolves with GetWorker.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]:
