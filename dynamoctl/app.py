@@ -90,11 +90,11 @@ def root(
     cacert: options.Cacert = None,
     cert: options.Cert = None,
     cert_key: options.CertKey = None,
-    timeout: options.Timeout = options.DEFAULT_TIMEOUT,
+    timeout: options.TimeoutOption = options.DEFAULT_TIMEOUT,
     output: options.Output = "table",
     no_headers: options.NoHeaders = False,
     debug: options.Debug = False,
-    context: options.Context = None,
+    context: options.ContextOption = None,
     version: Version = False,
 ) -> None:
     """The global options; commands read them with ``options.from_context``."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from dynamod.errors import InvalidInputError
 
-Step = Callable[[Any], Iterator[Any]]
+PathStep = Callable[[Any], Iterator[Any]]
 
 
 class TemplateError(InvalidInputError):
@@ -33,7 +33,7 @@ class Path:
     """A parsed path: apply it to a value for every value it names."""
 
     text: str
-    steps: tuple[Step, ...]
+    steps: tuple[PathStep, ...]
 
     def find(self, value: Any) -> list[Any]:
         found = [value]
@@ -156,7 +156,7 @@ class _Steps:
     def fail(self, why: str) -> TemplateError:
         return TemplateError(f"path {self.template!r}: {why} at column {self.at}")
 
-    def parse(self) -> Iterator[Step]:
+    def parse(self) -> Iterator[PathStep]:
         while self.at < len(self.text):
             if self.text.startswith("..", self.at):
                 self.at += 2
@@ -184,7 +184,7 @@ class _Steps:
         self.at = found.end()
         return found.group()
 
-    def _bracket(self) -> Step:
+    def _bracket(self) -> PathStep:
         end = self.text.find("]", self.at)
         if self.text.startswith("[?(", self.at):
             end = self.text.find(")]", self.at) + 1
@@ -201,7 +201,7 @@ class _Steps:
         return _index(inside, self)
 
 
-def _key(name: str) -> Step:
+def _key(name: str) -> PathStep:
     def step(value: Any) -> Iterator[Any]:
         if isinstance(value, dict) and name in value:
             yield value[name]
@@ -216,7 +216,7 @@ def _every(value: Any) -> Iterator[Any]:
         yield from value
 
 
-def _descendants(name: str) -> Step:
+def _descendants(name: str) -> PathStep:
     def step(value: Any) -> Iterator[Any]:
         if isinstance(value, dict):
             if name in value:
@@ -230,7 +230,7 @@ def _descendants(name: str) -> Step:
     return step
 
 
-def _index(inside: str, scanner: _Steps) -> Step:
+def _index(inside: str, scanner: _Steps) -> PathStep:
     try:
         if ":" in inside:
             start, _, stop = inside.partition(":")
@@ -256,7 +256,7 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
 }  # fmt: skip
 
 
-def _filter(condition: str, scanner: _Steps) -> Step:
+def _filter(condition: str, scanner: _Steps) -> PathStep:
     found = _COMPARE.match(condition)
     if found is None:
         path = parse_path(condition)

@@ -143,7 +143,7 @@ CertKey = Annotated[
         metavar="FILE",
     ),
 ]
-Timeout = Annotated[
+TimeoutOption = Annotated[
     float,
     typer.Option(
         envvar="DYNAMO_TIMEOUT",
@@ -179,7 +179,7 @@ def contexts(incomplete: str) -> list[str]:
     return sorted(n for n in names if n.startswith(incomplete))
 
 
-Context = Annotated[
+ContextOption = Annotated[
     str | None,
     typer.Option(
         envvar="DYNAMO_CONTEXT",

@@ -18,7 +18,7 @@ app = typer.Typer(
     help="The config file's contexts: one per fleet ([contexts.NAME]), and the one in use.",
 )
 
-Name = Annotated[
+ContextName = Annotated[
     str,
     typer.Argument(help="A context of the config file.", metavar="NAME", autocompletion=contexts),
 ]
@@ -79,7 +79,7 @@ def current_context(ctx: typer.Context) -> None:
 
 
 @app.command("use-context")
-def use_context(name: Name) -> None:
+def use_context(name: ContextName) -> None:
     """Make NAME the current context: writes current_context into the config file.
 
     The rest of the file is left as it is, comments included."""

@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 STATUS_FORMATS = ("table", "wide", "json", "yaml")
-Name = Annotated[str, typer.Argument(help="The policy's name.", metavar="NAME")]
+PolicyName = Annotated[str, typer.Argument(help="The policy's name.", metavar="NAME")]
 
 
 def _structured(printer: Printer, obj: object) -> None:
@@ -114,7 +114,7 @@ def ls(ctx: typer.Context) -> None:
 
 
 @app.command()
-def get(ctx: typer.Context, name: Name) -> None:
+def get(ctx: typer.Context, name: PolicyName) -> None:
     """Show one policy as stored.
 
     -o yaml prints it with its document under 'policy', which pools apply -f takes back."""
@@ -135,7 +135,7 @@ def get(ctx: typer.Context, name: Name) -> None:
 
 
 @app.command()
-def status(ctx: typer.Context, name: Name) -> None:
+def status(ctx: typer.Context, name: PolicyName) -> None:
     """Show what a policy wants and has, and what the leader did.
 
     The target and actual routable workers per pool, the moves still pending, the recent
@@ -192,20 +192,20 @@ def _pause(ctx: typer.Context, name: str, paused: bool) -> None:
 
 
 @app.command()
-def pause(ctx: typer.Context, name: Name) -> None:
+def pause(ctx: typer.Context, name: PolicyName) -> None:
     """Stop a policy's writes: it is still planned and its drift reported, nothing is
     moved or put back until it is resumed."""
     _pause(ctx, name, True)
 
 
 @app.command()
-def resume(ctx: typer.Context, name: Name) -> None:
+def resume(ctx: typer.Context, name: PolicyName) -> None:
     """Let a paused policy write again: pending moves are made, drift is put back."""
     _pause(ctx, name, False)
 
 
 @app.command("rm")
-def rm(ctx: typer.Context, name: Name) -> None:
+def rm(ctx: typer.Context, name: PolicyName) -> None:
     """Remove a policy. Every worker keeps its taints as they are (says how many still hold
     one of its pool taints); remove them with taints rm if you want them gone."""
     from dynamoctl.session import execute

@@ -27,7 +27,7 @@ Model = Annotated[
     str | None,
     typer.Option(help="Only workers of this model.", metavar="MODEL", autocompletion=shells.models),
 ]
-Watch = Annotated[
+WatchOption = Annotated[
     bool,
     typer.Option(
         "--watch", "-w", help="After the list, print every change as it happens (EVENT column)."
@@ -72,7 +72,7 @@ def ls(
     ctx: typer.Context,
     selector: SelectorOption = None,
     model: Model = None,
-    watch: Watch = False,
+    watch: WatchOption = False,
     sort_by: SortBy = None,
 ) -> None:
     """List workers with their taints.
@@ -231,7 +231,7 @@ def uncordon(
     _cordon(ctx, "remove", worker, selector, all_workers, dry_run, yes)
 
 
-Timeout = Annotated[
+DrainTimeout = Annotated[
     float | None,
     typer.Option(
         "--timeout",
@@ -260,7 +260,7 @@ def drain(
     worker: OptionalId = None,
     selector: SelectorOption = None,
     all_workers: AllWorkers = False,
-    timeout: Timeout = None,
+    timeout: DrainTimeout = None,
     dry_run: DryRun = False,
     yes: Yes = False,
     allow_gone: AllowGone = False,

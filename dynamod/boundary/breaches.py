@@ -28,7 +28,6 @@ Event-loop thread only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -36,12 +35,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.boundary.breach_log import BreachLog
 from dynamod.boundary.budgets import TooFastError
-from dynamod.engine_events import MAX_REASON, EngineLoad
+from dynamod.engine_events import MAX_REASON, EngineLoad, LoadReport
 from dynamod.errors import OversizeError
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[str, EngineLoad | None], None]
 SOURCE = "boundary"
 """``EngineLoad.source`` of a mark: the figures are the daemon's verdict, not the engine's."""
 
@@ -94,7 +92,7 @@ class Breaches:
 
     def __init__(
         self,
-        report: Report,
+        report: LoadReport,
         registry: CollectorRegistry | None = None,
         *,
         lines: BreachLog | None = None,

@@ -61,7 +61,6 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import aiohttp
@@ -80,14 +79,13 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
-from dynamod.engine_events import EngineLoad, KvBatch, offered_path, offers_kv
+from dynamod.engine_events import EngineLoad, KvBatch, LoadReport, offered_path, offers_kv
 from dynamod.errors import DynamoError
 from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[str, EngineLoad | None], None]
 BACKOFF_FIRST = 0.2
 BACKOFF_CAP = 5.0
 SNAPSHOT_BLOCK_BYTES = 24
@@ -111,7 +109,7 @@ class EngineStreams:
     def __init__(
         self,
         view: WorkerView,
-        report: Report,
+        report: LoadReport,
         *,
         budgets: Budgets | None = None,
         kv: KvIndexer | None = None,

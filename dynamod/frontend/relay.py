@@ -81,7 +81,7 @@ class UpstreamFailure:
         return error_response(self.status, message, code, worker_id=self.worker.instance_id)
 
 
-Report = Callable[[UpstreamFailure], None]
+FailureReport = Callable[[UpstreamFailure], None]
 """Told of every failure of a worker (the front logs and counts it)."""
 
 
@@ -203,7 +203,7 @@ class StreamRelay:
 
     limits: AnswerLimits
     streams: OpenStreams
-    report: Report
+    report: FailureReport
 
 
 async def relay_stream(
@@ -291,7 +291,10 @@ async def _pump(
 
 
 async def _end_broken(
-    response: web.StreamResponse, stream: OpenStream, failure: UpstreamFailure, report: Report
+    response: web.StreamResponse,
+    stream: OpenStream,
+    failure: UpstreamFailure,
+    report: FailureReport,
 ) -> None:
     if stream.cut is not None:  # the daemon cut it: the worker did nothing wrong
         await response.write(error_event(stream.cut, "shutting_down"))
