@@ -65,6 +65,7 @@ from dynamod.pool_results import DriftSeen, PoolMove
 from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
 from dynamod.pools.move_budget import MoveBudget
+from dynamod.pools.owners import Owners
 from dynamod.pools.plan import OwnedWorker, Plan, first_moves, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.policy_view import PolicyView
@@ -199,6 +200,8 @@ class PoolReconciler:
         self.events = events or PoolEvents()
         self.metrics = metrics or PoolMetrics()
         self.view = PolicyView(store, self.events)
+        self.owners = Owners(workers)
+        """The workers each policy selects, indexed (no scan of the fleet per policy)."""
         self.conflicts: dict[str, str] = {}
         """Stored policies not reconciled, and why (``stored.in_force``)."""
         self._dirty = asyncio.Event()
@@ -414,9 +417,7 @@ class PoolReconciler:
         workers: list[OwnedWorker] = []
         records: dict[str, Owned] = {}
         written = memory.written if memory is not None else {}
-        for record in self.workers.records():
-            if not policy.match.matches(record):
-                continue
+        for record in self.owners.of(policy.match):
             seen = self.observe(record.key)
             routable = seen.healthy and not OPERATOR_TAINTS.intersection(record.taints)
             domain = None

@@ -49,6 +49,7 @@ EXTERNAL = frozenset(
         # other programs, kernel settings, prose
         "TypeAdapter", "awk", "ps", "bs", "git", "reuse", "a", "bc", "__mp_main__", "fs",
         "inotify", "max_user_instances", "max_user_watches", "watchfiles", "zone", "sha256",
+        "LimitNOFILE", "EMFILE", "nr_open",
         "LIMITS",
     }
 )  # fmt: skip
