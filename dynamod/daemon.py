@@ -381,6 +381,8 @@ class Daemon:
         logs.configure(new.log_level, new.log_format)
         self.api.tokens = Tokens.load(new.tokens_file)
         self.router.reconfigure(new.router)
+        if self.api.pools is not None:
+            self.api.pools.reconciler.settings_changed()  # refused pool moves try again
         restart_only = [
             name
             for name in ("store", "listen", "http", "tls_cert", "tls_key", "tls_client_ca")

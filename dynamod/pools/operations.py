@@ -148,6 +148,7 @@ class PoolOperations:
             drift=drift,
             budget_left=reconciler.budget_left(name),
             conflict=reconciler.conflicts.get(name, ""),
+            failing=reconciler.failing(name),
         )
 
     async def _audited(
