@@ -1,5 +1,6 @@
 """A pool move that keeps failing (issue 27): each worker backs off on its own, a refused
-move waits for a change, and a store error costs a round, never the term.
+move waits for a change, and a store error costs a round, never the term (etcd killed and
+restarted on the same data and port during a round that writes).
 
 In process, on a memory store; the leader's writes fail through ``Writes.fail``. Counts of
 attempts are bounded over a window (a slow machine only makes fewer), never timed."""
@@ -18,12 +19,14 @@ from dynamod.discovery.updates import update_taints
 from dynamod.errors import StoreUnavailableError, TaintLimitError
 from dynamod.pools.move_failures import CAP, FIRST, delay_after
 from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.reconciler import TaintWriter
 from dynamod.pools.stored import apply_policy
 from dynamod.records import WorkerRecord
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.pools.harness import Writes, add_workers, daemons, leader_of, until_counts
 from tests.support.eventually import eventually
+from tests.support.servers import EtcdServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,3 +121,55 @@ async def test_a_refused_move_waits_for_a_change_of_the_worker(memory: Store) ->
         daemon.reconciler.settings_changed()
         await until_counts(daemon.view, policy, {"pool=fast": 1, "pool=slow": 1})
         assert daemon.reconciler.failing("split") == ()
+
+
+class KillAfterFirstMove(Writes):
+    """Writes that SIGKILL etcd right after the first move that commits once armed: the
+    round that writes goes on against a dead store (its history flush fails)."""
+
+    def __init__(self, server: EtcdServer) -> None:
+        super().__init__()
+        self.server = server
+        self.armed = False
+        self.killed = asyncio.Event()
+
+    def writer(self, store: Store, daemon: str) -> TaintWriter:
+        inner = super().writer(store, daemon)
+
+        async def write(record: WorkerRecord, update: TaintUpdate, **kwargs: Any) -> Any:
+            outcome = await inner(record, update, **kwargs)
+            if self.armed and not self.killed.is_set():
+                self.server.stop(kill=True)
+                self.killed.set()
+            return outcome
+
+        return write
+
+
+@pytest.mark.timeout(120)
+async def test_the_term_survives_an_etcd_restart_during_a_round_that_writes(
+    private_etcd: EtcdServer,
+) -> None:
+    writes = KillAfterFirstMove(private_etcd)
+    async with await open_store(private_etcd.url("pools")) as store:
+        await add_workers(store, 6)
+        policy = split()
+        async with daemons(store, ttl=15.0, writes=writes) as ([daemon], _):
+            await apply_policy(store, policy)
+            await until_counts(daemon.view, policy, {"pool=fast": 3, "pool=slow": 3}, within=30)
+            before = daemon.reconciler.leadership
+            assert before is not None
+            writes.armed = True
+            await apply_policy(
+                store, PoolPolicy("split", "model=llama", {"pool=fast": 1, "pool=slow": 5})
+            )
+            async with asyncio.timeout(30):
+                await writes.killed.wait()
+            await asyncio.sleep(1.0)  # the round's history flush meets the dead store
+            await asyncio.to_thread(private_etcd.start)
+            await until_counts(daemon.view, policy, {"pool=fast": 1, "pool=slow": 5}, within=60)
+            after = daemon.reconciler.leadership
+            assert after is before, "the term ended with the store restart"
+            assert after.epoch == before.epoch
+            assert not after.lost.is_set()
+            assert {line["epoch"] for line in writes.moves()} == {before.epoch}
