@@ -220,14 +220,14 @@ class Daemon:
         url = self.settings.state_store
         if not url or url == store.url:
             return store
-        state = await open_store(url)
+        state = await open_store(url, timeout=self.settings.store_timeout)
         stack.push_async_callback(state.aclose)
         return state
 
     async def _open_store(self) -> Store:
         url = self.settings.store
         if not is_dynamo(url):
-            return await open_store(url)
+            return await open_store(url, timeout=self.settings.store_timeout)
         log.warning(
             "%s is an NVIDIA Dynamo fleet: dynamod lists, explains and re-taints its workers "
             "(through each worker's own taint route) and never writes its store; its front "
@@ -240,6 +240,7 @@ class Daemon:
             addresses=self.settings.dynamo_addresses,
             on_refused=self.metrics.refused_dynamo_record,
             on_warned=self.metrics.dynamo_taint_warnings.inc,
+            timeout=self.settings.store_timeout,
         )
 
     def _router(self) -> tuple[Router, KvIndexer | None]:

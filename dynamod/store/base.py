@@ -240,9 +240,10 @@ class Store(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    async def open(cls, url: str) -> Self:
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Self:  # noqa: ASYNC109
         """Parse ``url``, connect, and return a ready store (``StoreUnavailableError`` if the
-        server cannot be reached in time; ``ConfigError`` for a malformed URL)."""
+        server cannot be reached in time; ``ConfigError`` for a malformed URL); ``timeout``
+        is the deadline of every call (``Store.timeout``)."""
 
     @classmethod
     @abc.abstractmethod

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.pools.live import MODEL, POOL_TTL, WORKER_TTL
+from tests.pools.live import MODEL, POOL_TTL, STORE_TIMEOUT, WORKER_TTL
 from tests.support.eventually import eventually
 from tests.support.processes import daemon, dynamoctl, env, worker
 
@@ -49,7 +49,8 @@ async def test_a_refused_move_is_tried_once_per_change_and_status_says_why(
     audit_log = socket.parent / "audit.log"
     proc = daemon(
         store, socket, "--replica-id", "only",
-        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_MAX_TAINTS="1",
+        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
+        DYNAMO_MAX_TAINTS="1",
     )  # fmt: skip
     workers = [worker(store, "--lease-ttl", str(WORKER_TTL), "--taint", "team=a") for _ in "ab"]
     await proc.start(within=60)

@@ -54,8 +54,8 @@ class EtcdStore(Store):
         self._streams: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def open(cls, url: str) -> Self:
-        store = cls(parse_url(url))
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Self:  # noqa: ASYNC109
+        store = cls(parse_url(url), timeout=timeout)
         return await store._ready(store._members.open())
 
     @classmethod
