@@ -201,7 +201,7 @@ class Daemon:
             await grpc.serving(True)
             control.state = DaemonState.SERVING
             self.http_url = http
-            self._announce(grpc.addresses, http, store.url, len(view))
+            self._announce(grpc.addresses, http, store.url, state.url, len(view))
             self.ready.set()
             dog = self._start_watchdog(group)
             reconciler = group.create_task(pools.run(), name="pool reconciler")
@@ -304,11 +304,11 @@ class Daemon:
         serving = state is DaemonState.SERVING
         return web.json_response({"status": str(state)}, status=200 if serving else 503)
 
-    def _announce(self, grpc: list[str], http: str, store: str, workers: int) -> None:
+    def _announce(self, grpc: list[str], http: str, store: str, state: str, workers: int) -> None:
         systemd.notify("READY=1", f"STATUS=serving {workers} workers")
         print(
             f"dynamod ready: grpc={','.join(grpc)} http={http or '-'} store={store} "
-            f"workers={workers} replica={self.settings.replica_id}",
+            f"workers={workers} replica={self.settings.replica_id} state_store={state}",
             flush=True,
         )
 
