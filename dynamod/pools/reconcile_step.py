@@ -50,7 +50,7 @@ from dynamod.tasks import together
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY: Final = 16
+CONCURRENCY: Final = 64
 """Moves written at once (as ``Control``'s bulk updates)."""
 
 Check = Callable[[WorkerRecord, WorkerRecord], None]

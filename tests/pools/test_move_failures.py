@@ -19,11 +19,14 @@ from dynamod.discovery.updates import update_taints
 from dynamod.errors import StoreUnavailableError, TaintLimitError
 from dynamod.pools.move_failures import CAP, FIRST, delay_after
 from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.policy_view import PolicyView
+from dynamod.pools.pool_events import PoolEvents
 from dynamod.pools.reconciler import TaintWriter
 from dynamod.pools.stored import apply_policy
 from dynamod.records import WorkerRecord
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
+from dynamod.tasks import cancel_and_wait
 from tests.pools.harness import Writes, add_workers, daemons, leader_of, until_counts
 from tests.support.eventually import eventually
 from tests.support.servers import EtcdServer
@@ -173,3 +176,25 @@ async def test_the_term_survives_an_etcd_restart_during_a_round_that_writes(
             assert after.epoch == before.epoch
             assert not after.lost.is_set()
             assert {line["epoch"] for line in writes.moves()} == {before.epoch}
+
+
+async def test_changes_while_the_pool_view_was_down_are_published_when_it_runs_again(
+    memory: Store,
+) -> None:
+    """After a restart (the reconciler's, whose view runs again), the first snapshot is
+    compared with what the view knew: a policy applied in the gap is APPLIED."""
+    events = PoolEvents()
+    view = PolicyView(memory, events)
+    first = asyncio.create_task(view.run())
+    await asyncio.wait_for(view.ready.wait(), 10)
+    await cancel_and_wait(first)
+    await apply_policy(memory, split())
+    with events.subscribe() as seen:
+        again = asyncio.create_task(view.run())
+        try:
+            async with asyncio.timeout(10):
+                event = await anext(aiter(seen))
+        finally:
+            await cancel_and_wait(again)
+    assert (event.info.kind, event.info.policy) == ("APPLIED", "split")
+    assert "split" in view.policies
