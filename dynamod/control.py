@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dynamod import __version__
 from dynamod.audit import AuditLog
@@ -31,7 +32,9 @@ from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
+    KeyNotFoundError,
     PermissionDeniedError,
+    RevisionMismatchError,
     StoreUnavailableError,
     UnsupportedError,
 )
@@ -53,7 +56,7 @@ from dynamod.results import (
 from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.router.explain import by_dynamo_rule, dynamo_summary
 from dynamod.selectors import parse
-from dynamod.store import Store
+from dynamod.store import Store, Swap
 from dynamod.store.dynamo import DynamoStore
 from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.targets import Target
@@ -69,6 +72,16 @@ MAX_EXPLAIN_PROMPT = MAX_BODY
 carry a longer one."""
 
 Progress = Callable[[UpdateOutcome], Awaitable[None]]
+
+
+class BatchItem(NamedTuple):
+    """One worker's update in ``Control.update_taints_batch``: at ``expect`` (the revision
+    the caller saw), with ``audit`` added to its audit line."""
+
+    record: WorkerRecord
+    update: TaintUpdate
+    expect: int
+    audit: Mapping[str, object]
 
 
 class KeyedLock:
@@ -266,6 +279,67 @@ class Control:
             caller, update, record, change.before, change.after, change.revision, None, audit
         )
         return change
+
+    async def update_taints_batch(
+        self, items: list[BatchItem], *, caller: Principal, check: Check
+    ) -> list[UpdateOutcome | DynamoError | None]:
+        """Each item's update in one transaction of the store (``Store.swap_all``), each
+        worker at the revision its item expects and the view holds it at, with the lock per
+        worker, ``check`` right before the write and one audit line per worker, as
+        ``update_taints`` makes them one by one (the pool leader's moves). An outcome per
+        item: what changed, its error, or None: write it with ``update_taints`` (the store
+        writes one key at a time, the view holds another revision, or the transaction met a
+        newer record)."""
+        store = self.store
+        if isinstance(store, DynamoStore) or not 0 < len(items) <= store.max_swaps:
+            return [None] * len(items)
+        results: list[UpdateOutcome | DynamoError | None] = [None] * len(items)
+        async with contextlib.AsyncExitStack() as held:
+            for key in sorted({item.record.key for item in items}):
+                await held.enter_async_context(self.serial.hold(key))
+            made: dict[int, WorkerRecord] = {}
+            for n, (record, update, expect, audit) in enumerate(items):
+                if self.view.get(record.key) is not record or self._seen_at(record) != expect:
+                    continue
+                try:
+                    made[n] = record.updated(update, self.limits)
+                    caller.check_taints(_changed(record, made[n]))
+                except DynamoError as exc:
+                    made.pop(n, None)
+                    self._audit(caller, update, record, record.taints, None, None, exc, audit)
+                    results[n] = exc
+            for n, after in made.items():
+                check(items[n].record, after)  # the fence, right before the transaction
+            swaps = [
+                Swap(items[n].record.key, a.to_bytes(), items[n].expect) for n, a in made.items()
+            ]
+            try:
+                revision = await store.swap_all(swaps) if swaps else 0
+            except (RevisionMismatchError, KeyNotFoundError):
+                return results  # a newer record: each of them one by one
+            except DynamoError as exc:
+                for n in made:
+                    results[n] = self._batch_audit(caller, items[n], None, None, exc)
+                return results
+            for n, after in made.items():
+                results[n] = self._batch_audit(caller, items[n], after, revision, None)
+        return results
+
+    def _batch_audit(
+        self,
+        caller: Principal,
+        item: BatchItem,
+        after: WorkerRecord | None,
+        revision: int | None,
+        error: DynamoError | None,
+    ) -> UpdateOutcome | DynamoError:
+        record = item.record
+        taints = None if after is None else after.taints
+        self._audit(caller, item.update, record, record.taints, taints, revision, error, item.audit)
+        if error is not None:
+            return error
+        assert after is not None and revision is not None
+        return UpdateOutcome(record.instance_id, record.key, record.taints, after.taints, revision)
 
     def _seen_at(self, record: WorkerRecord) -> int | None:
         """The revision the view holds ``record`` at, if it still holds this very record."""

@@ -34,11 +34,11 @@ from dynamod.audit import AuditLog
 from dynamod.auth import Principal, Tokens
 from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
 from dynamod.boundary.dynamo_reach import DynamoReach
-from dynamod.control import Control
+from dynamod.control import BatchItem, Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
 from dynamod.engine_events import EngineLoad
-from dynamod.errors import ConfigError
+from dynamod.errors import ConfigError, DynamoError
 from dynamod.frontend import Frontend
 from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
@@ -47,8 +47,10 @@ from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
+from dynamod.pools.reconciler import BatchWriter as PoolBatchWriter
 from dynamod.pools.reconciler import Check as PoolCheck
 from dynamod.pools.reconciler import Observed, PoolReconciler, TaintWriter
+from dynamod.pools.reconciler import Write as PoolWrite
 from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES
 from dynamod.prompts.processes import PromptProcesses
 from dynamod.prompts.reader import PromptReader
@@ -408,6 +410,7 @@ class Daemon:
             store, view, _pool_writer(control, self.settings.replica_id),
             identity=self.settings.replica_id, ttl=self.settings.pool_lease_ttl,
             observe=observe, metrics=PoolMetrics(self.registry),
+            batch=_pool_batches(control, self.settings.replica_id),
         )  # fmt: skip
 
 
@@ -438,6 +441,20 @@ def _pool_writer(control: Control, identity: str) -> TaintWriter:
             target, update, caller=caller, check=check, audit=audit
         )
         return outcome
+
+    return write
+
+
+def _pool_batches(control: Control, identity: str) -> PoolBatchWriter:
+    """The pool leader's moves many to a transaction where the store has them
+    (``Control.update_taints_batch``): each still fenced, locked and audited."""
+    caller = Principal(f"pools@{identity}", "write")
+
+    async def write(
+        writes: list[PoolWrite], *, check: PoolCheck
+    ) -> list[UpdateOutcome | DynamoError | None]:
+        items = [BatchItem(*w) for w in writes]
+        return await control.update_taints_batch(items, caller=caller, check=check)
 
     return write
 

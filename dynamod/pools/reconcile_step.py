@@ -50,8 +50,12 @@ from dynamod.tasks import together
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY: Final = 64
-"""Moves written at once (as ``Control``'s bulk updates)."""
+CONCURRENCY: Final = 16
+"""Moves written at once one by one (as ``Control``'s bulk updates)."""
+BATCH: Final = 64
+"""Moves in one transaction, where the store has them (``Store.swap_all``: etcd)."""
+BATCHES: Final = 4
+"""Transactions in flight at once."""
 
 Check = Callable[[WorkerRecord, WorkerRecord], None]
 
@@ -70,6 +74,26 @@ class TaintWriter(Protocol):
         check: Check,
         audit: Mapping[str, object],
     ) -> Awaitable[UpdateOutcome]: ...
+
+
+class Write(NamedTuple):
+    """One worker's write in a ``BatchWriter``'s batch (``TaintWriter``'s arguments)."""
+
+    record: WorkerRecord
+    update: TaintUpdate
+    expect_revision: int
+    audit: Mapping[str, object]
+
+
+class BatchWriter(Protocol):
+    """Many workers' writes in one store transaction (``Control.update_taints_batch``),
+    each fenced by ``check`` and audited: per write, what changed, its error, or None:
+    write that one with the ``TaintWriter`` (a store that writes one key at a time, or a
+    newer record)."""
+
+    def __call__(
+        self, writes: list[Write], *, check: Check
+    ) -> Awaitable[list[UpdateOutcome | DynamoError | None]]: ...
 
 
 class Step(NamedTuple):
@@ -184,10 +208,12 @@ class Leading:
         identity: str,
         observe: Callable[[str], Observed],
         metrics: PoolMetrics,
+        batch: BatchWriter | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
         self.writer = writer
+        self.batch = batch
         self.identity = identity
         self.observe = observe
         self.metrics = metrics
@@ -277,24 +303,55 @@ class Leading:
         steps: list[Step],
         records: Mapping[str, Owned],
     ) -> int:
-        """Write ``steps``, ``CONCURRENCY`` at a time; how many committed."""
-        pending = iter(steps)
+        """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
+        writer batches, else ``CONCURRENCY`` one by one at a time; how many committed."""
         moved = 0
+        if self.batch is not None and len(steps) > 1:
+            batches = iter([steps[i : i + BATCH] for i in range(0, len(steps), BATCH)])
+            width = min(BATCHES, -(-len(steps) // BATCH))
+        else:
+            batches = iter([[step] for step in steps])
+            width = min(CONCURRENCY, len(steps))
 
         async def writing() -> None:
             nonlocal moved
-            for step in pending:
-                if await self._move(term, stored, memory, step, records[step.worker]):
-                    moved += 1
+            for batch in batches:
+                moved += await self._write(term, stored, memory, batch, records)
                 if len(memory.history.unwritten) >= FLUSH_EVERY:
                     await memory.history.flush(self.store, term.fence)
 
-        await together(*(writing() for _ in range(min(CONCURRENCY, len(steps)))))
+        await together(*(writing() for _ in range(width)))
         return moved
 
-    async def _move(
-        self, term: Term, stored: StoredPolicy, memory: PolicyTerm, move: Step, owned: Owned
-    ) -> bool:
+    async def _write(
+        self,
+        term: Term,
+        stored: StoredPolicy,
+        memory: PolicyTerm,
+        batch: list[Step],
+        records: Mapping[str, Owned],
+    ) -> int:
+        """One batch of steps (one step: the ``TaintWriter``); how many committed."""
+        if self.batch is None or len(batch) == 1:
+            return sum(
+                [await self._move(term, stored, memory, s, records[s.worker]) for s in batch]
+            )
+        writes = [self._write_of(term, stored, step, records[step.worker]) for step in batch]
+        results = await self.batch(writes, check=term.check)
+        moved = 0
+        for step, result in zip(batch, results, strict=True):
+            owned = records[step.worker]
+            if result is None:
+                moved += await self._move(term, stored, memory, step, owned)
+            elif isinstance(result, DynamoError):
+                self._failed(term, stored, step, owned, result)
+                memory.assigned.pop(step.worker, None)
+            else:
+                self._committed(term, stored.policy, memory, step, owned, result)
+                moved += 1
+        return moved
+
+    def _write_of(self, term: Term, stored: StoredPolicy, move: Step, owned: Owned) -> Write:
         policy = stored.policy
         record = owned.record
         keep = set(caller_taints(record.taints)) - policy.taints - stored.retired
@@ -305,10 +362,17 @@ class Leading:
             "leader": self.identity,
             "move": {"from": move.from_pool, "to": move.to_pool, "why": move.why},
         }
+        return Write(record, update, owned.revision, audit)
+
+    async def _move(
+        self, term: Term, stored: StoredPolicy, memory: PolicyTerm, move: Step, owned: Owned
+    ) -> bool:
+        write = self._write_of(term, stored, move, owned)
         try:
             outcome = await self.writer(
-                record, update, expect_revision=owned.revision, check=term.check, audit=audit
-            )
+                write.record, write.update, expect_revision=write.expect_revision,
+                check=term.check, audit=write.audit,
+            )  # fmt: skip
         except NotLeaderError:
             raise
         except (RevisionMismatchError, WorkerNotFoundError) as exc:
@@ -318,10 +382,22 @@ class Leading:
             self._failed(term, stored, move, owned, exc)
             memory.assigned.pop(move.worker, None)
             return False
-        if self.workers.revision_of(record.key) < outcome.revision:
-            self.own[record.key] = outcome.revision
-        self._moved(term, policy, memory, move, outcome)
+        self._committed(term, stored.policy, memory, move, owned, outcome)
         return True
+
+    def _committed(
+        self,
+        term: Term,
+        policy: PoolPolicy,
+        memory: PolicyTerm,
+        move: Step,
+        owned: Owned,
+        outcome: UpdateOutcome,
+    ) -> None:
+        key = owned.record.key
+        if self.workers.revision_of(key) < outcome.revision:
+            self.own[key] = outcome.revision
+        self._moved(term, policy, memory, move, outcome)
 
     def _moved(
         self,

@@ -66,12 +66,14 @@ from dynamod.pools.policy_view import PolicyView
 from dynamod.pools.pool_events import PoolEvents
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconcile_step import (
+    BatchWriter,
     Check,
     Leading,
     Observed,
     PolicyTerm,
     TaintWriter,
     Term,
+    Write,
     nothing_observed,
     owned,
 )
@@ -79,7 +81,7 @@ from dynamod.pools.stored import StoredPolicy, in_force
 from dynamod.store import Store
 from dynamod.tasks import race
 
-__all__ = ["Check", "Observed", "PoolReconciler", "TaintWriter"]
+__all__ = ["BatchWriter", "Check", "Observed", "PoolReconciler", "TaintWriter", "Write"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +106,7 @@ class PoolReconciler:
         observe: Callable[[str], Observed] = nothing_observed,
         events: PoolEvents | None = None,
         metrics: PoolMetrics | None = None,
+        batch: BatchWriter | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
@@ -117,7 +120,7 @@ class PoolReconciler:
         """Stored policies not reconciled, and why (``stored.in_force``)."""
         self._dirty = asyncio.Event()
         self._healthy: dict[str, bool] = {}
-        self._leading = Leading(store, workers, writer, identity, observe, self.metrics)
+        self._leading = Leading(store, workers, writer, identity, observe, self.metrics, batch)
         self._term: Term | None = None
         self._election: LeaderElection | None = None
 
