@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import backend_url
 from tests.pools.live import MODEL, POOL_TTL, STORE_TIMEOUT, WORKER_TTL
 from tests.support.eventually import eventually
 from tests.support.processes import daemon, dynamoctl, env, worker
@@ -40,10 +41,13 @@ def ctl(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", ["file", "etcd"])
 async def test_a_refused_move_is_tried_once_per_change_and_status_says_why(
-    tmp_path: Path,
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    store = (tmp_path / "store").as_uri()
+    """On etcd the moves go in one transaction (``Store.swap_all``), on the file store one
+    by one: refused alike, each with its own audit line."""
+    store = backend_url(backend, request, tmp_path)
     socket = tmp_path / "d" / "d.sock"
     socket.parent.mkdir()
     audit_log = socket.parent / "audit.log"
