@@ -126,6 +126,8 @@ class Control:
     """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
+    state_store_url: str = ""
+    """The state store's URL, for ``status`` ("" until the daemon set it: the store's)."""
     serial: KeyedLock = field(default_factory=KeyedLock)
     """One taint update at a time per worker in this daemon, as Dynamo serialises a
     worker's updates under its metadata lock: concurrent callers queue here instead of
@@ -477,6 +479,7 @@ class Control:
             queue_depth=self.router.queue_depth,
             revision=self.view.revision,
             state=self.state,
+            state_store_url=self.state_store_url or self.store.url,
         )
 
 

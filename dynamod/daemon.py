@@ -165,6 +165,7 @@ class Daemon:
         )
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         state = await self._state_store(stack, store)
+        control.state_store_url = state.url
         pools = self._pools(state, view, control)
         stats = StatsSampler(
             view, router, traffic, replica=settings.replica_id, breaches=feeds.breaches,

@@ -341,6 +341,8 @@ class StatusInfo:
     queue_depth: int
     revision: int
     state: DaemonState
+    state_store_url: str = ""
+    """Where pool policies, their history and the pool leader's key are kept."""
 
 
 @dataclass(frozen=True)

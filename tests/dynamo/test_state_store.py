@@ -1,11 +1,13 @@
 """Pool policies on an NVIDIA Dynamo fleet need dynamod's own state store (issue 29): a
 daemon reading the fleet (one captured worker record in etcd, ``values.py``) without one
 refuses an apply, a dry run too, before it plans anything, naming the setting, its
-environment name, the flag and an example; its ready line names the state store in use."""
+environment name, the flag and an example; its ready line and ``dynamoctl status`` name the
+state store in use."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from pathlib import Path
 
@@ -34,6 +36,11 @@ async def test_an_apply_without_a_state_store_is_refused_before_any_plan(
     async with running(daemon(dynamo_url, socket)) as proc:
         assert proc.field("state_store") == dynamo_url
         argv = dynamoctl("--endpoint", f"unix://{socket}", "pools", "apply", "-f", str(document))
+        shown = await asyncio.to_thread(
+            subprocess.run, dynamoctl("--endpoint", f"unix://{socket}", "status", "-o", "json"),
+            capture_output=True, text=True, env=env(), timeout=60, check=False,
+        )  # fmt: skip
+        assert json.loads(shown.stdout)["state_store"] == dynamo_url, shown.stderr
         done = await asyncio.to_thread(
             subprocess.run, [*argv, *(["--dry-run"] if dry_run else [])],
             capture_output=True, text=True, env=env(), timeout=60, check=False,

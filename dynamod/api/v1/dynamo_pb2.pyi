@@ -950,6 +950,7 @@ class StatusResponse(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    STATE_STORE_URL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     store_url: _builtins.str
     store_healthy: _builtins.bool
@@ -961,6 +962,8 @@ class StatusResponse(_message.Message):
     revision: _builtins.int
     state: _builtins.str
     """starting, serving, draining"""
+    state_store_url: _builtins.str
+    """where pool policies are kept (state_store, else the store)"""
     def __init__(
         self,
         *,
@@ -974,10 +977,11 @@ class StatusResponse(_message.Message):
         queue_depth: _builtins.int = ...,
         revision: _builtins.int = ...,
         state: _builtins.str = ...,
+        state_store_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "state_store_url", b"state_store_url", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
