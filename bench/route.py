@@ -256,7 +256,7 @@ async def measure(
             pass
 
     return await timed_async(route), timed(
-        lambda: scan_and_score(records, request, router.config, rng)
+        lambda: scan_and_score(records, request, router.knobs, rng)
     )
 
 

@@ -34,7 +34,8 @@ from dynamoctl import exits
 from dynamoctl.options import OUTPUTS, Options, UsageError, from_context
 from dynamoctl.output import Printer
 from dynamod.errors import ConfigError, DynamoError, UnreachableError
-from dynamod.lifecycle import run, wait_any
+from dynamod.lifecycle import run
+from dynamod.tasks import wait_any
 
 if TYPE_CHECKING:
     from dynamod.client import AsyncClient

@@ -1,4 +1,4 @@
-"""Keys from the terminal, for ``dynamoctl top``: ``Keys`` puts stdin in cbreak mode (each
+"""Keys from the terminal, for ``dynamoctl top``: ``KeyReader`` puts stdin in cbreak mode (each
 key as it is pressed, no echo; Ctrl-C still raises SIGINT) and hands the keys pressed to an
 asyncio queue, with ``"resize"`` when the window changes size (SIGWINCH). Leaving it puts
 the terminal back exactly as it was, however the command ends.
@@ -51,7 +51,7 @@ def names(data: bytes) -> list[str]:
     return found
 
 
-class Keys:
+class KeyReader:
     """The keys pressed, while the ``with`` block runs; see the module docstring.
 
     ``get()`` waits for the next key. On a stdin that is no terminal nothing is ever
@@ -65,7 +65,7 @@ class Keys:
         return await self.queue.get()
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[Keys]:
+    def reading(self) -> Iterator[KeyReader]:
         loop = self._loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGWINCH, self.queue.put_nowait, "resize")
         try:

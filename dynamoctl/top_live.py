@@ -24,7 +24,7 @@ from dynamod.stats_results import FleetStats, StatsQuery
 
 if TYPE_CHECKING:
     from dynamoctl.output import Screen
-    from dynamoctl.terminal import Keys
+    from dynamoctl.terminal import KeyReader
     from dynamod.client import AsyncClient
 
 RETRY = 1.0
@@ -47,7 +47,7 @@ class LiveTop:
         self.editing: str | None = None
         self.message = ""
 
-    async def run(self, keys: Keys) -> int:
+    async def run(self, keys: KeyReader) -> int:
         """Draw until ``q`` (or until cancelled: Ctrl-C)."""
         self.draw()
         async with asyncio.TaskGroup() as group:

@@ -1,7 +1,9 @@
 """The audit log: one JSON line per mutation, appended and flushed at once.
 
-Each line: ``time`` (RFC 3339, UTC), ``caller``, ``peer`` (where the call came from, as
-the transport names it: ``ipv4:10.0.0.7:51234`` on TCP, ``unix:`` on the socket),
+Each taint change's line: ``time`` (RFC 3339, UTC), ``source`` (the path it came by:
+``dynamod``, ``worker-route`` — a worker's own route — or ``worker``, in its process),
+``caller`` (the token's name), ``peer`` (where the call came from, as the transport names
+it: ``ipv4:10.0.0.7:51234`` on TCP, ``unix:`` on the socket),
 ``action``, ``taints``, ``keys``, ``worker``, ``before``, ``after``, ``revision``,
 ``outcome`` (``ok``, ``unchanged``, or the error code) and, on failure, ``error``. A dry
 run is not a mutation and is not logged. A refused attempt (no or a wrong token, no

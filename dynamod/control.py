@@ -42,7 +42,7 @@ from dynamod.http.limits import MAX_BODY
 from dynamod.load import Busy
 from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
-from dynamod.records import ModelCard, WorkerRecord
+from dynamod.records import ModelCard, TaintCheck, WorkerRecord
 from dynamod.results import (
     CandidateInfo,
     DaemonState,
@@ -121,7 +121,7 @@ class Control:
     front would, with the tokenizer the model's workers publish."""
     metrics: DaemonMetrics | None = None
     prompts: PromptReader = field(default_factory=lambda: PromptReader(None))
-    """Tokenizes ``explain``'s prompt: a long one in the daemon's prompt worker processes."""
+    """Tokenizes ``explain``'s prompt: a long one in the daemon's prompt processes."""
     limits: TaintLimits = field(default_factory=TaintLimits)
     """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
@@ -208,7 +208,7 @@ class Control:
         caller: Principal,
         dry_run: bool = False,
         progress: Progress | None = None,
-        check: Check | None = None,
+        check: TaintCheck | None = None,
         audit: Mapping[str, object] | None = None,
     ) -> list[UpdateOutcome]:
         """Apply ``update`` to every targeted worker; return the outcomes in target order.
@@ -259,7 +259,7 @@ class Control:
         caller: Principal,
         target: Target,
         dry_run: bool,
-        check: Check | None = None,
+        check: TaintCheck | None = None,
         audit: Mapping[str, object] | None = None,
     ) -> UpdateOutcome:
         if dry_run:
@@ -283,7 +283,7 @@ class Control:
         return change
 
     async def update_taints_batch(
-        self, items: list[BatchItem], *, caller: Principal, check: Check
+        self, items: list[BatchItem], *, caller: Principal, check: TaintCheck
     ) -> list[UpdateOutcome | DynamoError | None]:
         """Each item's update in one transaction of the store (``Store.swap_all``), each
         worker at the revision its item expects and the view holds it at, with the lock per
@@ -379,6 +379,7 @@ class Control:
             if outcome == "ok" and revision is not None:
                 self.metrics.wrote(record.key, revision)
         self.audit.record(
+            source="dynamod",
             caller=caller.name,
             peer=caller.peer,
             action=update.action,
@@ -402,7 +403,12 @@ class Control:
         if self.metrics is not None:
             self.metrics.taint_updates.labels(type(error).__name__).inc()
         self.audit.record(
-            caller=caller, peer=peer, **asked, outcome=type(error).__name__, error=str(error)
+            source="dynamod",
+            caller=caller,
+            peer=peer,
+            **asked,
+            outcome=type(error).__name__,
+            error=str(error),
         )
 
     async def explain(
@@ -499,10 +505,7 @@ def _changed(before: WorkerRecord, after: WorkerRecord) -> set[str]:
     return set(before.taints) ^ set(after.taints)
 
 
-Check = Callable[[WorkerRecord, WorkerRecord], None]
-
-
-def _checked(caller: Principal, check: Check | None) -> Check:
+def _checked(caller: Principal, check: TaintCheck | None) -> TaintCheck:
     """The check before each write: the caller's rights on the taints changed, then
     ``check`` (when given)."""
 

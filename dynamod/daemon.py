@@ -44,7 +44,7 @@ from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
-from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconciler import BatchWriter as PoolBatchWriter
@@ -63,7 +63,7 @@ from dynamod.store import Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
-from dynamod.tasks import cancel_and_wait
+from dynamod.tasks import cancel_and_wait, wait_any
 from dynamod.traffic import Traffic
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 CUT_WITHIN = 1.0
 """Seconds the streams cut at the end of the grace period get to write their ending."""
 
-Listener = socket.socket | None
+ListenSocket = socket.socket | None
 
 
 class Daemon:
@@ -124,8 +124,8 @@ class Daemon:
         self._fleet = FleetFront(store.url) if isinstance(store, DynamoStore) else None
         view = WorkerView(
             store,
-            history=settings.event_history,
-            history_bytes=int(settings.event_history_mb * 1024 * 1024),
+            replay=settings.event_history,
+            replay_bytes=int(settings.event_history_mb * 1024 * 1024),
             queues_budget=int(settings.event_queues_mb * 1024 * 1024),
         )
         router, kv = self._router()
@@ -276,7 +276,7 @@ class Daemon:
         if view.ready.is_set():
             log.info("first snapshot applied: %d workers at revision %d", len(view), view.revision)
 
-    def _listen_http(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack) -> Listener:
+    def _listen_http(self, stack: contextlib.ExitStack | contextlib.AsyncExitStack) -> ListenSocket:
         if not self.settings.http:
             return None
         host, port = parse_hostport(self.settings.http, "http")
@@ -285,7 +285,7 @@ class Daemon:
         return listener
 
     async def _start_http(
-        self, stack: contextlib.AsyncExitStack, front: Frontend, listener: Listener
+        self, stack: contextlib.AsyncExitStack, front: Frontend, listener: ListenSocket
     ) -> str:
         if listener is None:
             return ""

@@ -96,7 +96,7 @@ class DynamoError(Exception):
         return {"message": str(self)}
 
     def __reduce__(self) -> tuple[object, ...]:
-        # Pickled (to and from the prompt worker processes) through the constructor too.
+        # Pickled (to and from the prompt processes) through the constructor too.
         return (_rebuilt, (type(self), self.fields()))
 
 
@@ -429,7 +429,7 @@ class UnsupportedError(DynamoError):
 
 
 class PromptWorkerError(DynamoError):
-    """The daemon's prompt workers (``dynamod/prompts``) could not take or finish a large
+    """The daemon's prompt processes (``dynamod/prompts``) could not take or finish a large
     prompt: too many are waiting, one took too long, or one died. Retry later."""
 
     code = "UNAVAILABLE"

@@ -19,10 +19,14 @@ Bounds on size are the callers' (a body's, a line's: ``http/bounded.py``).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
 
 from dynamod.errors import InvalidInputError
+
+Json = dict[str, Any]
+"""A JSON object, as read and written here."""
 
 MAX_DEPTH = 64
 """Arrays and objects nested deeper than this are refused; an OpenAI body needs 5."""

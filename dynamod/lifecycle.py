@@ -88,19 +88,6 @@ class Signals:
             self.stopping.set()
 
 
-async def wait_any(*events: asyncio.Event) -> None:
-    """Return as soon as one of ``events`` is set."""
-    if any(e.is_set() for e in events):
-        return
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-
-
 async def guarded(main: Coroutine[Any, Any, int], program: str) -> int:
     """Run ``main``; a ``DynamoError`` or ``OSError`` (a store that cannot be reached)
     ends it with one line on stderr and exit code 1 instead of a traceback; a socket or
@@ -112,7 +99,7 @@ async def guarded(main: Coroutine[Any, Any, int], program: str) -> int:
         return EX_UNAVAILABLE if isinstance(exc, ListenError) else EX_FAILURE
 
 
-async def _drain(deadline: float) -> list[str]:
+async def _outlived(deadline: float) -> list[str]:
     """Wait until ``deadline`` for other tasks and threads to end; return those alive."""
     me = asyncio.current_task()
     tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
@@ -147,7 +134,7 @@ def run(main: Callable[[], Coroutine[Any, Any, int]], *, drain: float | None = N
     async def supervise() -> tuple[int, list[str]]:
         code = await main()
         executor.shutdown(wait=False, cancel_futures=True)
-        return code, await _drain(time.monotonic() + drain)
+        return code, await _outlived(time.monotonic() + drain)
 
     code, alive = loop.run_until_complete(supervise())
     if alive:

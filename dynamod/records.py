@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dynamod import jsoncodec
 from dynamod.errors import ImmutableFieldError, InvalidInputError, TaintError, TopologyError
+from dynamod.jsoncodec import Json
 from dynamod.taints import (
     TaintLimits,
     TaintUpdate,
@@ -42,8 +43,6 @@ from dynamod.taints import (
 WORKERS_PREFIX = "v1/workers"
 MAX_COUNT = 2**53
 """The largest count a model card may hold: every JSON reader keeps it exact."""
-
-Json = dict[str, Any]
 
 
 def worker_key(namespace: str, component: str, endpoint: str, instance_id: str) -> str:
@@ -282,6 +281,11 @@ class WorkerRecord:
     @classmethod
     def from_bytes(cls, data: bytes) -> WorkerRecord:
         return cls.from_json(jsoncodec.read(data, "worker record"))
+
+
+TaintCheck = Callable[[WorkerRecord, WorkerRecord], None]
+"""A check of a taint change, called with the record before and after it: it raises to
+refuse the change (the caller's rights over the taints changed, a pool's ownership)."""
 
 
 def immutable_diff(old: WorkerRecord, new: WorkerRecord) -> None:

@@ -55,3 +55,15 @@ async def together(*coros: Coroutine[Any, Any, object]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def wait_any(*events: asyncio.Event) -> None:
+    """Return as soon as one of ``events`` is set."""
+    if any(e.is_set() for e in events):
+        return
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

@@ -89,10 +89,10 @@ def top(
 
 async def _live(client: AsyncClient, printer: Printer, query: StatsQuery) -> int:
     from dynamoctl.output import Screen
-    from dynamoctl.terminal import Keys
+    from dynamoctl.terminal import KeyReader
     from dynamoctl.top_live import LiveTop
 
-    with Keys().reading() as keys, Screen(printer.stdout) as screen:
+    with KeyReader().reading() as keys, Screen(printer.stdout) as screen:
         return await LiveTop(client, screen, query).run(keys)
 
 

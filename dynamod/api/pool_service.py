@@ -14,9 +14,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from grpc import aio
-
 from dynamod.api import convert, pool_convert
+from dynamod.api.context import Context
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal
@@ -28,8 +27,6 @@ from dynamod.pools.pool_events import PoolEvent, PoolEvents, PoolSubscription
 from dynamod.results import EventInfo
 from dynamod.selectors import Selector
 from dynamod.store.dynamo.url import is_dynamo
-
-Context = aio.ServicerContext[Any, Any]
 
 
 class PoolService(rpc.PoolServiceServicer):

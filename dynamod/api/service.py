@@ -26,6 +26,7 @@ from grpc import aio
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dynamod.api import convert, pool_service, stats_service, worker_pages
+from dynamod.api.context import Context
 from dynamod.api.error_status import fit, status_of, trailers
 from dynamod.api.stream_slots import StreamSlots
 from dynamod.api.v1 import dynamo_pb2 as pb
@@ -59,7 +60,6 @@ from dynamod.taints import RoutingConstraints, TaintUpdate
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-Context = aio.ServicerContext[Any, Any]
 
 
 LISTING_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

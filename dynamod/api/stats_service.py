@@ -12,15 +12,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from grpc import aio
-
 from dynamod.api import stats_convert
+from dynamod.api.context import Context
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.errors import DynamoError
 from dynamod.stats_sampler import StatsSampler
-
-Context = aio.ServicerContext[Any, Any]
 
 
 class StatsService(rpc.StatsServiceServicer):

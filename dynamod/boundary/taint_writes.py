@@ -24,7 +24,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Final, Protocol
 
@@ -37,7 +36,7 @@ from dynamod.errors import (
     WorkerNotFoundError,
     WorkerUnavailableError,
 )
-from dynamod.records import WorkerRecord
+from dynamod.records import TaintCheck, WorkerRecord
 from dynamod.results import UpdateOutcome, own_key
 from dynamod.store import Store
 from dynamod.store.dynamo import DynamoStore
@@ -51,7 +50,6 @@ from dynamod.taints import (
     normalize,
 )
 
-Check = Callable[[WorkerRecord, WorkerRecord], None]
 SETTLE_WITHIN: Final = 10.0
 """Seconds a route update may take to show in the store before it counts as failed."""
 
@@ -70,7 +68,7 @@ class TaintWrites(Protocol):
         update: TaintUpdate,
         *,
         expect_revision: int | None,
-        check: Check,
+        check: TaintCheck,
         limits: TaintLimits,
         base_revision: int | None = None,
     ) -> UpdateOutcome:
@@ -96,7 +94,7 @@ class StoreWrites:
         update: TaintUpdate,
         *,
         expect_revision: int | None,
-        check: Check,
+        check: TaintCheck,
         limits: TaintLimits,
         base_revision: int | None = None,
     ) -> UpdateOutcome:
@@ -140,7 +138,7 @@ class RouteWrites:
         update: TaintUpdate,
         *,
         expect_revision: int | None,
-        check: Check,
+        check: TaintCheck,
         limits: TaintLimits,
         base_revision: int | None = None,
     ) -> UpdateOutcome:

@@ -65,7 +65,7 @@ FAILURES_KEPT = 1024
 SOURCES_TRIED = 3
 """Workers tried, one after the other, for one fetch."""
 
-Check = Callable[[bytes, str], Awaitable[None]]
+BundleCheck = Callable[[bytes, str], Awaitable[None]]
 """Builds a bundle (its bytes, its checksum) where it is safe to, or raises
 ``TokenizerUnavailableError``: ``PromptProcesses.check_tokenizer``."""
 
@@ -90,7 +90,7 @@ class TokenizerRegistry:
         fetch_timeout: float = FETCH_TIMEOUT,
         retry_after: float = REFETCH_AFTER,
         limits: TokenizerLimits | None = None,
-        check: Check | None = None,
+        check: BundleCheck | None = None,
     ) -> None:
         self._view = view
         self._capacity = capacity

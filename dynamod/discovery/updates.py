@@ -9,18 +9,18 @@ routers hold when the stored one was changed out of band; ``Registration`` uses 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from dynamod.backoff import Backoff
 from dynamod.errors import (
     ConflictError,
+    DynamoError,
     ImmutableFieldError,
     InvalidInputError,
     KeyNotFoundError,
     RevisionMismatchError,
     WorkerNotFoundError,
 )
-from dynamod.records import WorkerRecord, immutable_diff
+from dynamod.records import TaintCheck, WorkerRecord, immutable_diff
 from dynamod.results import UpdateOutcome
 from dynamod.store import KEEP, Store
 from dynamod.taints import TaintLimits, TaintUpdate
@@ -38,7 +38,7 @@ async def update_taints(
     update: TaintUpdate,
     *,
     expect_revision: int | None = None,
-    check: Callable[[WorkerRecord, WorkerRecord], None] | None = None,
+    check: TaintCheck | None = None,
     base: WorkerRecord | None = None,
     limits: TaintLimits | None = None,
     base_revision: int | None = None,
@@ -62,11 +62,17 @@ async def update_taints(
     routers ignore it: the update is then computed on ``base`` and written over it, so
     that what the call reports is what routers see.
 
-    ``base_revision`` is the store revision ``base`` was seen at (a router's view). When it
-    is ``expect_revision``, the record is known: the read is skipped and the
-    compare-and-swap alone checks the revision (one store round trip instead of two; the
-    pool leader writes this way, at the revision its plan saw).
+    ``base_revision`` is the store revision ``base`` was seen at (a router's view, or a
+    worker following its own record). When it is ``expect_revision``, the record is known:
+    the read is skipped and the compare-and-swap alone checks the revision (one store round
+    trip instead of two; the pool leader writes this way, at the revision its plan saw).
+    Without ``expect_revision`` it is a guess (``_write_at_guess``): tried first, without a
+    read, and read for only when the guess is not borne out.
     """
+    if base is not None and base_revision is not None and expect_revision is None:
+        guessed = await _write_at_guess(store, key, update, base, base_revision, check, limits)
+        if guessed is not None:
+            return guessed
     backoff = Backoff(BACKOFF_FIRST, BACKOFF_CAP)
     known = base is not None and expect_revision is not None and base_revision == expect_revision
     stored: WorkerRecord | None
@@ -104,6 +110,35 @@ async def update_taints(
         f"row ({CAS_ATTEMPTS} attempts) to concurrent writers; retry the call",
         attempts=CAS_ATTEMPTS,
     )
+
+
+async def _write_at_guess(
+    store: Store,
+    key: str,
+    update: TaintUpdate,
+    base: WorkerRecord,
+    revision: int,
+    check: TaintCheck | None,
+    limits: TaintLimits | None,
+) -> UpdateOutcome | None:
+    """The update written over ``base`` at ``revision`` in one compare-and-swap, on the
+    guess that the store still holds ``base`` there; None where only a read can tell: the
+    guess says nothing changes or refuses the update (both may be stale), or the store holds
+    another revision (another writer got there first) or no record. A compare-and-swap that
+    succeeds proves the guess, so what it reports is what a read would have found."""
+    try:
+        after = base.updated(update, limits)
+        if after == base:
+            return None
+        if check is not None:
+            check(base, after)
+    except DynamoError:
+        return None
+    try:
+        written = await store.put(key, after.to_bytes(), expect=revision, lease=KEEP)
+    except (RevisionMismatchError, KeyNotFoundError):
+        return None
+    return _change(base, after, written)
 
 
 def within_boundary(base: WorkerRecord | None, stored: WorkerRecord | None) -> WorkerRecord:

@@ -37,8 +37,8 @@ from dynamod.store import Store
 log = logging.getLogger(__name__)
 
 Listener = Callable[[DiscoveryEvent], None]
-HISTORY = 10_000
-HISTORY_BYTES = 64 * 1024 * 1024
+REPLAY = 10_000
+REPLAY_BYTES = 64 * 1024 * 1024
 SUBSCRIPTION_QUEUE = 1024
 QUEUE_BYTES = 8 * 1024 * 1024
 QUEUES_BUDGET = 64 * 1024 * 1024
@@ -109,12 +109,12 @@ class WorkerView:
         store: Store,
         *,
         prefix: str = WORKERS_PREFIX,
-        history: int = HISTORY,
-        history_bytes: int = HISTORY_BYTES,
+        replay: int = REPLAY,
+        replay_bytes: int = REPLAY_BYTES,
         queue_bytes: int = QUEUE_BYTES,
         queues_budget: int = QUEUES_BUDGET,
     ) -> None:
-        """``history`` / ``history_bytes``: the ring buffer of past events that ``since``
+        """``replay`` / ``replay_bytes``: the replay ring of past events that ``since``
         replays from holds at most that many events and about that many bytes; the oldest
         go first (a subscription from before them starts with a ``ViewResync``).
         ``queue_bytes``: the bytes one subscription may hold queued; ``queues_budget``:
@@ -125,9 +125,9 @@ class WorkerView:
         self._translator = EventTranslator()
         self._listeners: list[Listener] = []
         self._subscriptions: set[Subscription] = set()
-        self._history: deque[tuple[DiscoveryEvent, int]] = deque()
-        self._history_limits = (history, history_bytes)
-        self._history_size = 0
+        self._replay: deque[tuple[DiscoveryEvent, int]] = deque()
+        self._replay_limits = (replay, replay_bytes)
+        self._replay_size = 0
         self._queue_limits = (queue_bytes, queues_budget)
         self._stopped = False
 
@@ -197,8 +197,8 @@ class WorkerView:
     def backlog(self, since: int | None) -> list[DiscoveryEvent]:
         """What a subscription from ``since`` starts with: the events after it, or a
         ``ViewResync`` of the current view (when ``since`` is None or too old)."""
-        if since is not None and self._history and self._history[0][0].revision <= since + 1:
-            return [e for e, _ in self._history if e.revision > since]
+        if since is not None and self._replay and self._replay[0][0].revision <= since + 1:
+            return [e for e, _ in self._replay if e.revision > since]
         if since is not None and since >= self.revision and self.ready.is_set():
             return []
         return [self.snapshot()] if self.ready.is_set() else []
@@ -238,13 +238,11 @@ class WorkerView:
             furthest.fall_behind()
 
     def _remember(self, event: DiscoveryEvent, size: int) -> None:
-        self._history.append((event, size))
-        self._history_size += size
-        count, budget = self._history_limits
-        while len(self._history) > count or (
-            self._history_size > budget and len(self._history) > 1
-        ):
-            self._history_size -= self._history.popleft()[1]
+        self._replay.append((event, size))
+        self._replay_size += size
+        count, budget = self._replay_limits
+        while len(self._replay) > count or (self._replay_size > budget and len(self._replay) > 1):
+            self._replay_size -= self._replay.popleft()[1]
 
     async def wait_for(
         self, predicate: Callable[[WorkerView], bool], *, within: float = 10.0

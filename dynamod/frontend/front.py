@@ -38,7 +38,7 @@ body over the application's ``client_max_size``          413
 no worker serves the model (after a wait, when           404
 ``max_wait`` or the router's ``no_worker_wait`` asks)
 ... and its last worker left within ``gone_window`` s    503 + ``Retry-After``
-a large body the prompt workers cannot take now          503 + ``Retry-After``
+a large body the prompt processes cannot take now          503 + ``Retry-After``
 no worker satisfies the constraints (the router's        503
 message names what was required and what exists),
 queue wait over, router shutting down, front draining
@@ -84,7 +84,7 @@ from dynamod.frontend.relay import (
     send,
 )
 from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
-from dynamod.http.inflight import Drains, InFlight
+from dynamod.http.inflight import Drains, RequestTracker
 from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import (
     CHAT,
@@ -95,7 +95,7 @@ from dynamod.http.openai import (
     error_response,
 )
 from dynamod.http.sse import OpenStreams
-from dynamod.prompts.body import CardLimits, Routable
+from dynamod.prompts.body import CardLimits, ReadyRequest
 from dynamod.prompts.reader import PromptReader, Read
 from dynamod.records import ModelCard
 from dynamod.router import Assignment, Router, RouteRequest
@@ -128,7 +128,7 @@ class Frontend(Drains):
     events of a stream) before the front gives up on it. ``connect_timeout``: the longest
     a connection to a worker may take. ``limits``: the most a worker's answer may hold
     (a whole body; one event of a stream). ``reader`` reads bodies (``prompts.reader``: large
-    ones in the daemon's prompt worker processes; all on the loop when None).
+    ones in the daemon's prompt processes; all on the loop when None).
     ``tokenizers`` gives each model's workers' own tokenizer (the daemon's registry;
     ``Fixed`` in tests), or token counts and block hashes mean nothing. ``traffic`` counts
     each answer's first byte by worker (``dynamod/traffic.py``: the stats stream's rates
@@ -160,7 +160,7 @@ class Frontend(Drains):
         )
         self._tokenizers = tokenizers
         self._session: aiohttp.ClientSession | None = None
-        self._requests = InFlight(self._metrics.in_flight)
+        self._requests = RequestTracker(self._metrics.in_flight)
         self._departures = Departures(gone_window)
         self._streams = OpenStreams()
         self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
@@ -265,7 +265,7 @@ class Frontend(Drains):
 
     async def _read_prompt(
         self, read: Read, api: OpenAIApi, chosen: ModelReading | None
-    ) -> Routable | web.Response:
+    ) -> ReadyRequest | web.Response:
         """The body read the way the model's workers read it (only its shape for a model
         nobody serves), or the refusal to answer with."""
         tokenizer: Tokenizer = _SHAPE_ONLY
@@ -285,7 +285,7 @@ class Frontend(Drains):
         its last worker within ``gone_window`` seconds, else 404."""
         model = read.head.model
         wait = read.head.max_wait
-        if (self._router.config.no_worker_wait if wait is None else wait) > 0:
+        if (self._router.knobs.no_worker_wait if wait is None else wait) > 0:
             return await self._after_wait(request, api, read, started)
         gone = self._departures.gone_since(model)
         if gone is not None:
@@ -323,7 +323,7 @@ class Frontend(Drains):
         request: web.Request,
         api: OpenAIApi,
         read: Read,
-        routable: Routable,
+        routable: ReadyRequest,
         chosen: ModelReading,
         started: float,
     ) -> web.StreamResponse:
@@ -439,7 +439,7 @@ def _alone(card: ModelCard) -> ModelReading:
 
 def _refused(exc: FieldError | PromptWorkerError) -> web.Response:
     """The answer to a body that could not be read: a 4xx naming the field, or a retryable
-    503 while the prompt worker processes cannot take it."""
+    503 while the prompt processes cannot take it."""
     if isinstance(exc, FieldError):
         code = exc.openai_code if isinstance(exc, ModelTemplateError) else "invalid_value"
         return error_response(exc.status, str(exc), code, param=exc.param)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from prometheus_client import Gauge
 
 
-class InFlight:
+class RequestTracker:
     """Counts requests being served and says when none is.
 
     ``with tracker.request():`` around each request; ``begin_drain()`` makes ``draining``
@@ -53,7 +53,7 @@ class Drains:
     """For a server that drains on shutdown: counts its requests in ``_requests`` and says
     so. ``begin_drain()`` (new requests then get 503), ``wait_idle()``, ``in_flight``."""
 
-    _requests: InFlight
+    _requests: RequestTracker
 
     @property
     def in_flight(self) -> int:

@@ -30,10 +30,10 @@ from aiohttp import web
 from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError
 from dynamod.http.limits import fits_body
+from dynamod.jsoncodec import Json
 from dynamod.tokenizers import ChatMessage, Tokenizer
 from dynamod.tokenizers.base import TemplateRefusedError, TokenizerFailedError
 
-Json = dict[str, Any]
 WORKER_ID_HEADER = "x-dynamo-worker-id"
 """On every answer of a worker, and on every answer the front gives after choosing one."""
 FORWARDED_IDS = "token_ids"

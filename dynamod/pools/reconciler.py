@@ -55,7 +55,6 @@ from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
 from dynamod.errors import NotLeaderError, StoreError
-from dynamod.lifecycle import wait_any
 from dynamod.pool_results import MoveFailure
 from dynamod.pools.history import HistoryWriter
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
@@ -79,7 +78,7 @@ from dynamod.pools.reconcile_step import (
 )
 from dynamod.pools.stored import StoredPolicy, in_force
 from dynamod.store import Store
-from dynamod.tasks import race
+from dynamod.tasks import race, wait_any
 
 __all__ = ["BatchWriter", "Check", "Observed", "PoolReconciler", "TaintWriter", "Write"]
 

@@ -1,5 +1,5 @@
 """Reading an inference request before it is routed: pure functions, run on the event loop
-for a small body and in a prompt worker process for a large one (``processes.py``).
+for a small body and in a prompt process for a large one (``processes.py``).
 
 Two steps, because the tokenizer to use depends on the model the body names:
 
@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from dynamod.errors import ConstraintError
 from dynamod.http.openai import (
     FieldError,
-    Json,
     OpenAIApi,
     brief,
     check_fits,
@@ -38,6 +37,7 @@ from dynamod.http.openai import (
     sampling,
     with_forwarded_ids,
 )
+from dynamod.jsoncodec import Json
 from dynamod.router.prefix import prefix_hashes
 from dynamod.taints import RoutingConstraints
 from dynamod.tokenizers import Tokenizer
@@ -65,7 +65,7 @@ class CardLimits:
 
 
 @dataclass(frozen=True)
-class Routable:
+class ReadyRequest:
     """A request ready to route: the body to forward, and what routing counts."""
 
     raw: bytes
@@ -114,7 +114,7 @@ def _max_wait(value: object) -> float | None:
 
 def read_prompt(
     body: Json, raw: bytes, api: OpenAIApi, tokenizer: Tokenizer, model: CardLimits
-) -> Routable:
+) -> ReadyRequest:
     """The body checked as the model's workers check it, tokenized, and ready to forward;
     ``raw`` is the body as it came (forwarded as it is when the prompt was token ids)."""
     wanted = sampling(body, api) if model.checked else None
@@ -125,7 +125,7 @@ def read_prompt(
         needs = len(ids) + (wanted.max_tokens or 1)
     if _text_prompt(api, body):
         raw = with_forwarded_ids(body, ids, tokenizer, raw)
-    return Routable(raw, len(ids), prefix_hashes(ids, model.block_size), needs)
+    return ReadyRequest(raw, len(ids), prefix_hashes(ids, model.block_size), needs)
 
 
 def _text_prompt(api: OpenAIApi, body: Json) -> bool:

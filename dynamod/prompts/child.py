@@ -44,7 +44,7 @@ def limits_arg(limits: TokenizerLimits) -> str:
     return json.dumps(asdict(limits))
 
 
-class Worker:
+class ChildJobs:
     """Runs jobs; holds the tokenizers it was sent, by checksum."""
 
     def __init__(self, limits: TokenizerLimits) -> None:
@@ -161,7 +161,7 @@ class Budgeted:
 
 
 def serve(jobs: BinaryIO, answers: BinaryIO, limits: TokenizerLimits) -> None:
-    worker = Worker(limits)
+    worker = ChildJobs(limits)
     while (frame := wire.read_frame(jobs)) is not None:
         answers.write(wire.encode(worker.answer(wire.decode(frame))))
         answers.flush()

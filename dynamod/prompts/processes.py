@@ -1,4 +1,4 @@
-"""Prompt workers: child processes that read, check and tokenize large requests, so the
+"""Prompt processes: child processes that read, check and tokenize large requests, so the
 daemon's event loop never spends long on one.
 
 Why processes and not threads: the model's tokenizers (Hugging Face's ``encode``, the
@@ -48,7 +48,7 @@ from typing import Any, Self
 from dynamod.errors import InvalidInputError, PromptWorkerError
 from dynamod.http.openai import ModelTemplateError, OpenAIApi
 from dynamod.prompts import wire
-from dynamod.prompts.body import CardLimits, Head, Routable, Tokenized
+from dynamod.prompts.body import CardLimits, Head, ReadyRequest, Tokenized
 from dynamod.prompts.child import limits_arg
 from dynamod.tasks import cancel_and_wait
 from dynamod.tokenizers import SimpleTokenizer
@@ -58,7 +58,7 @@ from dynamod.tokenizers.limits import TokenizerLimits
 log = logging.getLogger(__name__)
 
 PROCESSES = max(1, min(4, (os.cpu_count() or 2) // 2))
-"""The daemon's prompt worker processes: half the CPUs (the event loop and the workers'
+"""The daemon's prompt processes: half the CPUs (the event loop and the workers'
 own processes need the rest), at least one, at most four."""
 JOB_TIMEOUT = 60.0
 MAX_WAITING = 1024
@@ -108,7 +108,7 @@ class _Died(PromptWorkerError):
 
 
 class PromptProcesses:
-    """``processes`` prompt worker processes; see the module docstring."""
+    """``processes`` prompt processes; see the module docstring."""
 
     def __init__(
         self,
@@ -120,7 +120,7 @@ class PromptProcesses:
         limits: TokenizerLimits | None = None,
     ) -> None:
         if processes < 1:
-            raise InvalidInputError(f"prompt workers need at least 1 process, got {processes}")
+            raise InvalidInputError(f"prompt processes need at least 1 process, got {processes}")
         self._processes = processes
         self._timeout = job_timeout
         self.limits = limits if limits is not None else TokenizerLimits()
@@ -130,7 +130,7 @@ class PromptProcesses:
     async def __aenter__(self) -> Self:
         self._owners = [
             asyncio.create_task(
-                _Owner(self._queue, self._timeout, self.limits).run(), name=f"prompt worker {i}"
+                _Owner(self._queue, self._timeout, self.limits).run(), name=f"prompt process {i}"
             )
             for i in range(self._processes)
         ]
@@ -154,10 +154,10 @@ class PromptProcesses:
 
     async def read_prompt(
         self, raw: bytes, api: OpenAIApi, tokenizer: Publishable, model: CardLimits
-    ) -> Routable:
+    ) -> ReadyRequest:
         job = ("prepare", raw, api.kind, tokenizer.checksum, model)
         param = "messages" if api.kind == "chat" else "prompt"
-        found: Routable = await self._run(job, tokenizer, _blame(tokenizer, model.name, param))
+        found: ReadyRequest = await self._run(job, tokenizer, _blame(tokenizer, model.name, param))
         return found
 
     async def tokenize_text(
@@ -210,7 +210,7 @@ class _Waiting:
         if full:
             raise PromptWorkerError(
                 f"{self._queue.qsize()} requests ({self._bytes} bytes) are already waiting "
-                "for the prompt workers; retry later"
+                "for the prompt processes; retry later"
             )
         self._queue.put_nowait(job)
         self._bytes += job.size
@@ -290,7 +290,7 @@ class _Owner:
                 return ("error", _not_built(job, installed[1]))
             answer = await self._exchange(job.message)
         if answer[0] == "need":
-            raise PromptWorkerError(f"the prompt worker lacks tokenizer {answer[1]}")
+            raise PromptWorkerError(f"the prompt process lacks tokenizer {answer[1]}")
         return answer
 
     async def _exchange(self, message: tuple[Any, ...]) -> tuple[str, Any]:
@@ -306,12 +306,12 @@ class _Owner:
                 )
         except TimeoutError:
             raise PromptWorkerError(
-                f"preparing the request took the prompt worker longer than {self._timeout:g} s"
+                f"preparing the request took the prompt process longer than {self._timeout:g} s"
             ) from None
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             code = await _exit_code(proc)
             raise _Died(
-                f"the prompt worker (pid {proc.pid}) exited ({_exit_text(code)}) while "
+                f"the prompt process (pid {proc.pid}) exited ({_exit_text(code)}) while "
                 f"preparing the request: {type(exc).__name__}",
                 -code if code is not None and code < 0 else None,
             ) from None
@@ -329,7 +329,7 @@ class _Owner:
                 limit=2**16,
                 env={**os.environ, **CHILD_ENV},
             )
-            log.info("prompt worker started: pid %d", self._proc.pid)
+            log.info("prompt process started: pid %d", self._proc.pid)
         return self._proc
 
     async def _kill(self) -> None:
@@ -360,7 +360,7 @@ class _Owner:
 def _not_built(job: _Job, error: Exception) -> Exception:
     """The job's error when its tokenizer does not build in the process."""
     if job.blame is None:
-        return PromptWorkerError(f"the prompt worker cannot build the tokenizer: {error}")
+        return PromptWorkerError(f"the prompt process cannot build the tokenizer: {error}")
     return job.blame.error(f"its tokenizer does not build in a prompt process: {error}")
 
 

@@ -1,5 +1,5 @@
 """Where a request is read: on the event loop when it is small and its tokenizer is this
-project's own, in the prompt worker processes (``processes.py``) otherwise.
+project's own, in the prompt processes (``processes.py``) otherwise.
 
 Reading a body is parsing its JSON, checking its fields and tokenizing its prompt, all of
 which hold the GIL for the whole call: the mocker's tokenizer takes ~0.45 s per MB of
@@ -24,11 +24,12 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
-from dynamod.http.openai import Json, ModelTemplateError, OpenAIApi, json_object
+from dynamod.http.openai import ModelTemplateError, OpenAIApi, json_object
+from dynamod.jsoncodec import Json
 from dynamod.prompts.body import (
     CardLimits,
     Head,
-    Routable,
+    ReadyRequest,
     Tokenized,
     read_head,
     read_prompt,
@@ -88,7 +89,7 @@ class PromptReader:
 
     async def read_prompt(
         self, read: Read, api: OpenAIApi, tokenizer: Tokenizer, model: CardLimits
-    ) -> Routable:
+    ) -> ReadyRequest:
         """``body.read_prompt`` of the body, where its size and tokenizer say; raises
         ``FieldError`` (``ModelTemplateError`` when the model's tokenizer failed)."""
         workers = self._offloaded(len(read.raw), tokenizer)

@@ -1,4 +1,4 @@
-"""What the daemon and its prompt worker processes say to each other, over the child's
+"""What the daemon and its prompt processes say to each other, over the child's
 stdin and stdout: frames of an 8-byte big-endian length and a pickle.
 
 A job is a tuple whose first item names it (``OPS``); the answer is ``("ok", value)``,

@@ -16,8 +16,8 @@ from dynamod.router.table import Ineligible, RoutingTable, why_not
 from dynamod.router.types import (
     Assignment,
     Explanation,
-    Outcome,
     RouteRequest,
+    Verdict,
     WorkerExplanation,
 )
 
@@ -29,7 +29,6 @@ __all__ = [
     "Ineligible",
     "KvIndex",
     "LoadOrder",
-    "Outcome",
     "OverlapSource",
     "Overlaps",
     "PendingQueue",
@@ -39,6 +38,7 @@ __all__ = [
     "RouterKnobs",
     "RouterMetrics",
     "RoutingTable",
+    "Verdict",
     "WaitState",
     "Waiter",
     "WorkerExplanation",

@@ -66,10 +66,10 @@ class Pick:
 
 
 class Chooser:
-    """Picks workers for one router (module docstring). ``config`` may be replaced."""
+    """Picks workers for one router (module docstring). ``knobs`` may be replaced."""
 
-    def __init__(self, config: RouterKnobs, rng: random.Random, group_of: GroupOf) -> None:
-        self.config = config
+    def __init__(self, knobs: RouterKnobs, rng: random.Random, group_of: GroupOf) -> None:
+        self.knobs = knobs
         self._rng = rng
         self._group_of = group_of
         self._scored: dict[object, tuple[tuple[Group, ...], tuple[Scored, ...]]] = {}
@@ -80,12 +80,12 @@ class Chooser:
         """The worker for ``request`` among the free members of ``groups`` (the eligible
         groups of its model), or None when none is free."""
         scored = self.scored(request, groups)
-        if self.config.temperature == 0.0:
+        if self.knobs.temperature == 0.0:
             return self._cheapest(request, scored, overlaps)
         found = self._sample_set(request, scored, overlaps)
         if not found:
             return None
-        return found[select([p.estimate for p in found], self.config.temperature, self._rng)]
+        return found[select([p.estimate for p in found], self.knobs.temperature, self._rng)]
 
     def scored(self, request: RouteRequest, groups: tuple[Group, ...]) -> tuple[Scored, ...]:
         """``groups`` with the request's weight sum and multiplier, remembered for as long
@@ -142,7 +142,7 @@ class Chooser:
         return Pick(group, key, overlap, weight, best)
 
     def _shape(self, request: RouteRequest, group: Group) -> RequestShape:
-        return RequestShape.of(self.config, group.block_size, request.prompt_tokens)
+        return RequestShape.of(self.knobs, group.block_size, request.prompt_tokens)
 
     def _overlapping(
         self,
@@ -173,7 +173,7 @@ class Chooser:
         self, request: RouteRequest, scored: tuple[Scored, ...], overlaps: Mapping[str, int]
     ) -> list[Pick]:
         """The ``sample_candidates`` cheapest free eligible workers, cheapest first."""
-        size = self.config.sample_candidates
+        size = self.knobs.sample_candidates
         shapes: dict[int, RequestShape] = {}
         with contextlib.ExitStack() as stack:
             streams = []

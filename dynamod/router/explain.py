@@ -25,14 +25,14 @@ from dynamod.router.knobs import RouterKnobs
 from dynamod.router.prefix import OverlapSource
 from dynamod.router.scoring import CostTerms, cost_terms, probabilities
 from dynamod.router.table import Ineligible, RoutingTable, why_not
-from dynamod.router.types import Explanation, Outcome, RouteRequest, WorkerExplanation
+from dynamod.router.types import Explanation, RouteRequest, Verdict, WorkerExplanation
 from dynamod.taints import preference
 
 
 class Explained(Protocol):
     """What an explanation reads of the router."""
 
-    config: RouterKnobs
+    knobs: RouterKnobs
 
     @property
     def table(self) -> RoutingTable: ...
@@ -57,17 +57,17 @@ def explain(router: Explained, request: RouteRequest) -> Explanation:
     """The router's decision for ``request`` now, and every worker's part in it."""
     overlaps = router.overlaps(request)
     rows = [_row(router, request, w, overlaps) for w in router.table.workers(request.model)]
-    ranked = _ranked(router.config, [r for r in rows if r.eligible and r.busy is None])
+    ranked = _ranked(router.knobs, [r for r in rows if r.eligible and r.busy is None])
     rest = sorted(
         (r for r in rows if not (r.eligible and r.busy is None)),
         key=lambda r: (not r.eligible, r.worker.key),
     )
     if ranked:
-        outcome, reason = Outcome.ROUTE, ""
+        outcome, reason = Verdict.ROUTE, ""
     elif any(r.eligible for r in rows):
-        outcome, reason = Outcome.QUEUE, router.busy_message(request)
+        outcome, reason = Verdict.QUEUE, router.busy_message(request)
     else:
-        outcome, reason = Outcome.NO_WORKER, router.unsatisfiable(request)
+        outcome, reason = Verdict.NO_WORKER, router.unsatisfiable(request)
     return Explanation(request, outcome, (*ranked, *rest), reason, router.depth(request.model))
 
 
@@ -76,18 +76,18 @@ def _row(
 ) -> WorkerExplanation:
     load = router.load(worker.key)
     why = why_not(worker, request.constraints, request.exclude, request.needs)
-    terms = _terms(router.config, request, worker, load, overlaps.get(worker.key, 0))
+    terms = _terms(router.knobs, request, worker, load, overlaps.get(worker.key, 0))
     source = router.prefix.source(worker.key)
     return WorkerExplanation(worker, why, router.busy(worker), load, terms, source)
 
 
 def _terms(
-    config: RouterKnobs, request: RouteRequest, worker: WorkerRecord, load: Load, overlap: int
+    knobs: RouterKnobs, request: RouteRequest, worker: WorkerRecord, load: Load, overlap: int
 ) -> CostTerms:
     constraints = request.constraints
     weight = preference(worker.taints, constraints) if constraints.preferred_taints else 0.0
     return cost_terms(
-        config,
+        knobs,
         worker.model_card.kv_block_size,
         load,
         prompt_tokens=request.prompt_tokens,
@@ -96,12 +96,12 @@ def _terms(
     )
 
 
-def _ranked(config: RouterKnobs, rows: Iterable[WorkerExplanation]) -> list[WorkerExplanation]:
+def _ranked(knobs: RouterKnobs, rows: Iterable[WorkerExplanation]) -> list[WorkerExplanation]:
     """Candidates by cost, each with its chance of being picked: at temperature > 0 only
     the ``sample_candidates`` cheapest have one (``choice.py``)."""
     order = sorted(rows, key=lambda r: r.terms.cost)
-    sampled = order if config.temperature == 0.0 else order[: config.sample_candidates]
-    chances = probabilities([r.terms.cost for r in sampled], config.temperature)
+    sampled = order if knobs.temperature == 0.0 else order[: knobs.sample_candidates]
+    chances = probabilities([r.terms.cost for r in sampled], knobs.temperature)
     chances += [0.0] * (len(order) - len(sampled))
     return [
         replace(row, rank=n, probability=chance)
@@ -132,7 +132,7 @@ def by_dynamo_rule(explanation: Explanation) -> Explanation:
         (r for r in rows if not (r.eligible and r.busy is None)),
         key=lambda r: (not r.eligible, r.worker.key),
     )
-    outcome = Outcome.ROUTE if ranked else Outcome.NO_WORKER
+    outcome = Verdict.ROUTE if ranked else Verdict.NO_WORKER
     return replace(explanation, outcome=outcome, workers=(*ranked, *rest), reason="")
 
 

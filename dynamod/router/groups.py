@@ -25,7 +25,7 @@ from dynamod.records import WorkerRecord
 from dynamod.router.fit import ANY, CardNeeds, Reading
 from dynamod.taints import OPERATOR_TAINTS
 
-Entry = tuple[float, int, str]
+Ranked = tuple[float, int, str]
 """(rank, tie-break, key): a key's place in a ``LoadOrder``."""
 
 # A rebuild drops the stale entries once they outnumber the live ones by this much; the
@@ -46,10 +46,10 @@ class LoadOrder:
     __slots__ = ("_heap", "_live", "_ticks", "head")
 
     def __init__(self) -> None:
-        self._heap: list[Entry] = []
-        self._live: dict[str, Entry] = {}
+        self._heap: list[Ranked] = []
+        self._live: dict[str, Ranked] = {}
         self._ticks = itertools.count()
-        self.head: Entry | None = None
+        self.head: Ranked | None = None
         """The lowest entry, or None when the order is empty. Read it; never set it."""
 
     def __len__(self) -> int:
@@ -84,7 +84,7 @@ class LoadOrder:
             self.head = self._top()
         self._compact()
 
-    def first(self, skip: Container[str] = ()) -> Entry | None:
+    def first(self, skip: Container[str] = ()) -> Ranked | None:
         """The lowest entry whose key is not in ``skip``; None when there is none."""
         head = self.head
         if head is None or head[2] not in skip:
@@ -95,12 +95,12 @@ class LoadOrder:
         finally:
             ascending.close()
 
-    def ascending(self, skip: Container[str] = ()) -> Generator[Entry, None, None]:
+    def ascending(self, skip: Container[str] = ()) -> Generator[Ranked, None, None]:
         """The live entries not in ``skip``, lowest first, computed lazily: taking ``k`` of
         them costs O(k log n). Close the iterator (or exhaust it) before changing the order:
         it restores what it took then."""
         heap, live = self._heap, self._live
-        taken: list[Entry] = []
+        taken: list[Ranked] = []
         try:
             while heap:
                 entry = heapq.heappop(heap)
@@ -113,7 +113,7 @@ class LoadOrder:
             for entry in taken:
                 heapq.heappush(heap, entry)
 
-    def _top(self) -> Entry | None:
+    def _top(self) -> Ranked | None:
         """The lowest live entry, dropping the stale ones above it for good."""
         heap, live = self._heap, self._live
         while heap:

@@ -78,7 +78,7 @@ class Waiter:
         """Still waiting: neither dispatched, failed nor cancelled."""
         return not self.future.done()
 
-    def deadline(self, config: RouterKnobs) -> float | None:
+    def deadline(self, knobs: RouterKnobs) -> float | None:
         """When the wait ends, in loop time; counted from arrival, whatever the state.
 
         A request's ``max_wait`` is its limit in every state. Otherwise a busy wait ends
@@ -87,28 +87,28 @@ class Waiter:
         that is later — but never later than its busy wait would have ended."""
         if self.request.max_wait is not None:
             return self.enqueued + self.request.max_wait
-        busy = None if config.max_queue_wait is None else self.enqueued + config.max_queue_wait
+        busy = None if knobs.max_queue_wait is None else self.enqueued + knobs.max_queue_wait
         if self.state is WaitState.BUSY:
             return busy
-        limit = self.enqueued + config.no_worker_wait
-        if self.settling(config):
+        limit = self.enqueued + knobs.no_worker_wait
+        if self.settling(knobs):
             assert self.settle_until is not None
             limit = self.settle_until if busy is None else max(limit, min(busy, self.settle_until))
         return limit
 
-    def settling(self, config: RouterKnobs) -> bool:
+    def settling(self, knobs: RouterKnobs) -> bool:
         """Whether the settle window, not the no-worker limit, sets this waiter's deadline."""
         return (
             self.state is WaitState.NO_WORKER
             and self.request.max_wait is None
             and self.settle_until is not None
-            and self.settle_until > self.enqueued + config.no_worker_wait
+            and self.settle_until > self.enqueued + knobs.no_worker_wait
         )
 
-    def move_deadline(self, config: RouterKnobs) -> None:
+    def move_deadline(self, knobs: RouterKnobs) -> None:
         """Re-arm the owner's timeout after ``state`` changed."""
         if self.timeout is not None and not self.timeout.expired():
-            self.timeout.reschedule(self.deadline(config))
+            self.timeout.reschedule(self.deadline(knobs))
 
 
 class Case:

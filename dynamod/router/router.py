@@ -15,7 +15,7 @@ The contract:
   selection in ``scoring.py``; how a decision avoids looking at every worker in
   ``choice.py``). When eligible workers exist but all are busy, the request waits, first
   come first served. When none exists it fails at once with ``NoEligibleWorkerError``, or
-  waits up to ``config.no_worker_wait``. A request's ``max_wait`` replaces both limits. A
+  waits up to ``knobs.no_worker_wait``. A request's ``max_wait`` replaces both limits. A
   full queue raises ``QueueFullError``, the end of a wait ``QueueTimeoutError``, a closed
   router ``ShuttingDownError``.
 * Every change re-checks the waiting requests, synchronously, inside the call that made it:
@@ -26,7 +26,7 @@ The contract:
 * A waiter dispatched that way has its worker reserved at that moment;
   ``Assignment.waited`` says how long it waited. A waiter whose situation changes is judged
   again. When its last eligible worker stops qualifying (a taint moved away, a cordon, a
-  removal), it keeps waiting for ``config.settle_window`` for another worker to qualify
+  removal), it keeps waiting for ``knobs.settle_window`` for another worker to qualify
   (a remove-then-add move), then fails with ``NoEligibleWorkerError``; with a zero window,
   or when its no-worker limit is longer, it is judged as a new request would be.
 * Cost of the work: a decision looks at one worker per eligible group plus the workers
@@ -92,27 +92,27 @@ class Router:
     ``rng`` drives tie-breaks and sampling (seed it for reproducible tests); ``registry``
     receives the metrics (a fresh ``CollectorRegistry`` when none is given); ``overlaps``
     says which workers hold a prompt's leading blocks (by default a ``PrefixIndex`` of what
-    this router sent, sized by the config).
+    this router sent, sized by the knobs).
     """
 
     def __init__(
         self,
-        config: RouterKnobs | None = None,
+        knobs: RouterKnobs | None = None,
         *,
         rng: random.Random | None = None,
         registry: CollectorRegistry | None = None,
         overlaps: OverlapSource | None = None,
     ) -> None:
-        self.config = config if config is not None else RouterKnobs()
+        self.knobs = knobs if knobs is not None else RouterKnobs()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._rng = rng if rng is not None else random.Random()
         self._table = RoutingTable(ranker=self._rank)
-        self._chooser = Chooser(self.config, self._rng, self._table.group_of)
+        self._chooser = Chooser(self.knobs, self._rng, self._table.group_of)
         self._reservations = Reservations(self._changed)
         self.prefix: OverlapSource = (
             overlaps
             if overlaps is not None
-            else PrefixIndex(self.config.prefix_ttl, self.config.prefix_capacity)
+            else PrefixIndex(self.knobs.prefix_ttl, self.knobs.prefix_capacity)
         )
         """Which workers hold a prompt's leading blocks (``prefix.py``, ``kvindex.py``)."""
         self._metrics = RouterMetrics(self.registry)
@@ -232,13 +232,13 @@ class Router:
         if key is not None:
             self._waiting.offer(key)
 
-    def reconfigure(self, config: RouterKnobs) -> None:
+    def reconfigure(self, knobs: RouterKnobs) -> None:
         """Take new knobs (a SIGHUP reload). Waiting requests keep their deadlines; the
         prefix index keeps the TTL and capacity it was built with until a restart. New
         weights or busy thresholds re-rank every worker, and may free some for waiters."""
-        self.config = config
-        self._chooser.config = config
-        self._waiting.queue.capacity = config.max_queue
+        self.knobs = knobs
+        self._chooser.knobs = knobs
+        self._waiting.queue.capacity = knobs.max_queue
         self._table.rerank()
         for model in self._table.models():
             self._waiting.recheck(model)
@@ -265,7 +265,7 @@ class Router:
         """Reserve ``pick``'s worker for ``request``: the assignment that holds it."""
         worker = pick.group.members[pick.key]
         terms = cost_terms(
-            self.config,
+            self.knobs,
             pick.group.block_size,
             self.load(pick.key),
             prompt_tokens=request.prompt_tokens,
@@ -273,19 +273,19 @@ class Router:
             preference=pick.preference,
         )
         ticket = self._reservations.hold(worker, request.prompt_tokens, terms)
-        if self.config.overlap_score_credit > 0 and request.block_hashes:
+        if self.knobs.overlap_score_credit > 0 and request.block_hashes:
             self.prefix.record(pick.key, request.block_hashes)
         return Assignment(worker, waited, terms, ticket)
 
     def overlaps(self, request: RouteRequest) -> dict[str, int]:
         """Blocks of ``request``'s prompt each worker is known to hold."""
-        if self.config.overlap_score_credit == 0 or not request.block_hashes:
+        if self.knobs.overlap_score_credit == 0 or not request.block_hashes:
             return {}
         return dict(self.prefix.overlaps(request.block_hashes))
 
     def busy(self, worker: WorkerRecord) -> Busy | None:
         """Why ``worker`` takes no new request now: its load here, or its engine's report."""
-        own = self.load(worker.key).busy(worker.model_card, self.config.queue_threshold)
+        own = self.load(worker.key).busy(worker.model_card, self.knobs.queue_threshold)
         return own or self._reported.busy(worker.key)
 
     def unsatisfiable(self, request: RouteRequest) -> str:
@@ -318,11 +318,11 @@ class Router:
         """The worker's place in its group's order: its load's rank, None when busy."""
         load = self.load(worker.key)
         card = worker.model_card
-        if load.busy(card, self.config.queue_threshold) is not None:
+        if load.busy(card, self.knobs.queue_threshold) is not None:
             return None
         if self._reported.busy(worker.key) is not None:
             return None
-        return load_rank(self.config, card.kv_block_size, load)
+        return load_rank(self.knobs, card.kv_block_size, load)
 
     def _changed(self, key: str) -> None:
         """The load on worker ``key`` or its engine's report changed: re-rank it, tell the
@@ -340,4 +340,4 @@ class Router:
         reported = self._reported.get(worker.key)
         if self._reported.busy(worker.key) is not None and reported is not None:
             return describe(reported)
-        return self.load(worker.key).describe_busy(worker.model_card, self.config.queue_threshold)
+        return self.load(worker.key).describe_busy(worker.model_card, self.knobs.queue_threshold)

@@ -75,7 +75,7 @@ class CostTerms:
 
 
 def cost_terms(
-    config: RouterKnobs,
+    knobs: RouterKnobs,
     block_size: int,
     load: Load,
     *,
@@ -90,12 +90,12 @@ def cost_terms(
     """
     blocks = -(-prompt_tokens // block_size)
     overlap = min(overlap_blocks, blocks)
-    credit = config.overlap_score_credit * overlap
+    credit = knobs.overlap_score_credit * overlap
     prefill_blocks = load.prefill_tokens / block_size + blocks
-    prefill_cost = config.prefill_load_scale * max(0.0, prefill_blocks - credit)
+    prefill_cost = knobs.prefill_load_scale * max(0.0, prefill_blocks - credit)
     decode_blocks = float(load.kv_blocks + blocks - overlap)
     active = load.active_requests + 1
-    active_cost = config.active_request_weight * active
+    active_cost = knobs.active_request_weight * active
     factor = multiplier(preference)
     cost = (prefill_cost + decode_blocks + active_cost) * factor
     return CostTerms(
@@ -104,13 +104,13 @@ def cost_terms(
     )  # fmt: skip
 
 
-def load_rank(config: RouterKnobs, block_size: int, load: Load) -> float:
+def load_rank(knobs: RouterKnobs, block_size: int, load: Load) -> float:
     """The part of a worker's cost that depends on its load (module docstring): among
     workers of one group without prefix overlap, the lower rank is the cheaper."""
     return (
-        config.prefill_load_scale * load.prefill_tokens / block_size
+        knobs.prefill_load_scale * load.prefill_tokens / block_size
         + load.kv_blocks
-        + config.active_request_weight * load.active_requests
+        + knobs.active_request_weight * load.active_requests
     )
 
 
@@ -123,11 +123,11 @@ class RequestShape:
     per_block: float
 
     @classmethod
-    def of(cls, config: RouterKnobs, block_size: int, prompt_tokens: int) -> RequestShape:
+    def of(cls, knobs: RouterKnobs, block_size: int, prompt_tokens: int) -> RequestShape:
         blocks = -(-prompt_tokens // block_size)
-        scale = config.prefill_load_scale
-        constant = scale * blocks + blocks + config.active_request_weight
-        return cls(blocks, constant, scale * config.overlap_score_credit + 1.0)
+        scale = knobs.prefill_load_scale
+        constant = scale * blocks + blocks + knobs.active_request_weight
+        return cls(blocks, constant, scale * knobs.overlap_score_credit + 1.0)
 
     def estimate(self, factor: float, rank: float, overlap: int = 0) -> float:
         """The cost of a worker at ``rank`` with ``overlap`` leading blocks cached and the

@@ -61,7 +61,7 @@ class Assignment:
     """Names the load the router holds for this assignment (its own bookkeeping)."""
 
 
-class Outcome(enum.Enum):
+class Verdict(enum.Enum):
     """What ``route`` would do with a request right now."""
 
     ROUTE = "route"
@@ -100,7 +100,7 @@ class Explanation:
     """
 
     request: RouteRequest
-    outcome: Outcome
+    outcome: Verdict
     workers: tuple[WorkerExplanation, ...]
     reason: str
     queue_depth: int

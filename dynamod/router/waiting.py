@@ -44,7 +44,7 @@ from dynamod.taints import preference
 class Decider(Protocol):
     """What waiting needs of the router: its knobs and table, its decisions and words."""
 
-    config: RouterKnobs
+    knobs: RouterKnobs
 
     @property
     def table(self) -> RoutingTable: ...
@@ -73,11 +73,11 @@ class Waiting:
     ) -> None:
         self._router = router
         self._metrics = metrics
-        self.queue = PendingQueue(router.config.max_queue, depth_changed)
+        self.queue = PendingQueue(router.knobs.max_queue, depth_changed)
 
     @property
     def _config(self) -> RouterKnobs:
-        return self._router.config
+        return self._router.knobs
 
     async def park(self, request: RouteRequest, state: WaitState) -> Assignment:
         """Wait for a worker, first come first served, within the request's limits."""

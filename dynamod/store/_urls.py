@@ -124,7 +124,7 @@ class Query:
             )
         return int(value)
 
-    def tls(self) -> Tls | None:
+    def tls(self) -> TlsFiles | None:
         """TLS from ``ca``, ``cert``, ``key`` and ``tls``; None when TLS is off."""
         ca, cert, key = self.path("ca"), self.path("cert"), self.path("key")
         wanted = self.flag("tls")
@@ -135,7 +135,7 @@ class Query:
             raise ConfigError(f"store URL {self.url!r} says tls=false but names TLS files")
         if not named and not wanted:
             return None
-        return Tls(self.url, ca, cert, key)
+        return TlsFiles(self.url, ca, cert, key)
 
     def login(self) -> Login | None:
         """``user`` and ``password_file``: both, or neither."""
@@ -189,7 +189,7 @@ class Login:
 
 
 @dataclass(frozen=True)
-class Tls:
+class TlsFiles:
     """TLS to the servers: CA bundle (None: the system's) and client certificate."""
 
     url: str

@@ -1,7 +1,8 @@
 """The in-process store: the reference semantics of the contract, and the test double.
 
-Everything happens on the event loop, so each call is atomic. A bounded history of changes
-serves ``watch(since=...)``; lease expiry is a timer on the loop, owned by the store.
+Everything happens on the event loop, so each call is atomic. A bounded replay ring of
+changes serves ``watch(since=...)``; lease expiry is a timer on the loop, owned by the
+store.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dynamod.store.base import (
     validate_key,
 )
 
-HISTORY = 10_000
+REPLAY = 10_000
 
 
 @dataclass
@@ -45,7 +46,7 @@ class MemoryStore(Store):
         self._key_lease: dict[str, int] = {}
         self._leases: dict[int, _LeaseState] = {}
         self._revision = 0
-        self._history: deque[Put | Delete] = deque(maxlen=HISTORY)
+        self._replay: deque[Put | Delete] = deque(maxlen=REPLAY)
         self._lease_ids = itertools.count(1)
 
     @classmethod
@@ -109,11 +110,11 @@ class MemoryStore(Store):
 
     @contextlib.asynccontextmanager
     async def _stream(self, watch: Watch, prefix: str, since: int | None) -> AsyncIterator[None]:
-        oldest = self._history[0].revision if self._history else self._revision + 1
+        oldest = self._replay[0].revision if self._replay else self._revision + 1
         if since is None or since + 1 < oldest:
             watch.lost()
         else:
-            for event in self._history:
+            for event in self._replay:
                 if event.revision > since:
                     watch.push(event)
         yield  # _publish pushes every later change into the open watches
@@ -151,7 +152,7 @@ class MemoryStore(Store):
         self._publish(Delete(key, self._revision))
 
     def _publish(self, event: Put | Delete) -> None:
-        self._history.append(event)
+        self._replay.append(event)
         for watch in self._watches:
             watch.push(event)
 

@@ -34,13 +34,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.errors import InvalidInputError, ShuttingDownError
-from dynamod.http.inflight import Drains, InFlight
+from dynamod.http.inflight import Drains, RequestTracker
 from dynamod.http.openai import (
     CHAT,
     COMPLETIONS,
     WORKER_ID_HEADER,
     FieldError,
-    Json,
     OpenAIApi,
     Sampling,
     brief,
@@ -52,6 +51,7 @@ from dynamod.http.openai import (
     sampling,
     sse_event,
 )
+from dynamod.jsoncodec import Json
 from dynamod.records import ModelCard
 from dynamod.worker.engines.base import Chunk, Engine, GenerateRequest, Usage
 
@@ -102,7 +102,7 @@ class InferenceRoutes(Drains):
         self._engine = engine
         self._worker_id = worker_id
         self._metrics = _Metrics(registry if registry is not None else CollectorRegistry())
-        self._requests = InFlight(self._metrics.in_flight)
+        self._requests = RequestTracker(self._metrics.in_flight)
 
     def cut_streams(self, message: str) -> int:
         """Returns 0: these routes relay no upstream's streams; theirs end as the engine

@@ -30,7 +30,6 @@ grace; the runtime calls it when the worker's grace ends with streams still open
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -49,13 +48,13 @@ from dynamod.http.openai import (
     error_event,
     error_response,
 )
+from dynamod.http.server import Handler
 from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
 from dynamod.worker.engines.upstream import UpstreamEngine
 from dynamod.worker.inference import models_response
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PASSED_HEADERS = ("Content-Type", "Cache-Control")
 READ_TIMEOUT = 300.0
 """Longest silence of the upstream, to answer or between two chunks of a stream."""

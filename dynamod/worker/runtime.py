@@ -45,11 +45,12 @@ from dynamod.errors import ConfigError, InvalidInputError, InvalidKeyError, Shut
 from dynamod.http.limits import MAX_BODY, HttpLimits
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
-from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals, wait_any
+from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.records import RuntimeConfig, WorkerRecord, validate_topology
 from dynamod.store import open_store
 from dynamod.store.base import validate_key
 from dynamod.taints import TaintLimits, TaintUpdate, validate_caller_taints, with_topology
+from dynamod.tasks import wait_any
 from dynamod.worker.engines.base import Engine, WorkerEngine
 from dynamod.worker.engines.mocker import MockerConfig, MockerEngine
 from dynamod.worker.engines.upstream import UpstreamConfig, UpstreamEngine
@@ -57,7 +58,7 @@ from dynamod.worker.inference import InferenceRoutes
 from dynamod.worker.proxy import ProxyRoutes
 from dynamod.worker.publish import EnginePublisher
 from dynamod.worker.system import SystemServer, refusal
-from dynamod.worker.writer import IN_PROCESS, TaintWriter
+from dynamod.worker.writer import IN_PROCESS, WorkerTaintWriter
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def make_routes(engine: WorkerEngine, instance_id: str, registry: CollectorRegis
     return InferenceRoutes(cast(Engine, engine), instance_id, registry=registry)
 
 
-_writer: TaintWriter | None = None
+_writer: WorkerTaintWriter | None = None
 """The writer of the worker running in this process (one per process, as in Dynamo)."""
 
 
@@ -246,7 +247,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     global _writer
     audit = AuditLog(settings.audit_log)
     audit.open()
-    writer = _writer = TaintWriter(audit, settings.taint_limits)
+    writer = _writer = WorkerTaintWriter(audit, settings.taint_limits)
     try:
         return await _run(settings, writer)
     finally:
@@ -255,7 +256,7 @@ async def run_worker(settings: WorkerSettings) -> int:
         audit.close()
 
 
-async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
+async def _run(settings: WorkerSettings, writer: WorkerTaintWriter) -> int:
     signals = Signals().install()
     registry = CollectorRegistry()
     instance_id = new_instance_id()
@@ -315,7 +316,7 @@ async def _run(settings: WorkerSettings, writer: TaintWriter) -> int:
 
 
 async def _shutdown(
-    writer: TaintWriter,
+    writer: WorkerTaintWriter,
     registration: Registration,
     routes: Routes,
     signals: Signals,

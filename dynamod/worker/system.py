@@ -3,7 +3,7 @@
 ``POST /engine/update/model_taints`` with ``{"taints": [...]}`` replaces the caller-managed
 taints of this worker's own record through the discovery update (``[]`` clears; topology
 taints are kept) and answers ``{"status": "ok", "taints": [sorted caller taints]}``, as
-Dynamo's route does. Updates are made by the worker's one ``TaintWriter`` (one at a time,
+Dynamo's route does. Updates are made by the worker's one ``WorkerTaintWriter`` (one at a time,
 each audited; ``writer.py``).
 
 | case                                                          | status |
@@ -47,7 +47,7 @@ from dynamod.errors import (
     WorkerNotFoundError,
 )
 from dynamod.taints import TaintUpdate, caller_taints
-from dynamod.worker.writer import TaintWriter
+from dynamod.worker.writer import WorkerTaintWriter
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class SystemServer:
     """The system routes of one worker; its taint updates go through ``writer``."""
 
     def __init__(
-        self, *, tokens: Tokens | None, registry: CollectorRegistry, writer: TaintWriter
+        self, *, tokens: Tokens | None, registry: CollectorRegistry, writer: WorkerTaintWriter
     ) -> None:
         self.tokens = tokens
         self.registry = registry

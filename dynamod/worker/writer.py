@@ -1,18 +1,20 @@
 """This worker's own taint updates: Dynamo's ``update_model_taints`` for the system route and
 for code running inside the worker.
 
-``TaintWriter`` is the one writer of this worker's taints in its process. Every update —
+``WorkerTaintWriter`` is the one writer of this worker's taints in its process. Every update —
 the route's and the in-process API's (``runtime.update_model_taints``) — runs under one
 lock, so concurrent callers queue instead of racing each other's compare-and-swap (Dynamo
 serialises a worker's updates under its metadata lock); writers in other processes are met
 by the compare-and-swap loop's jittered backoff. Each update is computed on the worker's
 own registered record, so a record changed out of band is written back rather than
-reported as updated while routers ignore it (``records.update_taints``'s ``base``).
+reported as updated while routers ignore it (``update_taints``'s ``base``), and is first
+tried at the revision the registration last followed, without a read: one store round trip
+where the worker's record has not changed since (``update_taints``'s ``base_revision``).
 
 Every update, and every refused attempt, leaves one audit line (``dynamod.audit``): where it
-came from (``peer``: the client's address, or ``in-process``), the token's name when a
-token was presented, the taints sent, the complete taint sets before and after, the
-revision, and the outcome.
+came from (``source``: ``worker-route`` or ``worker``; ``peer``: the client's address, or
+``in-process``), the token's name as ``caller`` when a token was presented, the taints
+sent, the complete taint sets before and after, the revision, and the outcome.
 
 The operator's taints (``OPERATOR_TAINTS``: the cordon) are outside a worker's reach: its
 updates keep them as they are (a replace that leaves the cordon out keeps it), and one that
@@ -23,7 +25,6 @@ would add them is refused with 403 (``TaintUpdate.keeping``). Only dynamod, thro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Literal
 
 from dynamod.audit import AuditLog
@@ -31,16 +32,15 @@ from dynamod.auth import Principal
 from dynamod.discovery.registration import Registration
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import DynamoError, ShuttingDownError
-from dynamod.records import WorkerRecord
+from dynamod.records import TaintCheck, WorkerRecord
 from dynamod.results import UpdateOutcome
 from dynamod.taints import OPERATOR_TAINTS, TaintLimits, TaintUpdate
 
 State = Literal["starting", "running", "shutting down"]
 IN_PROCESS = "in-process"
-CheckTaints = Callable[[WorkerRecord, WorkerRecord], None]
 
 
-class TaintWriter:
+class WorkerTaintWriter:
     """See the module docstring. ``state`` follows the worker's life; updates are taken
     only while it is ``running``."""
 
@@ -86,6 +86,7 @@ class TaintWriter:
                     check=None if caller is None else _check(caller),
                     base=registration.record,
                     limits=self.limits,
+                    base_revision=registration.revision,
                 )
         except DynamoError as exc:
             self.refused(update, peer=peer, caller=caller, error=exc)
@@ -151,11 +152,11 @@ def _who(peer: str, caller: Principal | None) -> dict[str, str | None]:
     return {
         "source": "worker" if peer == IN_PROCESS else "worker-route",
         "peer": peer,
-        "token": None if caller is None else caller.name,
+        "caller": None if caller is None else caller.name,
     }
 
 
-def _check(caller: Principal) -> CheckTaints:
+def _check(caller: Principal) -> TaintCheck:
     def check(before: WorkerRecord, after: WorkerRecord) -> None:
         caller.check_taints(set(before.taints) ^ set(after.taints))
 

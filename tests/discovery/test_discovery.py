@@ -31,7 +31,7 @@ from dynamod.errors import (
 from dynamod.records import ModelCard, WorkerRecord, mdcsum
 from dynamod.store import KEEP, Entry, Store
 from dynamod.store.base import LeaseArg
-from dynamod.taints import TaintUpdate
+from dynamod.taints import TaintLimits, TaintUpdate
 from tests.support.factories import make_record
 from tests.support.streams import next_event
 
@@ -102,6 +102,69 @@ async def test_eight_lost_races_raise_a_retryable_conflict(store: Store) -> None
     assert "8 attempts" in str(caught.value)
     record = WorkerRecord.from_bytes(await stored_bytes(store, worker.key))
     assert record.taints == ("a",)
+
+
+class CountingStore(RacingStore):
+    """A real store that counts the reads and writes an update makes, and loses no race."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.gets = 0
+
+    async def get(self, key: str) -> Entry | None:
+        self.gets += 1
+        return await self.store.get(key)
+
+    async def put(
+        self, key: str, value: bytes, *, expect: int | None = None, lease: LeaseArg = None
+    ) -> int:
+        self.cas_attempts += expect is not None
+        return await self.store.put(key, value, expect=expect, lease=lease)
+
+
+async def test_an_update_at_the_revision_its_base_was_seen_is_one_round_trip(
+    store: Store,
+) -> None:
+    """A worker's own route: its record as it follows it, and that record's revision."""
+    record, revision = await register(store, make_record(taints=["a"]), await store.grant(60))
+    counting = CountingStore(store)
+    done = await update_taints(
+        cast(Store, counting), record.key, TaintUpdate.add(["b"]),
+        base=record, base_revision=revision,
+    )  # fmt: skip
+    assert (counting.gets, counting.cas_attempts) == (0, 1)
+    assert done.after == ("a", "b") and done.revision > revision
+    assert WorkerRecord.from_bytes(await stored_bytes(store, record.key)).taints == ("a", "b")
+
+
+@pytest.mark.parametrize(
+    ("meanwhile", "update", "limit", "expected"),
+    [
+        # the guess adds a taint while another writer added one: the CAS loses, a read wins
+        (TaintUpdate.add(["y"]), TaintUpdate.add(["z"]), 8, ("x", "y", "z")),
+        # the guess holds "x" already (nothing to do) but another writer removed it
+        (TaintUpdate.remove(["x"]), TaintUpdate.add(["x"]), 8, ("x",)),
+        # the guess would hold 3 taints, over the limit of 2, and refuses; the store holds 0
+        (TaintUpdate.remove(["x"]), TaintUpdate.add(["w", "v"]), 2, ("v", "w")),
+    ],
+    ids=["lost-race", "unchanged-on-the-guess", "refused-on-the-guess"],
+)
+async def test_a_stale_guess_is_read_for_and_loses_nothing(
+    store: Store,
+    meanwhile: TaintUpdate,
+    update: TaintUpdate,
+    limit: int,
+    expected: tuple[str, ...],
+) -> None:
+    record, revision = await register(store, make_record(taints=["x"]), await store.grant(60))
+    await update_taints(store, record.key, meanwhile)
+    counting = CountingStore(store)
+    done = await update_taints(
+        cast(Store, counting), record.key, update,
+        base=record, base_revision=revision, limits=TaintLimits(count=limit),
+    )  # fmt: skip
+    assert done.after == expected and counting.gets >= 1
+    assert WorkerRecord.from_bytes(await stored_bytes(store, record.key)).taints == expected
 
 
 async def test_update_replace_add_remove_clear(store: Store) -> None:

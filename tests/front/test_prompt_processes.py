@@ -1,4 +1,4 @@
-"""The daemon's prompt worker processes (``dynamod/prompts/processes.py``), real child
+"""The daemon's prompt processes (``dynamod/prompts/processes.py``), real child
 processes: they give the answers the event loop would, refuse what it would refuse, and
 survive a job that overruns its time and a queue that is full."""
 
@@ -21,7 +21,7 @@ MODEL = CardLimits(block_size=4, context_length=8192, checked=True)
 CHAT_BODY = orjson.dumps(
     {
         "model": "m",
-        "messages": [{"role": "user", "content": "hello there, prompt workers"}],
+        "messages": [{"role": "user", "content": "hello there, prompt processes"}],
         "max_tokens": 5,
         "nvext": {"routing_constraints": {"required_taints": ["pool=a"]}, "max_wait": 2},
     }

@@ -97,7 +97,7 @@ async def test_a_large_body_is_read_off_the_loop_and_served(
     assert status == 200, answer
     assert worker is not None
     assert answer["usage"]["completion_tokens"] == 3
-    # The same body on the loop's path (the prompt worker's answer must agree with it).
+    # The same body on the loop's path (the prompt process's answer must agree with it).
     small = {**body, "user": "x"}
     status, again, _ = await post(session, url(fleet, "front", "/v1/completions"), small)
     assert status == 200
@@ -108,7 +108,7 @@ async def test_a_huge_prompt_is_refused_while_health_answers(
     fleet: Fleet, session: aiohttp.ClientSession
 ) -> None:
     """A 7 MB prompt is far over the context: refused with the context's rule, and the
-    daemon answers ``/health`` while a prompt worker tokenizes it."""
+    daemon answers ``/health`` while a prompt process tokenizes it."""
     prompt = "the quick brown fox jumps over the lazy dog " * (7_000_000 // 44)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 1}
     refused = asyncio.ensure_future(post(session, url(fleet, "front", "/v1/completions"), body))
@@ -124,7 +124,7 @@ async def test_a_huge_prompt_is_refused_while_health_answers(
     assert f"context length of {CONTEXT} tokens" in answer["error"]["message"]
     assert worker is None
     assert healthy > 0
-    assert "prompt worker started" in fleet.daemon.log
+    assert "prompt process started" in fleet.daemon.log
 
 
 async def test_explain_tokenizes_a_long_prompt_and_bounds_it(fleet: Fleet) -> None:

@@ -26,7 +26,7 @@ async def test_the_event_history_keeps_within_its_byte_budget() -> None:
         record = make_record()
         lease = await store.grant(30)
         await register(store, record, lease)
-        view = WorkerView(store, history=10_000, history_bytes=1024 * 1024)
+        view = WorkerView(store, replay=10_000, replay_bytes=1024 * 1024)
         async with asyncio.TaskGroup() as group:
             task = group.create_task(view.run())
             async with asyncio.timeout(10):

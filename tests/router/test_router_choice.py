@@ -113,10 +113,10 @@ def brute_force(router: Router, request: RouteRequest, overlaps: Mapping[str, in
         load = router.load(record.key)
         if why_not(record, request.constraints, request.exclude) is not None:
             continue
-        if load.busy(record.model_card, router.config.queue_threshold) is not None:
+        if load.busy(record.model_card, router.knobs.queue_threshold) is not None:
             continue
         terms = cost_terms(
-            router.config,
+            router.knobs,
             record.model_card.kv_block_size,
             load,
             prompt_tokens=request.prompt_tokens,

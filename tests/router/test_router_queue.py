@@ -27,10 +27,10 @@ from dynamod.load import IDLE
 from dynamod.records import WorkerRecord
 from dynamod.router import (
     Assignment,
-    Outcome,
     Router,
     RouteRequest,
     RouterKnobs,
+    Verdict,
     Waiter,
     WaitState,
 )
@@ -163,7 +163,7 @@ async def test_finishing_prefill_frees_a_worker_busy_on_prefill_tokens() -> None
     a = worker("A", max_num_batched_tokens=64)
     router = router_with(a, queue_threshold=0.5)
     held = await router.acquire(RouteRequest("m", prompt_tokens=64))
-    assert router.explain(RouteRequest("m")).outcome is Outcome.QUEUE
+    assert router.explain(RouteRequest("m")).outcome is Verdict.QUEUE
     async with asyncio.TaskGroup() as tg:
         waiting = await park(tg, router, RouteRequest("m", prompt_tokens=64))
         router.prefill_done(held)
@@ -343,13 +343,13 @@ async def test_explain_says_why_a_request_would_wait() -> None:
     router = router_with(worker("A", "capacity/fast", max_num_seqs=1), worker("B"))
     held = await router.acquire(RouteRequest("m", FAST))
     explanation = router.explain(RouteRequest("m", FAST))
-    assert explanation.outcome is Outcome.QUEUE
+    assert explanation.outcome is Verdict.QUEUE
     assert explanation.reason == (
         "all 1 worker of model 'm' with capacity/fast are busy: A runs 1 of 1 requests"
     )
     assert [w.rank for w in explanation.workers] == [None, None]
     unsatisfiable = router.explain(RouteRequest("m", required("gpu")))
-    assert unsatisfiable.outcome is Outcome.NO_WORKER
+    assert unsatisfiable.outcome is Verdict.NO_WORKER
     assert unsatisfiable.reason.startswith("no worker of model 'm' has gpu; 2 workers:")
     router.release(held)
 

@@ -15,11 +15,11 @@ from dynamod.load import IDLE, Busy, Load
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router import (
     Assignment,
-    Outcome,
     PrefixIndex,
     Router,
     RouteRequest,
     RouterKnobs,
+    Verdict,
     cost_terms,
     prefix_hashes,
     probabilities,
@@ -273,7 +273,7 @@ async def test_explain_ranks_candidates_with_their_terms_and_says_why_others_are
         prompt_tokens=32,
     )
     explanation = router.explain(request)
-    assert explanation.outcome is Outcome.ROUTE and explanation.reason == ""
+    assert explanation.outcome is Verdict.ROUTE and explanation.reason == ""
     ranked = [(w.worker.instance_id, w.rank, w.probability) for w in explanation.workers]
     assert ranked == [("fast1", 1, 1.0), ("fast2", 2, 0.0), ("off", None, 0.0), ("slow", None, 0.0)]
     loaded = explanation.workers[1]

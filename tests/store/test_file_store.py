@@ -308,7 +308,7 @@ def test_a_reader_two_generations_behind_jumps_ahead_and_reports_lost_history(
         records, lost = reader.read_new()
         assert lost
         assert records and records[-1].revision == reader.last_revision == 30
-        assert reader.history(0) is None
+        assert reader.since(0) is None
     finally:
         writer.close()
         reader.close()

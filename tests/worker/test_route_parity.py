@@ -156,7 +156,7 @@ async def test_every_route_change_leaves_one_audit_line_with_peer_and_token(
         assert status == 200
         assert await proc.stop() == 0
     lines = audit_lines(audit)
-    assert [(x["token"], x["outcome"]) for x in lines] == [
+    assert [(x["caller"], x["outcome"]) for x in lines] == [
         (None, "UnauthenticatedError"),
         ("viewer", "PermissionDeniedError"),
         ("autoscaler", "PermissionDeniedError"),
@@ -184,7 +184,7 @@ async def test_a_plain_token_file_names_its_holder_after_the_file(
         assert (await post_taints(http, proc, {"taints": ["a"]}, token="s3cret"))[0] == 200
         assert await proc.stop() == 0
     (line,) = audit_lines(audit)
-    assert (line["token"], line["outcome"], line["after"]) == ("worker.token", "ok", ["a"])
+    assert (line["caller"], line["outcome"], line["after"]) == ("worker.token", "ok", ["a"])
 
 
 IN_WORKER = """
@@ -225,7 +225,7 @@ async def test_code_inside_a_worker_updates_its_taints_like_dynamos_update_model
         "taint 'dynamo.topology/zone=b' uses reserved prefix 'dynamo.topology/'"
     )
     (line,) = audit_lines(audit)
-    assert (line["source"], line["peer"], line["token"], line["outcome"]) == (
+    assert (line["source"], line["peer"], line["caller"], line["outcome"]) == (
         "worker", "in-process", None, "ok"
     )  # fmt: skip
     assert line["before"] == ["capacity/fast", TOPOLOGY]

@@ -55,13 +55,13 @@ from urllib.parse import urlsplit
 
 from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError, TaintError
+from dynamod.jsoncodec import Json
 from dynamod.records import MAX_COUNT, ModelCard, RuntimeConfig, WorkerRecord
 from dynamod.store.base import Entry
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.keys import WorkerRef
 from dynamod.taints import OPERATOR_TAINTS, caller_taints, normalize, validate
 
-Json = dict[str, Any]
 RecordKind = Literal["card", "instance"]
 ENGINE = "dynamo"
 """``model_card.engine`` of every Dynamo worker."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from dynamod.errors import ConfigError, InvalidKeyError
-from dynamod.store._urls import LOGIN_PARAMS, TLS_PARAMS, Login, Query, Tls, servers, split
+from dynamod.store._urls import LOGIN_PARAMS, TLS_PARAMS, Login, Query, TlsFiles, servers, split
 from dynamod.store.base import validate_key
 
 DEFAULT_PORT: Final = 2379
@@ -23,7 +23,7 @@ class EtcdUrl:
     endpoints: tuple[tuple[str, int], ...]
     root: str  # "" or "<prefix>/": prepended to every store key
     url: str = ""  # the URL as given, to show
-    tls: Tls | None = None
+    tls: TlsFiles | None = None
     login: Login | None = None
 
     def check(self) -> None:

@@ -148,7 +148,7 @@ class Journal:
         self._advance(len(data), [record])
         return record
 
-    def history(self, since: int) -> list[Record] | None:
+    def since(self, since: int) -> list[Record] | None:
         """The records after ``since`` up to ``last_revision``; ``None`` when the journal no
         longer holds all of them."""
         if since >= self.last_revision:

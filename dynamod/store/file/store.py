@@ -335,14 +335,14 @@ class FileStore(Store):
             with self._io("replay the journal"):
                 # Others get the newest records now; this watch gets them from the replay.
                 self._catch_up(exclude=watch)
-                history = self._journal.history(since)
+                replayed = self._journal.since(since)
         except StoreError as exc:
             log.warning("store %s: cannot replay after revision %d: %s", self.url, since, exc)
-            history = None
-        if history is None:
+            replayed = None
+        if replayed is None:
             watch.lost()
             return
-        for record in history:
+        for record in replayed:
             watch.push(_event(record))
 
     # -- lifecycle ----------------------------------------------------------------------

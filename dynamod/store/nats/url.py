@@ -15,7 +15,7 @@ from dynamod.store._urls import (
     TLS_PARAMS,
     Login,
     Query,
-    Tls,
+    TlsFiles,
     read_file,
     read_secret,
     servers,
@@ -40,7 +40,7 @@ class NatsUrl:
     hosts: tuple[str, ...]
     bucket: str
     replicas: int | None = None  # for a bucket this store creates; None: JetStream's 1
-    tls: Tls | None = None
+    tls: TlsFiles | None = None
     login: Login | None = None
     token_file: Path | None = None
     creds: Path | None = None

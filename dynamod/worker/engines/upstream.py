@@ -61,7 +61,7 @@ import aiohttp
 
 from dynamod.backoff import Backoff
 from dynamod.errors import ConfigError, InvalidInputError, UpstreamError
-from dynamod.http.inflight import InFlight
+from dynamod.http.inflight import RequestTracker
 from dynamod.http.limits import AnswerLimits
 from dynamod.records import ModelCard
 from dynamod.tasks import cancel_and_wait
@@ -154,7 +154,7 @@ class UpstreamEngine:
 
     def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
-        self.requests = InFlight()
+        self.requests = RequestTracker()
         self._tokenizer = tokenizer_of(config)
         self._changes = Changes()
         self._scraped = Scraped()
