@@ -56,6 +56,9 @@ BATCH: Final = 64
 """Moves in one transaction, where the store has them (``Store.swap_all``: etcd)."""
 BATCHES: Final = 4
 """Transactions in flight at once."""
+LOG_EACH: Final = 16
+"""A round of at most this many writes logs each move; a larger one logs one line (each
+move is in the audit log, and a 10,000-worker apply is not 10,000 log lines)."""
 
 Check = Callable[[WorkerRecord, WorkerRecord], None]
 
@@ -221,6 +224,8 @@ class Leading:
         """Record key -> the revision of the leader's own write the view has not shown."""
         self.settings = 0
         """The daemon's settings generation (a reload counts up): refused moves try again."""
+        self.log_each = True
+        """Whether the writes in progress log each move (``LOG_EACH``)."""
 
     def seen(self, key: str, revision: int) -> bool:
         """The view shows ``key`` at ``revision``: True when that is the leader's own write
@@ -306,6 +311,7 @@ class Leading:
         """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
         writer batches, else ``CONCURRENCY`` one by one at a time; how many committed."""
         moved = 0
+        self.log_each = len(steps) <= LOG_EACH
         if self.batch is not None and len(steps) > 1:
             batches = iter([steps[i : i + BATCH] for i in range(0, len(steps), BATCH)])
             width = min(BATCHES, -(-len(steps) // BATCH))
@@ -321,6 +327,11 @@ class Leading:
                     await memory.history.flush(self.store, term.fence)
 
         await together(*(writing() for _ in range(width)))
+        if moved and len(steps) > LOG_EACH:
+            log.info(
+                "pool policy %s: %d of %d workers moved (epoch %d; each in the audit log), "
+                "from %s", stored.name, moved, len(steps), term.epoch, steps[0].worker,
+            )  # fmt: skip
         return moved
 
     async def _write(
@@ -418,7 +429,8 @@ class Leading:
         )  # fmt: skip
         memory.history.add(made)
         self.metrics.moves.labels(policy.name, move.why).inc()
-        log.info(
+        log.log(
+            logging.INFO if self.log_each else logging.DEBUG,
             "pool policy %s: worker %s %s -> %s (%s; epoch %d, revision %d)",
             policy.name, move.worker, move.from_pool or "no pool", move.to_pool, move.why,
             term.epoch, outcome.revision,
