@@ -310,8 +310,13 @@ class Control:
                     made.pop(n, None)
                     self._audit(caller, update, record, record.taints, None, None, exc, audit)
                     results[n] = exc
-            for n, after in made.items():
-                check(items[n].record, after)  # the fence, right before the transaction
+            try:
+                for n, after in made.items():
+                    check(items[n].record, after)  # the fence, right before the transaction
+            except DynamoError as exc:  # the term ended: audited as one by one, then raised
+                for n in made:
+                    self._batch_audit(caller, items[n], None, None, exc)
+                raise
             swaps = [
                 Swap(items[n].record.key, a.to_bytes(), items[n].expect) for n, a in made.items()
             ]
