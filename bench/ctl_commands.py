@@ -15,12 +15,15 @@ and then dynamoctl:
 * ``--help`` — start-up and the help text (answered from the command tree's snapshot,
   ``dynamoctl/fastpath.py``: no typer, no gRPC, no rich);
 * Tab completion of a command name — what every Tab costs;
-* ``workers ls`` against a dynamod holding 1,000 and 10,000 workers (records registered
+* ``workers ls`` against a dynamod holding 3, 1,000 and 10,000 workers (records registered
   straight into the file store with ``dynamod.discovery.registration.register``), as a table
   and as JSON; ``first row`` is a table run until its first line reaches stdout (the
   listing streams in pages: the rest is still on its way);
 * ``taints set ID TAINT`` — start-up, one compare-and-swap write through dynamod to the
-  file store, and the output (alternating two values, so every run writes).
+  file store, and the output (alternating two values, so every run writes);
+  ``taints add ID TAINT`` the same with a new taint each run (the fleet of 3).
+
+``x python`` is each row's p50 over ``python -c pass``'s, against ``GOAL`` (8x).
 
 ``rpc`` rows are the same ``ListWorkers`` / ``UpdateTaints`` calls from an already warm
 client in this process: the part of a run the daemon and the wire account for.
@@ -52,7 +55,10 @@ from dynamod.targets import Target
 from tests.support.processes import daemon_argv, dynamoctl, env
 from tests.support.servers import EtcdServer, etcd_binary
 
-FLEETS = (1_000, 10_000)
+FLEETS = (3, 1_000, 10_000)
+GOAL = 8.0
+"""Issue 29's goal: ``workers ls`` (3 workers) and ``taints add`` within 8x ``python -c
+pass`` on a quiet machine (the ``x python`` column; a hold-out figure, not a test)."""
 WARMUP = 2
 RPC = "rpc:"  # rows timed in-process, not as a process
 
@@ -233,6 +239,17 @@ def taint_case(environ: dict[str, str]) -> Case:
     )
 
 
+def taint_add_case(environ: dict[str, str]) -> Case:
+    """``taints add`` with a new taint each run, so that every run writes."""
+    target = f"{FLEETS[0]:04x}{0:012x}"
+    rounds = itertools.count()
+    return Case(
+        "dynamoctl taints add ID TAINT",
+        lambda: dynamoctl("taints", "add", target, f"bench/add={next(rounds)}"),
+        environ,
+    )
+
+
 def rpc_rows(endpoints: dict[int, str], runs: int) -> list[Row]:
     """The calls behind the commands, from a warm client in this process."""
     rows = [
@@ -255,10 +272,11 @@ def rpc_rows(endpoints: dict[int, str], runs: int) -> list[Row]:
 
 def table(rows: Sequence[Row]) -> str:
     python = rows[0].stats.p50_ms
-    headers = ["command", "runs", "p50 ms", "p99 ms", "min ms", "p50 - python"]
+    headers = ["command", "runs", "p50 ms", "p99 ms", "min ms", "p50 - python", "x python"]
     cells = [
         [r.name, str(r.stats.n), ms(r.stats.p50_ms), ms(r.stats.p99_ms), ms(r.stats.min_ms),
-         "—" if r is rows[0] or RPC in r.name else f"{r.stats.p50_ms - python:+.1f}"]
+         "—" if r is rows[0] or RPC in r.name else f"{r.stats.p50_ms - python:+.1f}",
+         "—" if r is rows[0] or RPC in r.name else f"{r.stats.p50_ms / python:.1f}x"]
         for r in rows
     ]  # fmt: skip
     return render_table(headers, cells)
@@ -283,6 +301,7 @@ def main() -> int:
         for size, endpoint in endpoints.items():
             cases += fleet_cases(cli_env(endpoint, pycache), size)
         cases.append(taint_case(cli_env(endpoints[FLEETS[0]], pycache)))
+        cases.append(taint_add_case(cli_env(endpoints[FLEETS[0]], pycache)))
         rows = interleaved(cases, args.runs) + rpc_rows(endpoints, args.runs)
     detail = (
         f"cold processes, {args.runs} rounds after {WARMUP} warm-up rounds, every command "
@@ -291,6 +310,7 @@ def main() -> int:
     found = {"python": sys.version.split()[0], "dynamoctl": _version()}
     print(header("dynamoctl", found, detail))
     print(table(rows))
+    print(f"goal: workers ls (3 workers) and taints add within {GOAL:g}x python -c pass")
     write_json(args.json, {"runs": args.runs, "rows": {r.name: stats_json(r.stats) for r in rows}})
     return 0
 

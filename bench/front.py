@@ -13,13 +13,18 @@ front, in alternating blocks of 25 so background load hits both alike. Requests 
 sequential: each latency is one client round trip, the front's part being reading the
 body, tokenizing, routing, one more loopback hop (kept alive) and relaying the answer.
 ``overhead`` is the front's p50 minus the direct p50.
+
+Each event loop the servers may run on is measured in turn (``--loops``; the default, both:
+``uvloop``, the servers' default, and ``asyncio``, the standard one), the front and the
+worker on the same loop (``DYNAMO_EVENT_LOOP``, ``dynamod.lifecycle.server_loop``), and
+``--rounds`` times over, alternating, so that background load hits each loop alike.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
+import os
 import platform
 import sys
 import time
@@ -46,6 +51,7 @@ from bench.common import (
 from dynamod.discovery.view import WorkerView
 from dynamod.frontend import Frontend
 from dynamod.http.openai import WORKER_ID_HEADER
+from dynamod.lifecycle import LOOP_ENV, LOOPS, server_loop
 from dynamod.router import Router, RouterKnobs
 from dynamod.store import Store, open_store
 from dynamod.tokenizers import SimpleTokenizer
@@ -145,12 +151,22 @@ async def compare(
     return {name: Stats.of(values) for name, values in samples.items()}
 
 
-def rows(stats: dict[str, Stats]) -> list[list[str]]:
+def measure_on(loop: str, url: str, n: int) -> dict[str, Stats]:
+    """``measure`` with the front, and the worker it starts, on the event loop ``loop``."""
+    os.environ[LOOP_ENV] = loop
+    running_loop = server_loop()
+    try:
+        return running_loop.run_until_complete(measure(url, n))
+    finally:
+        running_loop.close()
+
+
+def rows(loop: str, stats: dict[str, Stats]) -> list[list[str]]:
     direct = stats["direct"]
     out = []
     for name, s in stats.items():
         extra = "floor" if name == "direct" else overhead(s, direct)
-        out.append([name, str(s.n), ms(s.p50_ms), ms(s.p99_ms), ms(s.min_ms), extra])
+        out.append([f"{name} ({loop})", str(s.n), ms(s.p50_ms), ms(s.p99_ms), ms(s.min_ms), extra])
     return out
 
 
@@ -158,9 +174,20 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.front", description=__doc__)
     parser.add_argument("--requests", type=int, default=500, help="samples each way")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument(
+        "--loops",
+        default=",".join(LOOPS),
+        help=f"event loops to measure, comma-separated (of {', '.join(LOOPS)})",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="measurements of each loop")
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error(f"--requests {args.requests} must be at least 1")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds} must be at least 1")
+    args.loops = args.loops.split(",")
+    if not args.loops or not set(args.loops) <= set(LOOPS):
+        parser.error(f"--loops {','.join(args.loops)}: each must be one of {', '.join(LOOPS)}")
     return args
 
 
@@ -171,17 +198,26 @@ def run(args: argparse.Namespace) -> int:
         "warm-up, sequential, keep-alive, one mocker worker"
     )
     print(header("front latency", found, detail))
+    runs: list[tuple[str, dict[str, Stats]]] = []
     with places(["file"]) as where:
-        stats = asyncio.run(measure(where.urls["file"], args.requests))
-    print(render_table(HEADERS, rows(stats)))
+        for _ in range(args.rounds):
+            runs.extend((loop, measure_on(loop, where.urls["file"], args.requests))
+                        for loop in args.loops)  # fmt: skip
+    print(render_table(HEADERS, [row for loop, stats in runs for row in rows(loop, stats)]))
     document: dict[str, Any] = {
         "benchmark": "front",
         "versions": found,
         "requests": args.requests,
         "warmup": WARMUP,
-        "rows": {name: stats_json(s) for name, s in stats.items()},
-        "overhead_p50_ms": stats["front"].p50_ms - stats["direct"].p50_ms,
-        "overhead_p99_ms": stats["front"].p99_ms - stats["direct"].p99_ms,
+        "runs": [
+            {
+                "loop": loop,
+                "rows": {name: stats_json(s) for name, s in stats.items()},
+                "overhead_p50_ms": stats["front"].p50_ms - stats["direct"].p50_ms,
+                "overhead_p99_ms": stats["front"].p99_ms - stats["direct"].p99_ms,
+            }
+            for loop, stats in runs
+        ],
     }
     write_json(args.json, document)
     return 0

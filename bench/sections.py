@@ -52,9 +52,14 @@ def section_propagation(data: Json) -> list[str]:
 
 
 def section_front(data: Json) -> list[str]:
-    rows = [[name, s["n"], p(s), p(s, "p99_ms")] for name, s in data["rows"].items()]
-    over = f"overhead p50 **{ms(data['overhead_p50_ms'])} ms** (front minus direct, the floor)"
-    return [*table(("path", "n", "p50 ms", "p99 ms"), rows), over, ""]
+    rows = [
+        [f"{name} ({run['loop']})", s["n"], p(s), p(s, "p99_ms")]
+        for run in data["runs"]
+        for name, s in run["rows"].items()
+    ]
+    over = ", ".join(f"{run['loop']} **{ms(run['overhead_p50_ms'])} ms**" for run in data["runs"])
+    return [*table(("path", "n", "p50 ms", "p99 ms"), rows),
+            f"overhead p50 (front minus direct, the floor): {over}", ""]  # fmt: skip
 
 
 def section_front_profile(data: Json) -> list[str]:

@@ -41,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "pools": ("dynamoctl.commands.pools", "app", True),
     "status": ("dynamoctl.commands.status", "status", False),
     "top": ("dynamoctl.commands.top", "top", False),
+    "config": ("dynamoctl.commands.config", "app", True),
     "completion": ("dynamoctl.commands.completion", "completion", False),
 }
 ORDER = tuple(COMMANDS)
@@ -89,10 +90,11 @@ def root(
     cacert: options.Cacert = None,
     cert: options.Cert = None,
     cert_key: options.CertKey = None,
-    timeout: options.Timeout = options.DEFAULT_TIMEOUT,
+    timeout: options.TimeoutOption = options.DEFAULT_TIMEOUT,
     output: options.Output = "table",
     no_headers: options.NoHeaders = False,
     debug: options.Debug = False,
+    context: options.ContextOption = None,
     version: Version = False,
 ) -> None:
     """The global options; commands read them with ``options.from_context``."""
@@ -125,7 +127,7 @@ def invoked(argv: Sequence[str]) -> str | None:
     options (and their values) that names a command; None when in doubt (an option the
     root does not know, no command), and then the whole tree is built."""
     takes_value = {"-e", "--endpoint", "--token-file", "--cacert", "--cert", "--cert-key",
-                   "--timeout", "-o", "--output"}  # fmt: skip
+                   "--timeout", "-o", "--output", "--context"}  # fmt: skip
     flags = {"--tls", "--no-headers", "--debug"}
     words = iter(argv)
     for word in words:

@@ -6,7 +6,9 @@ with its dry run, question and progress bar), adding ``dynamo.io/cordoned`` and
 it sends each worker's in-flight figures as they change, shown as they come on a terminal
 (stderr), until every worker is drained (``drained``, exit 0), the timeout passes or a
 drain is ended by an uncordon (one line per worker not drained, saying what is still in
-flight there, exit 1). Ctrl-C ends the wait, not the drain.
+flight there, exit 1), or a worker is gone mid-drain (killed or left: reported ``gone`` with
+what was in flight when last seen, exit 1 unless ``--allow-gone``). Ctrl-C ends the wait,
+not the drain.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ if TYPE_CHECKING:
 
 
 def run(
-    ctx: typer.Context, target: Target, timeout: float | None, dry_run: bool, yes: bool
+    ctx: typer.Context,
+    target: Target,
+    timeout: float | None,
+    dry_run: bool,
+    yes: bool,
+    *,
+    allow_gone: bool = False,
 ) -> None:
     """The whole command: check, cordon, wait, show."""
     from dynamoctl.session import execute
@@ -34,8 +42,9 @@ def run(
     async def body(client: AsyncClient, printer: Printer) -> int:
         check_selector(target.selector)
         return await drain(
-            client, printer, target, timeout, dry_run=dry_run, confirm=target.all and not yes
-        )
+            client, printer, target, timeout, dry_run=dry_run,
+            confirm=target.all and not yes, allow_gone=allow_gone,
+        )  # fmt: skip
 
     execute(ctx, body)
 
@@ -48,6 +57,7 @@ async def drain(
     *,
     dry_run: bool = False,
     confirm: bool = False,
+    allow_gone: bool = False,
 ) -> int:
     from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 
@@ -55,15 +65,17 @@ async def drain(
     cordoned = await updates.apply(
         client, printer, update, target, dry_run=dry_run, confirm=confirm
     )
+    if cordoned:
+        printer.id_prefix = await client.id_prefix()
     if dry_run or not cordoned:
         return updates.show(printer, cordoned, target, dry_run=dry_run, describe=_describe)
-    shorts = formats.short_ids(c.worker for c in cordoned)
+    shorts = formats.short_ids((c.worker for c in cordoned), printer.id_prefix)
     for change in cordoned:
         if change.error is not None:
-            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+            printer.error(updates.failure_line(change, shorts[change.worker]))
     live = _Progress(printer, shorts) if printer.stderr.isatty() else None
     result = await client.follow_drain(cordoned, target, timeout=timeout, progress=live)
-    return show(printer, result, timeout)
+    return show(printer, result, timeout, allow_gone=allow_gone)
 
 
 def _describe(change: UpdateOutcome) -> str:
@@ -84,12 +96,15 @@ class _Progress:
             self.printer.note(f"{self._short(status)} {status.describe()}")
 
     def _short(self, status: DrainStatus) -> str:
-        return self.shorts.get(status.worker, status.worker[: formats.SHORT_ID])
+        return self.shorts.get(status.worker, status.worker[: self.printer.id_prefix])
 
 
-def show(printer: Printer, result: DrainResult, timeout: float | None) -> int:
-    """Print the result in the chosen format; 0 when every worker drained, else 1 with
-    one line per worker still busy (and a line on stderr saying why the wait ended)."""
+def show(
+    printer: Printer, result: DrainResult, timeout: float | None, *, allow_gone: bool = False
+) -> int:
+    """Print the result in the chosen format; 0 when every worker drained (or, with
+    ``allow_gone``, every other one was gone), else 1 with one line per worker not drained
+    (and a line on stderr saying why the wait ended)."""
     if printer.output in ("json", "yaml"):
         obj = result_object(result)
         printer.json(obj) if printer.output == "json" else printer.yaml(obj)
@@ -100,18 +115,32 @@ def show(printer: Printer, result: DrainResult, timeout: float | None) -> int:
     elif result.drained:
         printer.line("drained")
     else:
-        shorts = formats.short_ids(w.worker for w in result.workers)
+        shorts = formats.short_ids((w.worker for w in result.workers), printer.id_prefix)
         for status in result.busy:
             printer.line(f"{shorts[status.worker]}   {status.describe()}")
     if result.drained:
         return exits.OK
     printer.error(_why(result, timeout))
-    return exits.FAILED
+    return exits.OK if allow_gone and _only_gone(result) else exits.FAILED
+
+
+def _only_gone(result: DrainResult) -> bool:
+    """Every worker not drained is gone, every cordon held, and the wait was not cut."""
+    failed = any(c.error is not None for c in result.cordoned)
+    return bool(result.busy) and all(s.gone for s in result.busy) and not failed
 
 
 def _why(result: DrainResult, timeout: float | None) -> str:
     busy = len(result.busy)
     count = f"{busy} of {len(result.workers)} worker{'s' if len(result.workers) != 1 else ''}"
+    gone = sum(s.gone for s in result.busy)
+    if gone and not result.timed_out:
+        were = "was" if gone == 1 else "were"
+        return (
+            f"{gone} of {len(result.workers)} worker{'s' if len(result.workers) != 1 else ''} "
+            f"{were} gone mid-drain (killed, or left the fleet): what was in flight there may "
+            "have been cut (--allow-gone accepts this)"
+        )
     if result.timed_out:
         return f"{count} not drained within the timeout of {timeout or 0:g} s"
     if busy:

@@ -43,11 +43,17 @@ WORKER_WIDE_HEADERS = (
 def short_ids(ids: Iterable[str], minimum: int = SHORT_ID) -> dict[str, str]:
     """Each id → its shortest prefix of at least ``minimum`` characters that no other id
     in ``ids`` shares (the daemon accepts any unique prefix)."""
+    unique = sorted(set(ids))
+    length = id_length(unique, minimum)
+    return {i: i[:length] for i in unique}
+
+
+def id_length(ids: Iterable[str], minimum: int = SHORT_ID) -> int:
+    """``results.id_prefix_length``: the shortest prefix, at least ``minimum`` long, that
+    no two of ``ids`` share."""
     from dynamod.results import id_prefix_length
 
-    unique = sorted(set(ids))
-    length = id_prefix_length(unique, minimum)
-    return {i: i[:length] for i in unique}
+    return id_prefix_length(ids, minimum)
 
 
 def age(seconds: float) -> str:
@@ -67,14 +73,53 @@ def age(seconds: float) -> str:
     return f"{d}d{h % 24}h" if d < 8 else f"{d}d"
 
 
+UNKNOWN = "-"
+"""What a table shows for a value a worker does not report (an NVIDIA Dynamo worker's
+start time, pid and version)."""
+
+
 def started_age(started_at: float, now: float | None = None) -> str:
     if started_at <= 0:
-        return "<unknown>"
+        return UNKNOWN
     return age((time.time() if now is None else now) - started_at)
 
 
 def joined(items: Sequence[str]) -> str:
     return ",".join(items) if items else NONE
+
+
+def taints_text(taints: Sequence[str]) -> str:
+    """A table's taints: comma-separated, each odd one quoted (``shown_taint``)."""
+    return joined([shown_taint(t) for t in taints])
+
+
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
+
+
+def shown_taint(taint: str) -> str:
+    """A taint as ``ls`` shows an odd file name: as it is when it reads plainly, else in
+    shell quotes, so that it can be told apart and pasted back (``taints rm ID ' a '``):
+    ``' padded '``, ``''``, ``$'\\t'``. NVIDIA Dynamo takes taints our grammar refuses
+    (``dynamod.taints.validate``): whitespace around them, empty ones, control characters;
+    a comma or a quote would make a list of them ambiguous."""
+    if taint and taint == taint.strip() and taint.isprintable() and not set(taint) & set(",'\""):
+        return taint
+    if taint.isprintable():
+        return "'" + taint.replace("'", "'\\''") + "'"
+    return "$'" + "".join(_escaped(c) for c in taint) + "'"
+
+
+def _escaped(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else (f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    )
 
 
 def topology_text(domains: dict[str, str]) -> str:
@@ -121,12 +166,14 @@ def worker_row(
 ) -> list[str]:
     record = info.record
     domains = dict(record.runtime_config.topology_domains)
-    start = [short, record.model, record.address, joined(info.taints)]
+    start = [short, record.model, record.address, taints_text(info.taints)]
     when = started_age(record.started_at, now)
     state = str(info.state)
     if not wide:
         return [*start, state, load_text(info), when]
     summed = info.mdcsum if mdcsum is None else mdcsum
+    if info.state_reason:
+        state = f"{state} ({info.state_reason})"
     extra = [topology_text(domains), state, load_text(info), str(info.revision), summed[:12]]
     return [*start, *extra, when]
 
@@ -162,6 +209,7 @@ def worker_object(
         "topology": dict(sorted(record.runtime_config.topology_domains.items())),
         "revision": info.revision,
         "state": str(info.state),
+        "state_reason": info.state_reason,
         "mdcsum": info.mdcsum if mdcsum is None else mdcsum,
         "key": info.key,
         "namespace": record.namespace,
@@ -179,15 +227,28 @@ def worker_object(
         },
         "model_card": record.model_card.to_json() if card is None else card,
         "engine": None if info.engine is None else info.engine.to_json(),
-        **_dynamo(record.extra),
+        **_dynamo(record.extra, info.key, info.id),
     }
 
 
-def _dynamo(extra: Mapping[str, Any]) -> dict[str, Any]:
+DYNAMO_CARDS = "v1/mdc/"
+"""Where an NVIDIA Dynamo worker's card is: the key it is shown by."""
+
+
+def _dynamo(extra: Mapping[str, Any], key: str = "", ident: str = "") -> dict[str, Any]:
     """An NVIDIA Dynamo worker's own part of a record (its card's key, its instance id in
-    decimal) or of a model card (its LoRA adapters), when it is one."""
+    decimal) or of a model card (its LoRA adapters), when it is one. A listing carries
+    no record, only the key: its card's key, and the id in decimal is the hex id's
+    number (``store.dynamo.keys``)."""
     found = extra.get("dynamo")
-    return {"dynamo": found} if isinstance(found, dict) else {}
+    if isinstance(found, dict):
+        return {"dynamo": found}
+    if key.startswith(DYNAMO_CARDS) and ident:
+        try:
+            return {"dynamo": {"card_key": key, "instance_id": str(int(ident, 16))}}
+        except ValueError:
+            return {}
+    return {}
 
 
 def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
@@ -199,14 +260,16 @@ def worker_details(info: WorkerInfo) -> list[tuple[str, str]]:
         ("Model", record.model),
         ("Address", record.address),
         ("System address", record.system_address or NONE),
-        ("Taints", joined(info.taints)),
-        ("Generated", joined(info.generated_taints)),
+        ("Taints", taints_text(info.taints)),
+        ("Generated", taints_text(info.generated_taints)),
         ("Topology", topology_text(dict(record.runtime_config.topology_domains))),
         ("Revision", str(info.revision)),
-        ("State", str(info.state)),
+        ("State", f"{info.state} ({info.state_reason})" if info.state_reason else str(info.state)),
         ("Key", info.key),
-        ("Host", f"{record.host or NONE} (pid {record.pid})"),
-        ("Version", record.version or NONE),
+        ("Host", record.host or UNKNOWN)
+        if not record.pid
+        else ("Host", f"{record.host or UNKNOWN} (pid {record.pid})"),
+        ("Version", record.version or UNKNOWN),
         ("Age", started_age(record.started_at)),
         ("Load", f"{info.load.active_requests} requests, {info.load.kv_blocks} KV blocks"),
         ("Engine load", engine_text(info)),
@@ -235,7 +298,7 @@ def _dynamo_details(extra: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def change_text(added: Sequence[str], removed: Sequence[str]) -> str:
     """``+capacity/fast -pool=slow``, or ``unchanged``."""
-    parts = [f"+{t}" for t in added] + [f"-{t}" for t in removed]
+    parts = [f"+{shown_taint(t)}" for t in added] + [f"-{shown_taint(t)}" for t in removed]
     return " ".join(parts) if parts else "unchanged"
 
 
@@ -287,12 +350,13 @@ def event_change(event: EventInfo) -> str:
     if event.kind == "TAINTS":
         return change_text(event.added, event.removed)
     assert event.worker is not None
-    return f"taints={joined(event.worker.taints)}"
+    return f"taints={taints_text(event.worker.taints)}"
 
 
-def event_row(event: EventInfo, wide: bool) -> list[str]:
+def event_row(event: EventInfo, wide: bool, id_length: int = SHORT_ID) -> list[str]:
+    """A row of ``events tail``; the worker's id cut to ``id_length`` (``EventTail``)."""
     worker = event.worker
-    ident = worker.id if wide and worker else (worker.id[:SHORT_ID] if worker else "-")
+    ident = worker.id if wide and worker else (worker.id[:id_length] if worker else "-")
     start = [iso_time(event.time), str(event.revision), event.kind, ident]
     model = [worker.record.model if worker else "-"] if wide else []
     return [*start, *model, event_change(event)]
@@ -326,11 +390,11 @@ def candidate_row(candidate: CandidateInfo, short: str) -> list[str]:
     rank = str(candidate.rank) if candidate.rank else "-"
     why = candidate.reason or ("chosen" if candidate.rank == 1 else "eligible")
     if not candidate.eligible:
-        return [rank, short, joined(candidate.worker.taints), *["-"] * 5, why]
+        return [rank, short, taints_text(candidate.worker.taints), *["-"] * 5, why]
     return [
         rank,
         short,
-        joined(candidate.worker.taints),
+        taints_text(candidate.worker.taints),
         f"{candidate.load_cost:.3f}",
         f"{candidate.overlap_credit:.3f} ({candidate.overlap_blocks} blocks, "
         f"{candidate.overlap_source})",
@@ -348,8 +412,8 @@ def ranked(info: ExplainInfo) -> list[CandidateInfo]:
     return [*eligible, *others]
 
 
-def explain_rows(info: ExplainInfo) -> list[list[str]]:
-    shorts = short_ids(c.worker.id for c in info.candidates)
+def explain_rows(info: ExplainInfo, id_prefix: int = SHORT_ID) -> list[list[str]]:
+    shorts = short_ids((c.worker.id for c in info.candidates), id_prefix)
     return [candidate_row(c, shorts[c.worker.id]) for c in ranked(info)]
 
 

@@ -28,17 +28,18 @@ from dynamoctl.output import Printer
 from dynamoctl.watch import Columns
 
 if TYPE_CHECKING:
+    from dynamoctl.jsonpath import Path
     from dynamod.results import WorkerInfo, WorkerPage
 
 # LOAD shows both load and engine.
 _TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")
 _OBJECT = (
     *_TABLE, "topology", "revision", "key", "namespace", "component", "endpoint",
-    "system_address", "host", "pid", "version", "model_card_json",
+    "system_address", "host", "pid", "version", "model_card_json", "state_reason",
 )  # fmt: skip
 FIELDS: dict[str, tuple[str, ...]] = {
     "table": _TABLE,
-    "wide": (*_TABLE, "topology", "revision", "model_card_json"),
+    "wide": (*_TABLE, "topology", "revision", "model_card_json", "state_reason"),
     "json": _OBJECT,
     "yaml": _OBJECT,
     "name": ("id",),
@@ -64,6 +65,23 @@ async def show(printer: Printer, pages: AsyncIterator[WorkerPage], filtered: boo
     for warning in warnings:
         printer.note(f"warning: {warning}")
     return listed
+
+
+async def sorted_by(path: Path, pages: AsyncIterator[WorkerPage]) -> AsyncIterator[WorkerPage]:
+    """``--sort-by``: every page, then one page of them all by the value ``path`` names
+    in each worker's ``-o json`` object (kubectl's order: numbers, then strings, then
+    the rest; workers without the value last; ties by model and id, as listed)."""
+    from dynamoctl.jsonpath import sort_key
+    from dynamod.results import WorkerPage
+
+    workers: list[WorkerInfo] = []
+    revision = prefix = 0
+    async for page in pages:
+        workers += page.workers
+        revision, prefix = page.revision, page.id_prefix
+    keys = {id(w): sort_key(path, o) for w, o in zip(workers, _objects(workers), strict=True)}
+    workers.sort(key=lambda w: keys[id(w)])
+    yield WorkerPage(workers, revision, prefix)
 
 
 class _Writer:
@@ -125,7 +143,24 @@ class _Yaml(_Writer):
             self.printer.stdout.write("[]\n")
 
 
+class _Shaped(_Writer):
+    """``-o jsonpath=`` / ``custom-columns=``: the objects of ``-o json``, shaped at the
+    end (a template sees the whole list)."""
+
+    def __init__(self, printer: Printer) -> None:
+        super().__init__(printer)
+        self.items: list[dict[str, Any]] = []
+
+    def page(self, page: WorkerPage) -> None:
+        self.items += _objects(page.workers)
+
+    def close(self, listed: int) -> None:
+        self.printer.json(self.items)
+
+
 def _writer(printer: Printer) -> _Writer:
+    if printer.shape is not None:
+        return _Shaped(printer)
     kinds = {"json": _Json, "yaml": _Yaml, "name": _Names}
     return kinds.get(printer.output, _Table)(printer)
 

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     coercion.install()  # this process only: typer's parameters without pydantic
     try:
-        default_map = load_config(fastpath.config_path())
+        default_map = load_config(fastpath.config_path(), chosen_context(args))
     except ConfigError as exc:
         sys.stderr.write(f"dynamoctl: error: {exc}\n")
         return exits.USAGE
@@ -39,6 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     # Standalone mode: click prints usage errors (exit 2) and ends with SystemExit.
     cli.main(args, prog_name=fastpath.PROG, default_map=default_map)
     return exits.OK
+
+
+def chosen_context(args: list[str]) -> str | None:
+    """``--context NAME`` wherever it is on the command line (before or after the command:
+    the config file is read before click parses anything), else ``DYNAMO_CONTEXT``."""
+    for at, word in enumerate(args):
+        if word == "--":
+            break
+        if word == "--context" and at + 1 < len(args):
+            return args[at + 1]
+        if word.startswith("--context="):
+            return word.partition("=")[2]
+    return os.environ.get("DYNAMO_CONTEXT") or None
 
 
 if __name__ == "__main__":

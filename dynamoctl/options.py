@@ -51,6 +51,7 @@ class Options:
     output: str = "table"
     no_headers: bool = False
     debug: bool = False
+    context: str | None = None
 
     def target(self) -> str:
         """The endpoint to dial: the flag, else the daemon's default unix socket."""
@@ -69,9 +70,19 @@ class UsageError(typer.BadParameter):
 
 
 def check_output(value: str) -> str:
-    """``-o`` must name a known format; a usage error otherwise."""
+    """``-o`` must name a known format, or be ``jsonpath=…`` / ``custom-columns=…`` with
+    a template that parses; a usage error otherwise."""
+    if value.partition("=")[0] in ("jsonpath", "custom-columns"):
+        from dynamoctl.jsonpath import Shape, TemplateError
+
+        try:
+            Shape(value)
+        except TemplateError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        return value
     if value not in OUTPUTS:
-        raise typer.BadParameter(f"{value!r} is not one of {', '.join(OUTPUTS)}")
+        shaped = "jsonpath=TEMPLATE, custom-columns=SPEC"
+        raise typer.BadParameter(f"{value!r} is not one of {', '.join(OUTPUTS)}, {shaped}")
     return value
 
 
@@ -132,7 +143,7 @@ CertKey = Annotated[
         metavar="FILE",
     ),
 ]
-Timeout = Annotated[
+TimeoutOption = Annotated[
     float,
     typer.Option(
         envvar="DYNAMO_TIMEOUT",
@@ -147,9 +158,35 @@ Output = Annotated[
         "--output",
         "-o",
         callback=check_output,
-        help="Output format: table, wide, json, yaml or name.",
+        help="Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE (kubectl's, "
+        "e.g. '{.items[*].id}') or custom-columns=HEADER:.path,... (e.g. ID:.id,STATE:.state).",
         metavar="FORMAT",
         autocompletion=_outputs,
+    ),
+]
+
+
+def contexts(incomplete: str) -> list[str]:
+    """The config file's context names (Tab after --context)."""
+    from dynamoctl.fastpath import config_path
+    from dynamod.client.endpoint import read_config
+    from dynamod.errors import ConfigError
+
+    try:
+        names = read_config(config_path()).contexts
+    except ConfigError:
+        return []
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+ContextOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="DYNAMO_CONTEXT",
+        help="Use this context of the config file ([contexts.NAME]) instead of its "
+        "current_context (see dynamoctl config).",
+        metavar="NAME",
+        autocompletion=contexts,
     ),
 ]
 NoHeaders = Annotated[bool, typer.Option("--no-headers", help="Leave out table headers.")]

@@ -48,12 +48,22 @@ class Printer:
         stdout: IO[str] | None = None,
         stderr: IO[str] | None = None,
     ) -> None:
+        self.shape: Any = None
+        """``-o jsonpath=`` / ``custom-columns=``: a ``jsonpath.Shape``; ``output`` is then
+        ``json``, whose objects it reshapes."""
+        if output.partition("=")[0] in ("jsonpath", "custom-columns"):
+            from dynamoctl.jsonpath import Shape
+
+            self.shape, output = Shape(output, no_headers=no_headers), "json"
         self.output = output
         self.no_headers = no_headers
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.colour = wants_colour(self.stdout)
         self._console: Any = None
+        self.id_prefix = 8
+        """How many characters of an id its tables show at least: the daemon's prefix that
+        tells apart every worker it sees (``AsyncClient.id_prefix``), once asked."""
 
     @property
     def wide(self) -> bool:
@@ -118,11 +128,17 @@ class Printer:
         self.stdout.write(text + "\n")
 
     def json(self, obj: object) -> None:
+        if self.shape is not None:
+            self.stdout.write(self.shape.text(obj))
+            return
         self.line(json.dumps(obj, indent=2, sort_keys=False))
 
     def json_line(self, obj: object) -> None:
         """One compact JSON object per line, flushed at once (jq-friendly streams)."""
-        self.line(json.dumps(obj, separators=(",", ":")))
+        if self.shape is not None:
+            self.stdout.write(self.shape.streamed(obj))
+        else:
+            self.line(json.dumps(obj, separators=(",", ":")))
         self.flush()
 
     def yaml(self, obj: object, *, document: bool = False) -> None:
@@ -198,7 +214,7 @@ def _bar(stream: IO[str], total: int, label: str) -> Iterator[Callable[[], None]
 
 STATE_STYLES = {
     "ready": "green", "cordoned": "yellow", "draining": "cyan", "drained": "blue",
-    "unhealthy": "bold red",
+    "unhealthy": "bold red", "excluded": "magenta",
 }  # fmt: skip
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dynamoctl.formats import NONE, SHORT_ID, iso_time, joined, short_ids
+from dynamoctl.formats import NONE, SHORT_ID, iso_time, joined, short_ids, taints_text
 
 if TYPE_CHECKING:
     from dynamod.pool_results import (
@@ -125,13 +125,14 @@ def move_object(move: PoolMove) -> dict[str, Any]:
     }
 
 
-def move_rows(moves: Sequence[PoolMove]) -> list[list[str]]:
-    shorts = short_ids(m.worker for m in moves)
+def move_rows(moves: Sequence[PoolMove], id_prefix: int = SHORT_ID) -> list[list[str]]:
+    """Ids cut to ``id_prefix`` at least (``AsyncClient.id_prefix``, as below)."""
+    shorts = short_ids((m.worker for m in moves), id_prefix)
     return [[shorts[m.worker], m.from_pool or NONE, m.to_pool, m.why] for m in moves]
 
 
-def made_rows(moves: Sequence[PoolMove]) -> list[list[str]]:
-    shorts = short_ids(m.worker for m in moves)
+def made_rows(moves: Sequence[PoolMove], id_prefix: int = SHORT_ID) -> list[list[str]]:
+    shorts = short_ids((m.worker for m in moves), id_prefix)
     return [
         [
             iso_time(m.time),
@@ -157,13 +158,13 @@ def drift_object(drift: DriftSeen) -> dict[str, Any]:
     }
 
 
-def drift_rows(drift: Sequence[DriftSeen]) -> list[list[str]]:
-    shorts = short_ids(d.worker for d in drift)
+def drift_rows(drift: Sequence[DriftSeen], id_prefix: int = SHORT_ID) -> list[list[str]]:
+    shorts = short_ids((d.worker for d in drift), id_prefix)
     return [
         [
             iso_time(d.time),
             shorts[d.worker],
-            joined(d.held),
+            taints_text(d.held),
             d.assigned,
             str(d.revision),
             d.action,
@@ -254,7 +255,11 @@ def status_details(status: PoolStatusInfo) -> list[tuple[str, str]]:
     )
     if status.failing:
         balanced += f", {len(status.failing)} failing (see Failing moves)"
-    budget = "no budget" if status.budget_left is None else f"{status.budget_left} moves left now"
+    budget = (
+        "unlimited (no move budget set)"
+        if status.budget_left is None
+        else f"{status.budget_left} moves left now"
+    )
     pairs = [
         ("Name", info.name),
         ("Selector", info.selector),
@@ -315,12 +320,12 @@ def pool_event_object(info: PoolEventInfo) -> dict[str, Any]:
     }
 
 
-def pool_event_row(event: EventInfo, wide: bool) -> list[str]:
+def pool_event_row(event: EventInfo, wide: bool, id_prefix: int = SHORT_ID) -> list[str]:
     """An ``events tail`` row of a pool event: EVENT ``POOL``, CHANGE its kind and what
     happened."""
     info = event.pool
     assert info is not None
-    worker = info.worker if wide else info.worker[:SHORT_ID]
+    worker = info.worker if wide else info.worker[:id_prefix]
     start = [iso_time(event.time), str(event.revision), "POOL", worker or "-"]
     model = ["-"] if wide else []
     return [*start, *model, f"{info.kind} {info.message}"]

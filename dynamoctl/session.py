@@ -53,7 +53,8 @@ def execute(
     """Run ``body`` against the daemon and exit with its status (see the module docstring).
     ``formats``: the ``-o`` values this command supports; another one is a usage error."""
     options = from_context(ctx)
-    if options.output not in formats:
+    shaped = options.output.partition("=")[0] in ("jsonpath", "custom-columns")
+    if options.output not in formats and not (shaped and "json" in formats):
         raise UsageError(
             f"{options.output!r} is not supported by '{ctx.command_path}'; use {', '.join(formats)}"
         )

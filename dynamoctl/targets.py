@@ -39,13 +39,23 @@ DryRun = Annotated[
     bool,
     typer.Option("--dry-run", help="Show what would change (before and after); write nothing."),
 ]
+
+
+def check_revision(value: int | None) -> int | None:
+    """``--if-revision``: a store revision, so 1 or more."""
+    if value is not None and value < 1:
+        raise typer.BadParameter(f"{value} is not a store revision; revisions start at 1")
+    return value
+
+
 IfRevision = Annotated[
     int | None,
     typer.Option(
         "--if-revision",
         help="Change only if the worker's record is still at revision N (optimistic lock; "
-        "see REVISION in -o wide).",
+        "see REVISION in -o wide; a store revision, 1 or more).",
         metavar="N",
+        callback=check_revision,
     ),
 ]
 WorkerId = Annotated[

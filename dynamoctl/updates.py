@@ -101,6 +101,8 @@ def run(
         done = await apply(
             client, printer, update, target, dry_run=dry_run, confirm=target.all and not yes
         )
+        if done:
+            printer.id_prefix = await client.id_prefix()
         return show(printer, done, target, dry_run=dry_run, describe=describe)
 
     execute(ctx, body)
@@ -116,16 +118,26 @@ def show(
 ) -> int:
     """Print the outcome in the chosen format; each failure gets its own line on stderr.
     Returns 1 when any worker failed."""
-    shorts = formats.short_ids(c.worker for c in changes)
+    shorts = formats.short_ids((c.worker for c in changes), printer.id_prefix)
     for change in changes:
         if change.error is not None:
-            printer.error(f"worker {shorts[change.worker]}: {change.error.message}")
+            printer.error(failure_line(change, shorts[change.worker]))
     _render(printer, changes, shorts, dry_run, describe)
-    if not changes:
-        printer.note(f"no worker matched: {target.describe()}")
-    elif dry_run:
+    if not changes:  # a selector that matches nothing is usually a typo
+        printer.error(f"no worker matched: {target.describe()}")
+        return exits.FAILED
+    if dry_run:
         printer.note("dry run: nothing was written")
     return exits.FAILED if any(c.error for c in changes) else exits.OK
+
+
+def failure_line(change: UpdateOutcome, short: str) -> str:
+    """``worker ID: why``, unless the daemon's message already names the worker."""
+    assert change.error is not None
+    message = change.error.message
+    if message.startswith((f"worker {change.worker}", f"worker {short}")):
+        return message
+    return f"worker {short}: {message}"
 
 
 def _render(
@@ -160,7 +172,7 @@ def _table(
     for change in done:
         row = [shorts[change.worker], describe(change), str(change.revision)]
         if full:
-            row += [formats.joined(change.before), formats.joined(change.after)]
+            row += [formats.taints_text(change.before), formats.taints_text(change.after)]
         rows.append(row)
     printer.table(headers, rows, style=_change_style)
 

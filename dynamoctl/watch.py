@@ -5,7 +5,8 @@ kubectl's ``get -w --output-watch-events``. The first snapshot prints every work
 ADDED; a later snapshot (the daemon re-synced) is compared with what was shown, so only
 real differences print. ``EventTail`` is ``events tail``: the events as the daemon sends
 them, pool events (``POOL``) among them. Column widths come from the first lines and only
-ever grow; every line is flushed.
+ever grow, up to ``MAX_CELL`` (a longer cell is cut, ending in ``…``; ``-o json`` has it
+whole); every line is flushed.
 """
 
 from __future__ import annotations
@@ -26,18 +27,33 @@ EVENT_STYLES = {
 EVENT_WIDTH = max(len(k) for k in EVENT_STYLES)  # so the EVENT column never shifts
 
 
-class Columns:
-    """A table printed a few rows at a time: widths fixed by the first rows, then grown."""
+MAX_CELL = 60
+"""The widest a column of a stream grows (``bounded``): a longer cell is cut, ending in
+``…``, so that one worker with hundreds of taints does not pad every later line."""
 
-    def __init__(self, printer: Printer, headers: Sequence[str], event_column: int) -> None:
+
+def cut(cell: str, width: int = MAX_CELL) -> str:
+    return cell if len(cell) <= width else cell[: width - 1] + "…"
+
+
+class Columns:
+    """A table printed a few rows at a time: widths fixed by the first rows, then grown;
+    ``bounded``: no column but the last wider than ``MAX_CELL`` (streams)."""
+
+    def __init__(
+        self, printer: Printer, headers: Sequence[str], event_column: int, *, bounded: bool = False
+    ) -> None:
         self.printer = printer
         self.headers = list(headers)
         self.widths: list[int] = []
         self.event_column = event_column
+        self.bounded = bounded
 
     def rows(self, rows: Sequence[Sequence[str]]) -> None:
         if not rows:
             return
+        if self.bounded:
+            rows = [[*(cut(c) for c in row[:-1]), row[-1]] for row in rows]
         if not self.widths:
             minimum = [EVENT_WIDTH if i == self.event_column else 0 for i in range(len(rows[0]))]
             self.widths = self.printer.table(self.headers, rows, style=self._style, minimum=minimum)
@@ -59,7 +75,7 @@ class WorkerWatch:
         self.printer = printer
         self.known: dict[str, WorkerInfo] = {}
         headers = formats.WORKER_WIDE_HEADERS if printer.wide else formats.WORKER_HEADERS
-        self.columns = Columns(printer, ("EVENT", *headers), 0)
+        self.columns = Columns(printer, ("EVENT", *headers), 0, bounded=True)
 
     def feed(self, event: EventInfo) -> None:
         changes = self._changes(event)
@@ -101,7 +117,8 @@ class WorkerWatch:
                 self.printer.line(f"{kind} {info.id}")
             self.printer.flush()
             return
-        shorts = formats.short_ids([*self.known, *(i.id for _, i in changes)])
+        ids = [*self.known, *(i.id for _, i in changes)]
+        shorts = formats.short_ids(ids, self.printer.id_prefix)
         now = time.time()
         rows = [
             [kind, *formats.worker_row(info, shorts[info.id], self.printer.wide, now)]
@@ -126,18 +143,34 @@ class EventTail:
         self.buffered = buffered
         self.pending: list[list[str]] = []
         headers = formats.EVENT_WIDE_HEADERS if printer.wide else formats.EVENT_HEADERS
-        self.columns = Columns(printer, headers, 2)
+        self.columns = Columns(printer, headers, 2, bounded=True)
+        self.seen: set[str] = set()
+        self.id_length = printer.id_prefix
 
     def feed(self, event: EventInfo) -> None:
+        self._see(event)
         if self.printer.output == "json":
             self.printer.json_line(_event_object(event))
         elif self.printer.output == "yaml":
             self.printer.yaml(_event_object(event), document=True)
             self.printer.flush()
         elif self.buffered:
-            self.pending.append(_event_row(event, self.printer.wide))
+            self.pending.append(_event_row(event, self.printer.wide, self.id_length))
         else:
-            self.columns.rows([_event_row(event, self.printer.wide)])
+            self.columns.rows([_event_row(event, self.printer.wide, self.id_length)])
+
+    def _see(self, event: EventInfo) -> None:
+        """Ids are cut to the daemon's prefix for the fleet when the tail began, longer
+        once two ids the stream has shown would share it (workers that joined since)."""
+        ids = [w.id for w in event.workers] if event.kind == "RESYNC" else []
+        if event.worker is not None:
+            ids.append(event.worker.id)
+        if event.pool is not None and event.pool.worker:
+            ids.append(event.pool.worker)
+        fresh = [i for i in ids if i not in self.seen]
+        if fresh:
+            self.seen.update(fresh)
+            self.id_length = formats.id_length(self.seen, self.id_length)
 
     def close(self) -> None:
         self.columns.rows(self.pending)
@@ -152,7 +185,7 @@ def _event_object(event: EventInfo) -> dict[str, Any]:
     return obj
 
 
-def _event_row(event: EventInfo, wide: bool) -> list[str]:
+def _event_row(event: EventInfo, wide: bool, id_length: int) -> list[str]:
     if event.pool is not None:
-        return pool_formats.pool_event_row(event, wide)
-    return formats.event_row(event, wide)
+        return pool_formats.pool_event_row(event, wide, id_length)
+    return formats.event_row(event, wide, id_length)

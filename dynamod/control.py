@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -40,10 +41,12 @@ from dynamod.errors import (
 )
 from dynamod.http.limits import MAX_BODY
 from dynamod.load import Busy
+from dynamod.open_files import open_count, soft_limit
 from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
 from dynamod.records import ModelCard, TaintCheck, WorkerRecord
 from dynamod.results import (
+    ID_PREFIX,
     CandidateInfo,
     DaemonState,
     ExplainInfo,
@@ -51,10 +54,13 @@ from dynamod.results import (
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,
+    WorkerState,
+    id_prefix_length,
     own_key,
 )
 from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.router.explain import by_dynamo_rule, dynamo_summary
+from dynamod.router.fit import ANY
 from dynamod.selectors import parse
 from dynamod.store import Store, Swap
 from dynamod.store.dynamo import DynamoStore
@@ -138,11 +144,25 @@ class Control:
 
     def __post_init__(self) -> None:
         self._writes = self.writes or writes_for(self.store, self.view)
+        self._prefix = (-1, ID_PREFIX)  # (view revision, its id prefix)
+
+    def id_prefix(self) -> int:
+        """The shortest id prefix, at least 8 characters, that tells apart every worker the
+        view holds: what a listing shows, filtered or not, so that a short id printed
+        anywhere resolves with ``get_worker``. Worked out once per view revision."""
+        revision, length = self._prefix
+        if revision != self.view.revision:
+            length = id_prefix_length(r.instance_id for r in self.view.records())
+            self._prefix = (self.view.revision, length)
+        return length
 
     def info(self, record: WorkerRecord) -> WorkerInfo:
         key = record.key
         revision = self.view.revision_of(key)
-        return WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
+        info = WorkerInfo(record, revision, self.router.load(key), self.router.reported(key))
+        if info.state is WorkerState.READY and (why := self.router.disagreement(record)):
+            return dataclasses.replace(info, state=WorkerState.EXCLUDED, state_reason=why)
+        return info
 
     def list_workers(
         self,
@@ -175,9 +195,16 @@ class Control:
         return self.info(record)
 
     def _find(self, ref: str) -> WorkerRecord:
-        """``view.find``, taking a Dynamo worker's own key too (the key it is shown by)."""
+        """``view.find``, taking a Dynamo worker's own key too (the key it is shown by), and
+        its id in decimal, as Dynamo's logs and ``nvext.worker_id`` show it."""
         if isinstance(self.store, DynamoStore):
             ref = self.store.view_ref(ref)
+        decimal = _from_decimal(ref)
+        if decimal is not None:
+            with contextlib.suppress(LookupError):
+                found = self.view.find(decimal)
+                if found.instance_id == decimal:
+                    return found
         return self.view.find(ref)
 
     @property
@@ -277,6 +304,10 @@ class Control:
         except DynamoError as exc:
             self._audit(caller, update, record, record.taints, None, None, exc, audit)
             raise
+        except asyncio.CancelledError:  # the caller went away (its deadline, Ctrl-C)
+            self._audit(caller, update, record, record.taints, None, None, None, audit,
+                        cancelled=True)  # fmt: skip
+            raise
         self._audit(
             caller, update, record, change.before, change.after, change.revision, None, audit
         )
@@ -375,10 +406,16 @@ class Control:
         revision: int | None,
         error: DynamoError | None,
         extra: Mapping[str, object] | None = None,
+        *,
+        cancelled: bool = False,
     ) -> None:
+        """One worker's audit line. ``cancelled``: the update was cancelled before its
+        outcome was known (outcome ``cancelled``; the worker may or may not hold it)."""
         outcome = "ok" if error is None else type(error).__name__
         if error is None and after is not None and tuple(before) == tuple(after):
             outcome = "unchanged"
+        if cancelled:
+            outcome = "cancelled"
         if self.metrics is not None:
             self.metrics.taint_updates.labels(outcome).inc()
             if outcome == "ok" and revision is not None:
@@ -397,6 +434,7 @@ class Control:
             revision=revision,
             outcome=outcome,
             **({"error": str(error)} if error is not None else {}),
+            **({"error": _CANCELLED} if cancelled else {}),
             **(extra or {}),
         )
 
@@ -433,8 +471,11 @@ class Control:
         if prompt:
             tokenizer = await self.tokenizers.for_card(card or ModelCard(model))
             read = await self.prompts.tokenize_text(prompt, tokenizer, block_size)
+        # As the front reads it: a worker of another reading is excluded, with the reason.
+        reading = self.router.reading(model)
+        needs = reading.needs(0) if reading is not None else ANY
         result = self.router.explain(
-            RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes)
+            RouteRequest(model, constraints, read.prompt_tokens, read.block_hashes, needs=needs)
         )
         if isinstance(self.store, DynamoStore):  # Dynamo's frontend decides, by its rule
             result = by_dynamo_rule(result)
@@ -450,7 +491,9 @@ class Control:
     def _candidate(self, row: WorkerExplanation) -> CandidateInfo:
         terms = row.terms
         info = self.info(row.worker)
-        if row.ineligible is not None:
+        if info.state is WorkerState.EXCLUDED:  # its reading decides, whatever else it lacks
+            reason = f"excluded: {info.state_reason}"
+        elif row.ineligible is not None:
             reason = row.ineligible.reason(row.worker)
         elif row.busy is Busy.UNHEALTHY and info.engine is not None:
             reason = f"{info.state}: {info.engine.reason}"
@@ -491,7 +534,25 @@ class Control:
             revision=self.view.revision,
             state=self.state,
             state_store_url=self.state_store_url or self.store.url,
+            open_files=open_count(),
+            open_files_limit=min(soft_limit(), 2**31 - 1),
         )
+
+
+_CANCELLED = (
+    "cancelled before its outcome was known (the caller went away, or dynamod stopped); "
+    "the worker may or may not hold the change: workers get shows which"
+)
+
+
+def _from_decimal(ref: str) -> str | None:
+    """A whole u64 written in decimal (``1353510030897897010``) as the hex id it is; None
+    for anything else. A decimal that names no worker's whole id is tried as a prefix of
+    a hex id after all, so ``12c8…`` and ``1235…`` keep meaning what they meant."""
+    if not (ref.isascii() and ref.isdigit()) or len(ref) > 20:
+        return None
+    number = int(ref)
+    return format(number, "x") if number < 2**64 else None
 
 
 def _asked(update: TaintUpdate, target: Target) -> dict[str, object]:

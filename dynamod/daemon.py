@@ -26,7 +26,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from dynamod import __version__, logs, systemd
+from dynamod import __version__, logs, open_files, systemd
 from dynamod.api import grpc_server
 from dynamod.api.service import ServiceContext
 from dynamod.api.stream_slots import StreamSlots
@@ -45,6 +45,7 @@ from dynamod.http.limits import MAX_BODY
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
+from dynamod.open_files import OpenFiles
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconciler import BatchWriter as PoolBatchWriter
@@ -113,6 +114,7 @@ class Daemon:
 
     async def _serve(self, stack: contextlib.AsyncExitStack, signals: Signals) -> int:
         settings = self.settings
+        open_files.raise_limit()  # one connection per followed worker: dynamod/open_files.py
         # Listeners first: a busy socket or port ends the start before anything changed.
         listener = self._listen_http(stack)
         grpc = await grpc_server.bind(settings)
@@ -149,6 +151,7 @@ class Daemon:
             kv=kv,
             budgets=self._budgets(),
             registry=self.registry,
+            open_files=OpenFiles(self.registry),
         )
         # A Dynamo fleet's workers report nothing: their reach is dynamod's own check.
         reach = DynamoReach(view, lambda key, load: _reported(router, pools, key, load))

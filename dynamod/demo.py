@@ -229,7 +229,7 @@ def run_demo(
     root.mkdir(parents=True, exist_ok=True)
     try:
         chosen = engine or DemoEngine()
-        return run(lambda: guarded(_demo(workers, root, http, chosen), "dynamod demo"))
+        return run(lambda: guarded(_demo(workers, root, http, chosen), "dynamod demo"), server=True)
     finally:
         if temporary:
             shutil.rmtree(root, ignore_errors=True)

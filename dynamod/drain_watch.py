@@ -12,12 +12,16 @@ change a worker's figures, and to nothing else:
 Each change of a watched worker marks it and wakes the wait, which reads the marked
 workers' figures and sends those that differ from what it last sent: changes that come
 while a message is being sent are folded into the next one. No timer runs. The wait ends
-when every worker is over (drained: nothing in flight by any count this daemon has; or
-its drain ended: uncordoned), or at the timeout, or when the daemon shuts down
+when every worker is over (drained: nothing in flight by any count this daemon has; gone:
+its record left the view, or its engine's stream broke while it reported (no report, or
+the daemon's own mark of a broken stream), as when it is killed before its lease runs
+out, reported with what was in flight when last seen; or its drain ended: uncordoned),
+or at the timeout, or when the daemon shuts down
 (``close``: ``ShuttingDownError``).
 
 What this daemon cannot see: another replica's requests on the worker, except through
-the engine's figures (the engine counts every caller's requests, where it reports).
+the engine's figures (the engine counts every caller's requests, where it reports); and a
+worker killed that never reported through an engine stream, until its lease runs out.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 
+from dynamod.boundary.breaches import SOURCE as BOUNDARY
 from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, ViewResync
+from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import ShuttingDownError
 from dynamod.records import WorkerRecord
 from dynamod.results import DrainEvent, DrainStatus, InFlight, worker_state
@@ -142,12 +148,22 @@ class DrainWatch:
         load, engine = self._router.load(key), self._router.reported(key)
         flight = InFlight.of(load, engine)
         record = self._view.get(key)
-        if record is None:  # gone; what this router sent there may still be running
-            before = self._sent.get(key)
+        before = self._sent.get(key)
+        if before is not None and before.gone:
+            return before  # gone stays gone, with what was in flight when it left
+        lost = (  # its engine stopped reporting mid-drain: killed, its lease not yet out
+            record is not None
+            and _unheard(engine)
+            and before is not None
+            and before.draining
+            and before.in_flight.running is not None
+        )
+        if record is None or lost:
             draining = before is None or before.draining
             taints = (DRAINING,) if draining else ()
             state = worker_state(taints, load, engine)
-            return DrainStatus(self._ids[key], key, state, flight, draining, gone=True)
+            left_with = flight if before is None else before.in_flight
+            return DrainStatus(self._ids[key], key, state, left_with, draining, gone=True)
         state = worker_state(record.taints, load, engine)
         return DrainStatus(record.instance_id, key, state, flight, DRAINING in record.taints)
 
@@ -176,3 +192,9 @@ class DrainWatch:
         last = DrainEvent(workers, last=True, drained=drained, timed_out=timed_out)
         await send(last)
         return last
+
+
+def _unheard(engine: EngineLoad | None) -> bool:
+    """Nothing heard from the engine any more: no report (its stream ended), or this
+    daemon's own mark of a stream that broke or a port that stopped answering."""
+    return engine is None or (not engine.healthy and engine.source in (BOUNDARY, REACH))

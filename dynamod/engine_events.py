@@ -29,7 +29,7 @@ types it does not know.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -125,6 +125,11 @@ class EngineLoad:
             value = obj.get(name, default)
             values[name] = _typed(name, value, type(default))
         return cls(**values)
+
+
+LoadReport = Callable[[str, EngineLoad | None], None]
+"""Where a worker's engine load goes as it is read: ``report(key, load)``, ``None`` when the
+worker reports none any more (its stream broke, it was marked or left out)."""
 
 
 def _typed(name: str, given: object, kind: type) -> object:

@@ -57,6 +57,7 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     ├── RemoteError                             another process's error of a class
     │                                           this one does not know
     ├── UnreachableError (ConnectionError)      the daemon cannot be reached at all
+    ├── AnswerTimeoutError (TimeoutError)       reached, but no answer within the deadline
     └── ListenError (OSError)                   a listener cannot be bound (address in use)
 
 Each class's ``code`` is the gRPC status code name it travels as (``code_name``); a class
@@ -438,6 +439,13 @@ class PromptWorkerError(DynamoError):
 
 class UnreachableError(DynamoError, ConnectionError):
     """The daemon did not answer at the endpoint (not running, wrong socket, firewall)."""
+
+
+class AnswerTimeoutError(DynamoError, TimeoutError):
+    """The daemon was reached but did not answer within the client's deadline: the call
+    may still be carried out there (an update's audit line says whether it was)."""
+
+    code = "DEADLINE_EXCEEDED"
 
 
 class ListenError(DynamoError, OSError):

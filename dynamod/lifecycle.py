@@ -12,6 +12,11 @@ ignored". Nothing in this path creates a loop, a thread or a connection. The Pyt
 drains its own forgotten connections at exit with the same bound
 (``dynamod.client.drain``).
 
+The servers (``dynamod``, ``dynamo-worker``, the demo) run on uvloop where it is installed
+(``run(..., server=True)``; ``bench.front`` measures both loops side by side), unless
+``DYNAMO_EVENT_LOOP=asyncio`` asks for the standard library's loop; ``dynamoctl`` keeps
+the standard loop, which costs it no import.
+
 ``Signals`` turns SIGTERM / SIGINT into events: the first sets ``stopping`` (drain within
 the grace period), the second sets ``forced`` (skip the grace period). SIGHUP calls the
 reload callback when one is given.
@@ -40,6 +45,8 @@ EX_UNAVAILABLE = 69  # a socket or port to serve on is taken (sysexits.h)
 EX_SOFTWARE = 70  # the shutdown deadline ran out (sysexits.h)
 DRAIN_SECONDS = 0.25
 DRAIN_ENV = "DYNAMO_DRAIN"
+LOOP_ENV = "DYNAMO_EVENT_LOOP"
+LOOPS = ("uvloop", "asyncio")
 
 
 def exit_drain_seconds() -> float:
@@ -120,11 +127,33 @@ def _threads_alive(deadline: float) -> list[str]:
     return [f"thread {t.name!r}" for t in others if t.is_alive()]
 
 
-def run(main: Callable[[], Coroutine[Any, Any, int]], *, drain: float | None = None) -> int:
+def server_loop() -> asyncio.AbstractEventLoop:
+    """A new loop for a server: uvloop's where it is installed, unless ``$DYNAMO_EVENT_LOOP``
+    is ``asyncio``. Another value is logged and the default used (as ``DYNAMO_DRAIN``)."""
+    chosen = os.environ.get(LOOP_ENV, "").strip() or LOOPS[0]
+    if chosen not in LOOPS:
+        log.warning("%s=%r is not one of %s; using %s", LOOP_ENV, chosen, "/".join(LOOPS), LOOPS[0])
+        chosen = LOOPS[0]
+    if chosen == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            log.debug("uvloop is not installed: the standard event loop serves")
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def run(
+    main: Callable[[], Coroutine[Any, Any, int]],
+    *,
+    drain: float | None = None,
+    server: bool = False,
+) -> int:
     """Run ``main()`` and return its exit code, after the drain bounded by ``drain``
-    seconds (default: ``exit_drain_seconds()``)."""
+    seconds (default: ``exit_drain_seconds()``); ``server``: on ``server_loop()``."""
     drain = exit_drain_seconds() if drain is None else drain
-    loop = asyncio.new_event_loop()
+    loop = server_loop() if server else asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     # Our own executor, so the drain can stop it without the extra thread that
     # loop.shutdown_default_executor() would start.

@@ -149,6 +149,7 @@ def _serve(config: Path | None, flags: dict[str, object]) -> int:
     return run(
         lambda: guarded(run_daemon(settings, lambda: _load(config, flags)), "dynamod"),
         drain=settings.drain,
+        server=True,
     )
 
 

@@ -14,15 +14,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dynamod import errors
 from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import DynamoError, code_name
 from dynamod.load import IDLE, Load
-from dynamod.pool_results import PoolEventInfo
 from dynamod.records import WorkerRecord, mdcsum
 from dynamod.taints import CORDONED, DRAINING, OPERATOR_TAINTS, is_topology
+
+if TYPE_CHECKING:  # an annotation only: a listing never pays for the pools' types
+    from dynamod.pool_results import PoolEventInfo
 
 
 class WorkerState(enum.StrEnum):
@@ -39,6 +41,10 @@ class WorkerState(enum.StrEnum):
     """Cordoned for a drain, nothing in flight: safe to stop."""
     UNHEALTHY = "unhealthy"
     """Its engine reports that it cannot serve."""
+    EXCLUDED = "excluded"
+    """Left out of routing by design, though ready: it reads request bodies otherwise
+    (tokenizer, KV block size) than most workers of its model (``router/fit.py``); the
+    reason says how (``WorkerInfo.state_reason``)."""
     UNREACHABLE = "unreachable"
     """An NVIDIA Dynamo worker whose port refuses connection (dynamod's own check,
     ``boundary/dynamo_reach.py``): Dynamo's frontend cannot reach it either. Until it
@@ -155,8 +161,9 @@ class WorkerInfo:
     it into the part callers manage and the part generated from the topology.
 
     ``state`` is ``record_state`` of the three: given as the daemon sent it, or derived
-    here when left out (it is never None once built). ``key`` is the key it is shown
-    under (``own_key``): given as the daemon sent it, or derived here."""
+    here when left out (it is never None once built); ``state_reason`` says why where the
+    state alone does not (``excluded``: its reading against its model's). ``key`` is the
+    key it is shown under (``own_key``): given as the daemon sent it, or derived here."""
 
     record: WorkerRecord
     revision: int
@@ -164,6 +171,7 @@ class WorkerInfo:
     engine: EngineLoad | None = None
     state: WorkerState | None = None
     key: str = ""
+    state_reason: str = ""
 
     def __post_init__(self) -> None:
         if self.state is None:
@@ -343,13 +351,19 @@ class StatusInfo:
     state: DaemonState
     state_store_url: str = ""
     """Where pool policies, their history and the pool leader's key are kept."""
+    open_files: int = -1
+    """Descriptors the daemon has open now (-1: not known)."""
+    open_files_limit: int = 0
+    """Its soft limit on open files (0: not known; an older daemon)."""
 
 
 @dataclass(frozen=True)
 class DrainStatus:
     """One worker while a drain is waited for: its state and what is in flight there;
     ``draining``: it still holds the drain taint (false once uncordoned); ``gone``: it left
-    the view (its engine no longer reports, this router's requests may still run)."""
+    mid-drain, its record gone from the view or its engine's stream broken (killed before
+    its lease ran out); then ``in_flight`` is what was in flight when it was last seen,
+    which may have been cut. A gone worker is not drained: the wait for it is over."""
 
     worker: str
     key: str
@@ -360,20 +374,21 @@ class DrainStatus:
 
     @property
     def drained(self) -> bool:
-        """Nothing more to wait for: drained (or gone) with nothing in flight."""
-        return (self.draining or self.gone) and self.in_flight.idle
+        """Drained: still draining, nothing in flight, and not gone."""
+        return self.draining and not self.gone and self.in_flight.idle
 
     @property
     def over(self) -> bool:
-        """The wait for it is over: drained, or its drain ended (uncordoned)."""
-        return self.drained or not (self.draining or self.gone)
+        """The wait for it is over: drained, gone, or its drain ended (uncordoned)."""
+        return self.drained or self.gone or not self.draining
 
     def describe(self) -> str:
         """``draining: router 1, engine running 1, waiting 0`` and the like."""
-        if not (self.draining or self.gone):
+        if self.gone:
+            return f"gone mid-drain (killed or left) with {self.in_flight.describe()} in flight"
+        if not self.draining:
             return f"{self.state}: not draining (uncordoned, or never drained)"
-        where = "gone from the fleet, " if self.gone else ""
-        return f"{self.state}: {where}{self.in_flight.describe()}"
+        return f"{self.state}: {self.in_flight.describe()}"
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,20 @@ def validate(taint: str, *, allow_reserved: bool = False) -> str:
     return taint
 
 
+def removable(taint: str) -> str:
+    """Return ``taint`` if a caller may remove it by its exact value: any taint a worker
+    can hold, those outside our grammar included (NVIDIA Dynamo's route takes any string:
+    ``" padded "``, ``""``, a tab), within the length bound; never a generated one."""
+    if taint.startswith(TOPOLOGY_PREFIX):
+        raise TaintError(taint, f"uses reserved prefix '{TOPOLOGY_PREFIX}'")
+    size = len(taint.encode("utf-8", "surrogatepass"))
+    if size > MAX_TAINT_BYTES:
+        raise TaintError(
+            taint, f"is {size} bytes long (UTF-8); the limit is {MAX_TAINT_BYTES} bytes"
+        )
+    return taint
+
+
 def _refuse_cordon_look_alike(taint: str) -> None:
     key = key_of(taint)
     if taint == CORDONED or len(key) > _CORDON_LOOK:
@@ -239,7 +253,8 @@ class TaintUpdate:
             raise InvalidInputError("taint keys can only be given to remove")
         if self.action in ("add", "remove") and not (self.taints or self.keys):
             raise InvalidInputError(f"{self.action} needs at least one taint")
-        object.__setattr__(self, "taints", normalize(validate(t) for t in self.taints))
+        check = removable if self.action == "remove" else validate
+        object.__setattr__(self, "taints", normalize(check(t) for t in self.taints))
         object.__setattr__(self, "keys", normalize(_valid_key(k) for k in self.keys))
 
     @classmethod

@@ -10,8 +10,11 @@ from dynamoctl import exits
 from dynamoctl.targets import SelectorOption
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
+    from dynamod.results import EventInfo
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -51,7 +54,9 @@ def tail(
     Starts with a RESYNC snapshot unless --since is given. Pool events come in the order
     dynamod learned them, each with the store revision it reflects (a move: the worker's
     record it wrote); with -l only the moves and drift of matching workers. -o json prints
-    one JSON object per line. Ctrl-C ends it (exit status 0)."""
+    one JSON object per line. When dynamod restarts or cannot be reached, it says so on
+    stderr and reconnects, resuming after the last revision it printed. Ctrl-C ends it
+    (exit status 0)."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -59,16 +64,21 @@ def tail(
         from dynamoctl.watch import EventTail
 
         check_selector(selector)
+        if printer.output == "table":
+            printer.id_prefix = await client.id_prefix()
+        from dynamoctl.resume import following
+
         stream = EventTail(printer, buffered=no_follow)
-        events = client.tail_events(
-            since=since, selector=selector or "", follow=not no_follow, pools=pools
-        )
+
+        def tail(after: int | None) -> AsyncIterator[EventInfo]:
+            return client.tail_events(
+                since=after, selector=selector or "", follow=not no_follow, pools=pools
+            )
+
+        events = tail(since) if no_follow else following(printer, tail, since)
         async for event in events:
             stream.feed(event)
         stream.close()
-        if no_follow:
-            return exits.OK
-        printer.error("dynamod ended the stream (it is shutting down or restarting)")
-        return exits.FAILED
+        return exits.OK
 
     execute(ctx, body, formats=STREAM_FORMATS, stream=True)

@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 STATUS_FORMATS = ("table", "wide", "json", "yaml")
-Name = Annotated[str, typer.Argument(help="The policy's name.", metavar="NAME")]
+PolicyName = Annotated[str, typer.Argument(help="The policy's name.", metavar="NAME")]
 
 
 def _structured(printer: Printer, obj: object) -> None:
@@ -81,7 +81,8 @@ def apply(
         else:
             printer.line(pool_formats.apply_summary(outcome))
             if outcome.moves:
-                printer.table(pool_formats.MOVE_HEADERS, pool_formats.move_rows(outcome.moves))
+                rows = pool_formats.move_rows(outcome.moves, await client.id_prefix())
+                printer.table(pool_formats.MOVE_HEADERS, rows)
         return exits.OK
 
     execute(ctx, body)
@@ -113,7 +114,7 @@ def ls(ctx: typer.Context) -> None:
 
 
 @app.command()
-def get(ctx: typer.Context, name: Name) -> None:
+def get(ctx: typer.Context, name: PolicyName) -> None:
     """Show one policy as stored.
 
     -o yaml prints it with its document under 'policy', which pools apply -f takes back."""
@@ -134,7 +135,7 @@ def get(ctx: typer.Context, name: Name) -> None:
 
 
 @app.command()
-def status(ctx: typer.Context, name: Name) -> None:
+def status(ctx: typer.Context, name: PolicyName) -> None:
     """Show what a policy wants and has, and what the leader did.
 
     The target and actual routable workers per pool, the moves still pending (and those
@@ -152,13 +153,14 @@ def status(ctx: typer.Context, name: Name) -> None:
         for line in details_lines(pool_formats.status_details(info)):
             printer.line(line)
         _section(printer, "Pools", pool_formats.COUNT_HEADERS, pool_formats.count_rows(info))
-        moves = pool_formats.move_rows(info.pending)
+        prefix = await client.id_prefix()
+        moves = pool_formats.move_rows(info.pending, prefix)
         _section(printer, "Pending moves", pool_formats.MOVE_HEADERS, moves)
         failing = pool_formats.failing_rows(info.failing)
         _section(printer, "Failing moves", pool_formats.FAILING_HEADERS, failing)
-        made = pool_formats.made_rows(info.recent if printer.wide else info.recent[-10:])
+        made = pool_formats.made_rows(info.recent if printer.wide else info.recent[-10:], prefix)
         _section(printer, "Recent moves", pool_formats.MADE_HEADERS, made)
-        drift = pool_formats.drift_rows(info.drift if printer.wide else info.drift[-10:])
+        drift = pool_formats.drift_rows(info.drift if printer.wide else info.drift[-10:], prefix)
         _section(printer, "Drift", pool_formats.DRIFT_HEADERS, drift)
         return exits.OK
 
@@ -193,20 +195,20 @@ def _pause(ctx: typer.Context, name: str, paused: bool) -> None:
 
 
 @app.command()
-def pause(ctx: typer.Context, name: Name) -> None:
+def pause(ctx: typer.Context, name: PolicyName) -> None:
     """Stop a policy's writes: it is still planned and its drift reported, nothing is
     moved or put back until it is resumed."""
     _pause(ctx, name, True)
 
 
 @app.command()
-def resume(ctx: typer.Context, name: Name) -> None:
+def resume(ctx: typer.Context, name: PolicyName) -> None:
     """Let a paused policy write again: pending moves are made, drift is put back."""
     _pause(ctx, name, False)
 
 
 @app.command("rm")
-def rm(ctx: typer.Context, name: Name) -> None:
+def rm(ctx: typer.Context, name: PolicyName) -> None:
     """Remove a policy. Every worker keeps its taints as they are (says how many still hold
     one of its pool taints); remove them with taints rm if you want them gone."""
     from dynamoctl.session import execute

@@ -87,8 +87,13 @@ def explain(
         # The daemon's checks, first; the weights' range is its fleet's (Dynamo's is wider).
         RoutingConstraints(frozenset(required), preferred, DYNAMO_MAX_WEIGHT)
         info = await client.explain(model, required=required, preferred=preferred, prompt=prompt)
+        if printer.output in ("table", "wide"):
+            printer.id_prefix = await client.id_prefix()
         _show(printer, info)
-        return exits.OK
+        if any(c.eligible for c in info.candidates):
+            return exits.OK
+        printer.error(f"no worker of model {model!r} is eligible for this request")
+        return exits.FAILED
 
     execute(ctx, body, formats=EXPLAIN_FORMATS)
 
@@ -99,7 +104,7 @@ def _show(printer: Printer, info: ExplainInfo) -> None:
     elif printer.output == "yaml":
         printer.yaml(formats.explain_object(info))
     else:
-        rows = formats.explain_rows(info)
+        rows = formats.explain_rows(info, printer.id_prefix)
         if rows:
             printer.table(formats.EXPLAIN_HEADERS, rows)
         if not printer.no_headers:

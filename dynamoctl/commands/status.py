@@ -11,6 +11,7 @@ from dynamoctl import exits, formats
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
+    from dynamod.results import StatusInfo
 
 STATUS_FORMATS = ("table", "wide", "json", "yaml")
 
@@ -27,11 +28,21 @@ def status(ctx: typer.Context) -> None:
         info = await client.status()
         if printer.output in ("json", "yaml"):
             obj = formats.status_object(info, client.endpoint, __version__)
+            obj["open_files"] = {"open": info.open_files, "limit": info.open_files_limit}
             printer.json(obj) if printer.output == "json" else printer.yaml(obj)
         else:
             pairs = formats.status_details(info, client.endpoint, __version__)
+            pairs.append(("Open files", open_files(info)))
             for line in formats.details_lines(pairs):
                 printer.line(line)
         return exits.OK
 
     execute(ctx, body, formats=STATUS_FORMATS)
+
+
+def open_files(info: StatusInfo) -> str:
+    """``123 of 65536``: the daemon's open files against its soft limit."""
+    if info.open_files_limit <= 0:
+        return "unknown (the daemon does not say)"
+    count = str(info.open_files) if info.open_files >= 0 else "?"
+    return f"{count} of {info.open_files_limit}"

@@ -52,7 +52,7 @@ TaintArgs = Annotated[
         show_default=False,
     ),
 ]
-Keys = Annotated[
+KeyOption = Annotated[
     list[str] | None,
     typer.Option(
         "--key",
@@ -138,7 +138,7 @@ def rm(
     ctx: typer.Context,
     worker: WorkerArg = None,
     taints: TaintArgs = None,
-    keys: Keys = None,
+    keys: KeyOption = None,
     selector: SelectorOption = None,
     all_workers: AllWorkers = False,
     if_revision: IfRevision = None,

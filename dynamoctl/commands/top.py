@@ -35,7 +35,7 @@ Once = Annotated[
         "--once", "-1", help="Print one frame as a table and exit (as when stdout is no terminal)."
     ),
 ]
-Limit = Annotated[
+LimitOption = Annotated[
     int,
     typer.Option(
         "--limit", "-n", help="One frame: at most N rows (0: every worker).", metavar="N", min=0
@@ -49,7 +49,7 @@ def top(
     sort: Sort = "load",
     reverse: Reverse = False,
     once: Once = False,
-    limit: Limit = 0,
+    limit: LimitOption = 0,
 ) -> None:
     """Show the fleet live: workers, their state, load and latency, hottest first.
 

@@ -12,9 +12,11 @@ from dynamoctl import exits, formats, shells
 from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, target
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import UpdateOutcome
+    from dynamod.results import EventInfo, UpdateOutcome, WorkerPage
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(
@@ -25,7 +27,7 @@ Model = Annotated[
     str | None,
     typer.Option(help="Only workers of this model.", metavar="MODEL", autocompletion=shells.models),
 ]
-Watch = Annotated[
+WatchOption = Annotated[
     bool,
     typer.Option(
         "--watch", "-w", help="After the list, print every change as it happens (EVENT column)."
@@ -42,23 +44,49 @@ OptionalId = Annotated[
 ]
 
 
+def _sort_path(value: str | None) -> str | None:
+    if value is not None:
+        from dynamoctl.jsonpath import TemplateError, parse_path
+
+        try:
+            parse_path(value)
+        except TemplateError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+SortBy = Annotated[
+    str | None,
+    typer.Option(
+        "--sort-by",
+        help="Sort by the value at this JSONPath in each worker's -o json object, as "
+        "kubectl does (e.g. .state, '{.load.active_requests}', .taints[0]).",
+        metavar="JSONPATH",
+        callback=_sort_path,
+    ),
+]
+
+
 @app.command("ls")
 def ls(
     ctx: typer.Context,
     selector: SelectorOption = None,
     model: Model = None,
-    watch: Watch = False,
+    watch: WatchOption = False,
+    sort_by: SortBy = None,
 ) -> None:
     """List workers with their taints.
 
     Columns: ID (the shortest unique prefix, at least 8 characters), MODEL, ADDRESS,
-    TAINTS, STATE (ready, cordoned, draining, drained or unhealthy; on an NVIDIA Dynamo
-    fleet unreachable, or ready,cordon-not-honoured), LOAD (requests this
-    dynamod has in flight on it, and what its engine reports), AGE; -o wide adds TOPOLOGY,
-    REVISION and MDCSUM. Sorted by model, then id. dynamod sends a large fleet in pages of
-    500 from one snapshot, and each page is printed as it arrives. --watch then prints
-    each change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl
-    get -w."""
+    TAINTS, STATE (ready, cordoned, draining, drained, unhealthy or excluded: left out of
+    routing for reading requests otherwise than its model's other workers, -o wide says
+    how; on an NVIDIA Dynamo fleet unreachable, or ready,cordon-not-honoured), LOAD
+    (requests this dynamod has in flight on it, and what its engine reports), AGE; -o wide
+    adds TOPOLOGY, REVISION and MDCSUM. Sorted by model, then id (--sort-by: by any field
+    of -o json). dynamod sends a large fleet in pages of 500 from one snapshot, and each
+    page is printed as it arrives (with --sort-by, once all have). --watch then prints each
+    change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get
+    -w, across dynamod's restarts (said on stderr)."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -68,9 +96,14 @@ def ls(
         check_selector(selector)
         if watch:
             return await _watch(client, printer, _with_model(selector, model))
-        pages = client.stream_workers(
-            model=model or "", selector=selector or "", fields=listing.FIELDS[printer.output]
+        fields = listing.FIELDS["json" if sort_by else printer.output]
+        pages: AsyncIterator[WorkerPage] = client.stream_workers(
+            model=model or "", selector=selector or "", fields=fields
         )
+        if sort_by:
+            from dynamoctl.jsonpath import parse_path
+
+            pages = listing.sorted_by(parse_path(sort_by), pages)
         await listing.show(printer, pages, filtered=bool(selector or model))
         return exits.OK
 
@@ -90,13 +123,19 @@ def _structured(printer: Printer, obj: object) -> None:
 
 
 async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
+    from dynamoctl.resume import following
     from dynamoctl.watch import WorkerWatch
 
+    if printer.output in ("table", "wide"):
+        printer.id_prefix = await client.id_prefix()
     watch = WorkerWatch(printer)
-    async for event in client.tail_events(selector=selector, follow=True):
+
+    def tail(after: int | None) -> AsyncIterator[EventInfo]:
+        return client.tail_events(since=after, selector=selector, follow=True)
+
+    async for event in following(printer, tail, None):
         watch.feed(event)
-    printer.error("dynamod ended the stream (it is shutting down or restarting)")
-    return exits.FAILED
+    return exits.FAILED  # not reached: following() ends only with the command
 
 
 @app.command()
@@ -192,7 +231,7 @@ def uncordon(
     _cordon(ctx, "remove", worker, selector, all_workers, dry_run, yes)
 
 
-Timeout = Annotated[
+DrainTimeout = Annotated[
     float | None,
     typer.Option(
         "--timeout",
@@ -204,15 +243,27 @@ Timeout = Annotated[
 ]
 
 
+AllowGone = Annotated[
+    bool,
+    typer.Option(
+        "--allow-gone",
+        help="Exit 0 when a worker is gone mid-drain (killed, or left the fleet) and every "
+        "other one drained. Without it a gone worker is reported with what was in flight "
+        "and the exit is 1.",
+    ),
+]
+
+
 @app.command()
 def drain(
     ctx: typer.Context,
     worker: OptionalId = None,
     selector: SelectorOption = None,
     all_workers: AllWorkers = False,
-    timeout: Timeout = None,
+    timeout: DrainTimeout = None,
     dry_run: DryRun = False,
     yes: Yes = False,
+    allow_gone: AllowGone = False,
 ) -> None:
     """Take workers out of routing and wait until nothing is in flight on them.
 
@@ -221,7 +272,9 @@ def drain(
     the worker's engine (where it reports) has a request in flight, showing each change on
     a terminal, and prints drained (exit 0). When --timeout passes first, or an uncordon
     ends the drain, prints one line per worker not drained with what is in flight there
-    (exit 1). workers ls shows STATE draining, then drained: the worker can be stopped.
+    (exit 1). A worker killed or gone from the fleet mid-drain is reported gone, with what
+    was in flight when it was last seen (it may have been cut): exit 1 unless --allow-gone.
+    workers ls shows STATE draining, then drained: the worker can be stopped.
     Ctrl-C ends the wait, not the drain; uncordon ends the drain."""
     from dynamoctl import drains
     from dynamoctl.options import UsageError
@@ -230,4 +283,4 @@ def drain(
         raise UsageError(f"--timeout must be a number of seconds above 0, got {timeout:g}")
     chosen = target(worker, selector, all_workers)
     check_all(chosen, dry_run, yes)
-    drains.run(ctx, chosen, timeout, dry_run, yes)
+    drains.run(ctx, chosen, timeout, dry_run, yes, allow_gone=allow_gone)

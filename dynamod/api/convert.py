@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from dynamod import jsoncodec
-from dynamod.api.pool_convert import pool_event_from_pb, pool_event_to_pb
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
@@ -32,6 +32,9 @@ from dynamod.results import (
 )
 from dynamod.taints import UpdateAction
 from dynamod.targets import Target
+
+if TYPE_CHECKING:
+    from dynamod.pool_results import PoolEventInfo
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
     "replace": pb.TAINT_ACTION_REPLACE,
@@ -74,10 +77,11 @@ _VALUES: dict[str, Callable[[WorkerRecord, int], object]] = {
     # What the record alone says (idle, no engine report); a listing sends the state with
     # the load and the report after it when they change it (``worker_pages``).
     "state": lambda r, _: str(record_state(r, IDLE, None)),
+    "state_reason": lambda r, _: "",
 }
 
 
-PER_CALL = frozenset({"load", "engine"})
+PER_CALL = frozenset({"load", "engine", "state_reason"})
 """Fields that change without the record changing: set on each answer, never kept."""
 
 
@@ -107,6 +111,7 @@ def worker_to_pb(info: WorkerInfo) -> pb.Worker:
     if info.engine is not None:
         message.engine.CopyFrom(engine_to_pb(info.engine))
     message.state = str(info.state)
+    message.state_reason = info.state_reason
     return message
 
 
@@ -129,7 +134,8 @@ def worker_from_pb(message: pb.Worker, cards: dict[str, ModelCard] | None = None
         fields = EngineLoad.__dataclass_fields__
         engine = EngineLoad(**{name: getattr(message.engine, name) for name in fields})
     state = state_from_pb(message.state)
-    return WorkerInfo(record, message.revision, load, engine, state, message.key)
+    reason = message.state_reason
+    return WorkerInfo(record, message.revision, load, engine, state, message.key, reason)
 
 
 def state_from_pb(text: str) -> WorkerState | None:
@@ -226,6 +232,8 @@ def event_to_pb(event: EventInfo) -> pb.Event:
     if event.worker is not None:
         message.worker.CopyFrom(worker_to_pb(event.worker))
     if event.pool is not None:
+        from dynamod.api.pool_convert import pool_event_to_pb  # pools' types: when needed
+
         message.pool.CopyFrom(pool_event_to_pb(event.pool))
     return message
 
@@ -239,8 +247,17 @@ def event_from_pb(message: pb.Event) -> EventInfo:
         added=tuple(message.added),
         removed=tuple(message.removed),
         workers=tuple(worker_from_pb(w) for w in message.workers),
-        pool=pool_event_from_pb(message.pool) if message.HasField("pool") else None,
+        pool=_pool_event(message),
     )
+
+
+def _pool_event(message: pb.Event) -> PoolEventInfo | None:
+    """The pool part of an event; pools' types are imported only for one."""
+    if not message.HasField("pool"):
+        return None
+    from dynamod.api.pool_convert import pool_event_from_pb
+
+    return pool_event_from_pb(message.pool)
 
 
 def explain_to_pb(info: ExplainInfo) -> pb.ExplainResponse:

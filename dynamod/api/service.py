@@ -46,13 +46,14 @@ from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
+    PermissionDeniedError,
     ShuttingDownError,
     StoreUnavailableError,
     StreamLimitError,
     UnauthenticatedError,
 )
 from dynamod.pools.operations import PoolOperations
-from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo, id_prefix_length
+from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo
 from dynamod.selectors import Selector, parse
 from dynamod.stats_sampler import StatsSampler
 from dynamod.taints import RoutingConstraints, TaintUpdate
@@ -183,8 +184,11 @@ class WorkerService(rpc.WorkerServiceServicer):
         async def body(_: Principal) -> bytes:
             with self.api.listing.labels("ListWorkers").time():
                 fields = worker_pages.worker_fields(request.fields)
-                workers, revision = self._select(request)
-                prefix = id_prefix_length(w.id for w in workers)
+                prefix = self.api.control.id_prefix()
+                workers: list[WorkerInfo] = []
+                revision = self.api.control.view.revision
+                if not request.prefix_only:  # the prefix is the whole fleet's, whatever the filter
+                    workers, revision = self._select(request)
                 return self.messages.response(workers, fields, revision, prefix)
 
         return await self.api.call("ListWorkers", context, body)
@@ -203,7 +207,7 @@ class WorkerService(rpc.WorkerServiceServicer):
             except DynamoError as exc:
                 await self.api.fail("StreamWorkers", context, exc)
             workers.sort(key=lambda w: (w.record.model, w.id, w.record.key))
-            prefix = id_prefix_length(w.id for w in workers)
+            prefix = self.api.control.id_prefix()
             for start in range(0, max(len(workers), 1), size):
                 page = self.messages.response(
                     workers[start : start + size], fields, revision, prefix
@@ -233,14 +237,22 @@ class WorkerService(rpc.WorkerServiceServicer):
         async def sent(event: DrainEvent) -> None:
             await context.write(convert.drain_event_to_pb(event))
 
-        async def body(_: Principal) -> None:
+        async def body(caller: Principal) -> None:
             if self.api.draining:
                 raise ShuttingDownError("dynamod is shutting down; retry on another replica")
+            if caller.role != "write":  # the wait is the second half of a drain, a write
+                raise PermissionDeniedError(
+                    f"{caller.name!r} has read-only access; waiting for a drain needs a "
+                    "write token (workers ls shows each worker's state to any token)"
+                )
             target = convert.target_from_pb(request)
             deadline = _drain_deadline(request.timeout_seconds)
-            with self.api.control.watch_drain(
-                target, after_revision=request.after_revision
-            ) as watch:
+            with (
+                self.api.slots.hold(caller),  # a stream slot, as TailEvents takes
+                self.api.control.watch_drain(
+                    target, after_revision=request.after_revision
+                ) as watch,
+            ):
                 self.api.drain_watches.add(watch)
                 try:
                     await watch.run(sent, deadline)

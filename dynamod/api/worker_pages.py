@@ -14,10 +14,11 @@ The protobuf wire format makes this exact: a message is its fields' encodings in
 and a repeated message field is each element as a tag, a length and the element's bytes.
 Only the load and the engine's report change between listings; a worker carrying one
 gets that field appended to its cached bytes. Its ``state`` is cached as the record alone
-gives it (idle, no report); when the load or the report make it another, that state is
-appended too: a parser keeps the last value of a field that comes twice (protobuf's rule
-for singular fields), so the later one is the state read. Memory: about 0.8 KB per worker for every
-field, less for a table's few (kept per field set, at most ``FIELD_SETS`` of them).
+gives it (idle, no report); when the load, the report or its model's other workers (an
+``excluded`` worker, with its ``state_reason``) make it another, that state is appended
+too: a parser keeps the last value of a field that comes twice (protobuf's rule for
+singular fields), so the later one is the state read. Memory: about 0.8 KB per worker for
+every field, less for a table's few (kept per field set, at most ``FIELD_SETS`` of them).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ _ID_PREFIX = pb.ListWorkersResponse.DESCRIPTOR.fields_by_name["id_prefix"].numbe
 _LOAD = pb.Worker.DESCRIPTOR.fields_by_name["load"].number
 _ENGINE = pb.Worker.DESCRIPTOR.fields_by_name["engine"].number
 _STATE = pb.Worker.DESCRIPTOR.fields_by_name["state"].number
+_STATE_REASON = pb.Worker.DESCRIPTOR.fields_by_name["state_reason"].number
 
 
 DEFAULT_FIELDS = WORKER_FIELDS - {"model_card_json"}
@@ -114,8 +116,10 @@ class WorkerMessages:
             if engines and info.engine is not None:
                 engine = convert.engine_to_pb(info.engine).SerializeToString()
                 extra += length_delimited(_ENGINE, engine)
-            if states and (info.engine is not None or not info.load.idle):
+            if states and (info.engine is not None or not info.load.idle or info.state_reason):
                 extra += _state_field(info)
+            if info.state_reason and "state_reason" in fields:
+                extra += length_delimited(_STATE_REASON, info.state_reason.encode())
             parts.append(length_delimited(_WORKERS, entry[2] + extra) if extra else entry[3])
         if len(kept) > 2 * len(infos) + 64:
             self._prune(kept)

@@ -5,7 +5,10 @@ the answers the front relays may adopt it) that refuses what the worker sent bui
 ``Breach`` — the worker's key, the ``BreachKind``, a message — and hands it to
 ``Breaches.breach``. That:
 
-* logs one line naming the worker and the breach;
+* logs it through ``BreachLog`` (``boundary/breach_log.py``): the first of its kind in an
+  interval as one line naming the worker and the breach, the rest of the interval as one
+  summary line with counts and a few ids (a partition of thousands of workers costs a few
+  lines, not thousands); lifted marks alike;
 * counts it: ``dynamod_worker_breaches_total{kind}``; ``dynamod_workers_marked`` is how
   many workers are marked now;
 * *marks* the worker: the router hears an unhealthy ``EngineLoad`` (``source="boundary"``,
@@ -25,19 +28,18 @@ Event-loop thread only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from dynamod.boundary.breach_log import BreachLog
 from dynamod.boundary.budgets import TooFastError
-from dynamod.engine_events import MAX_REASON, EngineLoad
+from dynamod.engine_events import MAX_REASON, EngineLoad, LoadReport
 from dynamod.errors import OversizeError
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[str, EngineLoad | None], None]
 SOURCE = "boundary"
 """``EngineLoad.source`` of a mark: the figures are the daemon's verdict, not the engine's."""
 
@@ -84,10 +86,19 @@ def kind_of(error: BaseException) -> BreachKind:
 
 class Breaches:
     """Marks on workers that broke the boundary, between the readers and the router
-    (``report``); see the module docstring. ``registry``: where the metrics go."""
+    (``report``); see the module docstring. ``registry``: where the metrics go;
+    ``lines``: where the log lines go (by default a ``BreachLog`` of this module's logger,
+    whose ``run`` the owner of these marks runs)."""
 
-    def __init__(self, report: Report, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        report: LoadReport,
+        registry: CollectorRegistry | None = None,
+        *,
+        lines: BreachLog | None = None,
+    ) -> None:
         self._report = report
+        self.lines = lines or BreachLog(log)
         self._marks: dict[str, Breach] = {}
         self._latest: dict[str, EngineLoad | None] = {}
         registry = registry if registry is not None else CollectorRegistry()
@@ -128,17 +139,21 @@ class Breaches:
         key, was = breach.worker, self._marks.get(breach.worker)
         if was is None:
             self._latest[key] = None
-        # One line per change of verdict; a worker that keeps breaking the same way (every
-        # reconnection, spread by the back-off) is counted, not logged again.
-        level = logging.DEBUG if was is not None and was.kind == breach.kind else logging.WARNING
-        log.log(level, "worker %s %s", key, breach.reason)
+        # A change of verdict is logged (summarised at fleet scale); a worker that keeps
+        # breaking the same way (every reconnection, spread by the back-off) is counted.
+        if was is not None and was.kind == breach.kind:
+            log.debug("worker %s %s", key, breach.reason)
+        else:
+            line = f"worker {key} {breach.reason}"
+            self.lines.note(f"were marked ({breach.kind})", key, line)
         self._marks[key] = breach
         self._report(key, EngineLoad(healthy=False, reason=breach.reason, source=SOURCE))
 
     def clear(self, worker: str) -> None:
         """``worker`` made real progress: lift its mark, report what it said last."""
         if self._marks.pop(worker, None) is not None:
-            log.info("worker %s is within the daemon's boundary again", worker)
+            line = f"worker {worker} is within the daemon's boundary again"
+            self.lines.note("are within the daemon's boundary again", worker, line, logging.INFO)
             self._report(worker, self._latest.pop(worker, None))
 
     def forget(self, worker: str) -> None:

@@ -8,6 +8,10 @@
   ``bytes_burst``: bytes, each a token bucket (``RateBudget``) that lives as long as the
   daemon follows the worker, across its reconnections: a new connection does not refill
   what the last one spent, so breaking and reconnecting buys a worker nothing;
+* ``kv_events_per_second`` / ``kv_events_burst``: KV cache events (each stored, removed or
+  cleared event of a ``kv`` line), a third bucket: a line of 64 KiB can carry 1,800
+  single-block events, each an update of the router's KV index, so lines and bytes alone
+  let a worker stall the loop within budget;
 * ``stall``: seconds the daemon waits for a connection to open and for each line
   (a worker's heartbeats keep an idle stream within it);
 * ``progress``: seconds a connection must stay up past its snapshot, within every budget,
@@ -16,8 +20,10 @@
 
 The defaults leave an honest worker far inside them: a worker sends at most 100 states a
 second (``worker/publish.py``) and a heartbeat every 2 s, and an engine's KV events are a
-few hundred KB a second at a busy engine's prefill rate; the bursts take a reconnecting
-worker's whole KV snapshot (64 MiB: some 500,000 blocks of 16 tokens).
+few hundred KB a second at a busy engine's prefill rate (a few thousand events: an event
+names every block of one prompt's chunk); the bursts take a reconnecting worker's whole
+KV snapshot (64 MiB: some 500,000 blocks of 16 tokens; ``engine_streams.worker_budgets``
+raises both bursts to what the KV index keeps for the worker).
 """
 
 from __future__ import annotations
@@ -34,12 +40,14 @@ EVENTS_PER_SECOND = 1000.0
 EVENTS_BURST = 10_000
 BYTES_PER_SECOND = 2.0 * (1 << 20)
 BYTES_BURST = 64 << 20
+KV_EVENTS_PER_SECOND = 10_000.0
+KV_EVENTS_BURST = 100_000
 STALL = 3 * HEARTBEAT
 PROGRESS = 5.0
 
 
 class TooFastError(UpstreamError):
-    """A worker sent more lines or bytes than its rate budget allows."""
+    """A worker sent more lines, bytes or KV events than its rate budget allows."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,8 @@ class Budgets:
     events_burst: int = EVENTS_BURST
     bytes_per_second: float = BYTES_PER_SECOND
     bytes_burst: int = BYTES_BURST
+    kv_events_per_second: float = KV_EVENTS_PER_SECOND
+    kv_events_burst: int = KV_EVENTS_BURST
     stall: float = STALL
     progress: float = PROGRESS
 
@@ -85,7 +95,8 @@ class _Bucket:
 
 
 class RateBudget:
-    """One worker's rate budget: lines and bytes, each a token bucket (``Budgets``).
+    """One worker's rate budget: lines, bytes and KV events, each a token bucket
+    (``Budgets``).
 
     ``spend(size)`` pays for one line of ``size`` bytes, or raises ``TooFastError`` when
     the worker has spent its burst faster than its rate refills it. ``clock``: seconds,
@@ -98,6 +109,7 @@ class RateBudget:
         self._clock = clock
         self._lines = _Bucket(budgets.events_per_second, budgets.events_burst, now)
         self._bytes = _Bucket(budgets.bytes_per_second, budgets.bytes_burst, now)
+        self._kv = _Bucket(budgets.kv_events_per_second, budgets.kv_events_burst, now)
 
     def spend(self, size: int) -> None:
         now, budgets = self._clock(), self._budgets
@@ -110,4 +122,13 @@ class RateBudget:
             raise TooFastError(
                 f"it sent more than {budgets.bytes_burst} bytes at once, or more than "
                 f"{budgets.bytes_per_second:.0f} a second for long"
+            )
+
+    def spend_kv(self, count: int) -> None:
+        """Pay for ``count`` KV events of one line; ``TooFastError`` past the budget."""
+        if not self._kv.take(count, self._clock()):
+            budgets = self._budgets
+            raise TooFastError(
+                f"it sent more than {budgets.kv_events_burst} KV events at once, or more "
+                f"than {budgets.kv_events_per_second:g} a second for long"
             )

@@ -33,7 +33,6 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import Callable
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -46,12 +45,11 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
-from dynamod.engine_events import REACH, EngineLoad
+from dynamod.engine_events import REACH, EngineLoad, LoadReport
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[str, EngineLoad | None], None]
 FIRST: Final = 0.1
 CAP: Final = 2.0
 STEADY: Final = 1.0
@@ -67,7 +65,7 @@ class DynamoReach:
     module docstring."""
 
     def __init__(
-        self, view: WorkerView, report: Report, *, rng: random.Random | None = None
+        self, view: WorkerView, report: LoadReport, *, rng: random.Random | None = None
     ) -> None:
         self._view = view
         self._report = report

@@ -6,6 +6,23 @@ when the view adds the worker and cancelled when it removes it. Each task connec
 worker's system address and hands every state it reads to ``report(key, state)``, through
 ``breaches`` (``boundary/breaches.py``), which holds them back while the worker is marked.
 
+**Any fleet size.** A stream is one long-lived connection, so the session's connector has
+no cap (aiohttp's default of 100 connections in all would leave every worker past the
+hundredth waiting for one, and marked ``timeout``): one connection per followed worker.
+What bounds them is the daemon's open files (``dynamod/open_files.py``): with
+``open_files``, no more streams are open at once than its ``streams`` (the soft limit less
+a reserve for the store, gRPC and the front); a worker past that is refused its stream,
+counted in ``dynamod_engine_streams_refused_total`` and logged (summarised, like breaches:
+``boundary/breach_log.py``), and retried after its back-off; it is not marked (the router
+falls back on its own count). ``dynamod_engine_streams_open`` is how many are open now.
+
+**Connecting.** At most ``CONNECTING`` streams are being opened at once (connected, and
+waiting for their snapshot line); the others wait their turn before their clock starts,
+so a daemon that starts beside 10,000 workers, or a partition that heals, does not spend
+its loop on 10,000 handshakes at once and charge each a timeout for the wait. A stream
+leaves the gate with its first line, or when its attempt fails. Together with each
+worker's back-off (full jitter), reconnections are spread out.
+
 **The boundary.** Every line is read within the worker's ``Budgets``
 (``boundary/budgets.py``): its length, its rate (a budget per worker that survives its
 reconnections), the time to connect and to each line. Whatever the worker's bytes do — a
@@ -44,11 +61,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import aiohttp
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.backoff import Backoff
 from dynamod.boundary.breaches import Breach, Breaches, BreachKind, kind_of
@@ -63,13 +79,13 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
-from dynamod.engine_events import EngineLoad, KvBatch, offered_path, offers_kv
+from dynamod.engine_events import EngineLoad, KvBatch, LoadReport, offered_path, offers_kv
 from dynamod.errors import DynamoError
+from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
 
 log = logging.getLogger(__name__)
 
-Report = Callable[[str, EngineLoad | None], None]
 BACKOFF_FIRST = 0.2
 BACKOFF_CAP = 5.0
 SNAPSHOT_BLOCK_BYTES = 24
@@ -78,6 +94,8 @@ SNAPSHOT_BLOCK_SIZE = 64
 """A block of a KV snapshot line takes at most ``SNAPSHOT_BLOCK_BYTES`` (its hash) plus
 ``SNAPSHOT_TOKEN_BYTES`` a token (ids of up to 7 digits); block sizes past
 ``SNAPSHOT_BLOCK_SIZE`` count as that (a record's card is the worker's word)."""
+CONNECTING = 128
+"""Streams being opened at once (see the module docstring)."""
 
 
 class EngineStreams:
@@ -85,20 +103,26 @@ class EngineStreams:
 
     ``breaches``: the marks to share with the daemon's other readers of workers' bytes;
     by default its own, reporting to ``report``, its metrics in ``registry``.
+    ``open_files``: the bound on streams open at once (none without it).
     """
 
     def __init__(
         self,
         view: WorkerView,
-        report: Report,
+        report: LoadReport,
         *,
         budgets: Budgets | None = None,
         kv: KvIndexer | None = None,
         registry: CollectorRegistry | None = None,
         breaches: Breaches | None = None,
         rng: random.Random | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self._view = view
+        self._open_files = open_files
+        self._opening = 0
+        """Streams connecting or open now: what ``open_files`` bounds."""
+        self._connecting = asyncio.Semaphore(CONNECTING)
         self._kv = kv
         self._budgets = budgets or Budgets()
         self._rng = rng or random.Random()
@@ -108,6 +132,17 @@ class EngineStreams:
         self._session: aiohttp.ClientSession | None = None
         self.connected: set[str] = set()
         """Keys of the workers whose stream is open now (read it; for listings, tests)."""
+        self._refused = Counter(
+            "dynamod_engine_streams_refused",
+            "Engine streams not opened: the daemon's open files were at their bound.",
+            registry=registry,
+        )
+        if registry is not None:
+            Gauge(
+                "dynamod_engine_streams_open",
+                "Workers whose engine events stream the daemon has open now.",
+                registry=registry,
+            ).set_function(lambda: len(self.connected))
 
     def __len__(self) -> int:
         return len(self._tasks)
@@ -115,11 +150,14 @@ class EngineStreams:
     async def run(self) -> None:
         """Follow the workers until cancelled; every task ends with this call."""
         # No decompression: a worker's bytes are read as sent, within the line budget.
+        # No cap on connections: one per followed worker (see the module docstring).
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
         session = aiohttp.ClientSession(
-            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
         )
         async with session, asyncio.TaskGroup() as group:
             self._session, self._group = session, group
+            group.create_task(self.breaches.lines.run(), name="breach log")
             unlisten = self._view.listen(self._on_event)
             try:
                 self._reconcile(self._view.records())
@@ -176,16 +214,46 @@ class EngineStreams:
         assert self._session is not None
         key = feed.record.key
         feed.opened, feed.progressed = None, False
+        if not self._admit(feed):
+            return
+        self._opening += 1
+        gated = False
         try:
+            await self._connecting.acquire()
+            gated = True
             async for event in events(self._session, feed.url, self._budgets, feed.rate):
+                if gated:
+                    self._connecting.release()
+                    gated = False
                 self._deliver(feed, event)
             self._ended(feed, None)
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
         finally:
+            if gated:
+                self._connecting.release()
+            self._opening -= 1
             if self._kv is not None:
                 self._kv.gone(key)
             self.connected.discard(key)
+
+    def _admit(self, feed: _Feed) -> bool:
+        """Whether one more stream fits the daemon's open files; counted and logged when not."""
+        if self._open_files is None:
+            return True
+        bound = self._open_files.streams
+        if self._opening < bound:
+            return True
+        self._refused.inc()
+        key = feed.record.key
+        line = (
+            f"worker {key}: engine stream not opened: {self._opening} are open, the most "
+            f"that fit the open files limit ({bound}: the soft limit less "
+            f"{self._open_files.reserve} kept for the rest); raise LimitNOFILE"
+        )
+        self.breaches.lines.note("were refused an engine stream (open files)", key, line)
+        self.breaches.report(key, None)
+        return False
 
     def _deliver(self, feed: _Feed, event: EngineLoad | KvBatch | None) -> None:
         """Count the line toward the connection's progress (a heartbeat too: an idle
@@ -231,13 +299,17 @@ class EngineStreams:
 
 
 def worker_budgets(budgets: Budgets, record: WorkerRecord, kv: KvIndexer | None) -> Budgets:
-    """The budgets of ``record``'s worker: ``budgets``, with a byte burst that takes its
-    whole KV snapshot when that is larger (see the module docstring)."""
+    """The budgets of ``record``'s worker: ``budgets``, with a byte burst and a KV event
+    burst that take its whole KV snapshot when that is larger (see the module docstring)."""
     if kv is None or not offers_kv(record):
         return budgets
     size = min(max(record.model_card.kv_block_size, 1), SNAPSHOT_BLOCK_SIZE)
     snapshot = kv.limit(record) * (SNAPSHOT_BLOCK_BYTES + SNAPSHOT_TOKEN_BYTES * size)
-    return replace(budgets, bytes_burst=max(budgets.bytes_burst, snapshot))
+    return replace(
+        budgets,
+        bytes_burst=max(budgets.bytes_burst, snapshot),
+        kv_events_burst=max(budgets.kv_events_burst, kv.limit(record)),  # a block an event
+    )
 
 
 class _Feed:

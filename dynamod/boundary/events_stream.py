@@ -78,7 +78,9 @@ async def events(
                         f"{url} sent KV line {event.get('seq')!r:.40} where {kv_seq} was due"
                     )
                 kv_seq += 1
-                yield _batch_of(event, url)
+                batch = _batch_of(event, url)
+                rate.spend_kv(len(batch.events))  # each event is an update of the KV index
+                yield batch
             else:
                 yield None
 

@@ -24,22 +24,22 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc import aio
 
-from dynamod.api import convert, pool_convert, stats_convert
+from dynamod.api import convert
 from dynamod.api.error_status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import Credentials, completed, target_of
-from dynamod.errors import DynamoError, UnreachableError
-from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
+from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
 from dynamod.records import ModelCard
 from dynamod.results import (
+    ID_PREFIX,
     DrainEvent,
     DrainResult,
     DrainStatus,
@@ -50,12 +50,21 @@ from dynamod.results import (
     WorkerInfo,
     WorkerPage,
 )
-from dynamod.stats_results import FleetStats, StatsQuery
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 from dynamod.targets import Target
 
+if TYPE_CHECKING:  # pools' and stats' types, imported by the calls that return them
+    from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
+    from dynamod.stats_results import FleetStats, StatsQuery
+
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+UPDATE_WAIT = 20.0
+"""Seconds a daemon may spend on one worker's taint update on a caller's behalf, beyond
+the call itself: an NVIDIA Dynamo worker's route answering (up to 5 s) and the store
+showing the change (up to 10 s), with room to spare. An update's deadline is the client's
+``timeout`` plus this, so the daemon's own error (the wait ran out) reaches the caller,
+never a deadline of its own; a bulk update's stream waits that long for each outcome."""
 
 
 class AsyncClient(AsyncDynamoHelpers):
@@ -136,21 +145,38 @@ class AsyncClient(AsyncDynamoHelpers):
         token = self._credentials.token
         return [("authorization", f"Bearer {token}")] if token else []
 
-    async def _call(self, method: Any, request: Any) -> Any:
+    async def _call(self, method: Any, request: Any, *, wait: float = 0.0) -> Any:
+        """One unary call, its deadline ``timeout`` plus the daemon's own ``wait``."""
         self._loop = self._loop or asyncio.get_running_loop()
+        deadline = self.timeout + wait
         try:
-            return await method(request, timeout=self.timeout, metadata=self._metadata())
+            return await method(request, timeout=deadline, metadata=self._metadata())
         except aio.AioRpcError as exc:
-            raise self._error(exc) from None
+            raise self._error(exc, deadline) from None
 
-    def _error(self, exc: aio.AioRpcError) -> DynamoError:
+    def _error(self, exc: aio.AioRpcError, deadline: float | None = None) -> DynamoError:
         error = from_status(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
-        if isinstance(error, UnreachableError):
-            return UnreachableError(
-                f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
-                "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
-            )
-        return error
+        if not isinstance(error, UnreachableError):
+            return error
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._connected():
+            return self._late(deadline)
+        return UnreachableError(
+            f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
+            "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
+        )
+
+    def _connected(self) -> bool:
+        """The channel is connected: a deadline then means a slow answer, not no daemon."""
+        state = self._channel.get_state(try_to_connect=False)
+        return bool(state == grpc.ChannelConnectivity.READY)
+
+    def _late(self, deadline: float | None) -> AnswerTimeoutError:
+        within = self.timeout if deadline is None else deadline
+        return AnswerTimeoutError(
+            f"dynamod at {self.endpoint} is reachable but did not answer within {within:g} s; "
+            "the call may still be carried out there (an update's audit line says). Allow "
+            "longer with --timeout or DYNAMO_TIMEOUT"
+        )
 
     async def list_workers(
         self,
@@ -191,6 +217,13 @@ class AsyncClient(AsyncDynamoHelpers):
             workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
             yield WorkerPage(workers, reply.revision, reply.id_prefix)
 
+    async def id_prefix(self) -> int:
+        """How many characters of an id tell apart every worker the daemon sees: what a
+        table cuts ids to, so that each one printed resolves with ``get_worker``."""
+        request = pb.ListWorkersRequest(fields=["id"], prefix_only=True)
+        reply = await self._call(self._workers.ListWorkers, request)
+        return max(int(reply.id_prefix), ID_PREFIX)
+
     async def get_worker(self, ref: str) -> WorkerInfo:
         reply = await self._call(self._workers.GetWorker, pb.GetWorkerRequest(id=ref))
         return convert.worker_from_pb(reply.worker)
@@ -202,7 +235,7 @@ class AsyncClient(AsyncDynamoHelpers):
         all); with ``dry_run`` compute the outcomes and write nothing. Per-worker failures
         of a bulk update are in each outcome's ``error``."""
         request = _update_request(update, target, dry_run)
-        reply = await self._call(self._taints.UpdateTaints, request)
+        reply = await self._call(self._taints.UpdateTaints, request, wait=UPDATE_WAIT)
         return [convert.change_from_pb(c) for c in reply.results]
 
     async def stream_update_taints(
@@ -211,10 +244,8 @@ class AsyncClient(AsyncDynamoHelpers):
         """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
         order): for progress on a bulk update."""
         request = _update_request(update, target, dry_run)
-        call = self._taints.StreamUpdateTaints(
-            request, timeout=self.timeout, metadata=self._metadata()
-        )
-        async for message in self._stream(call):
+        call = self._taints.StreamUpdateTaints(request, metadata=self._metadata())
+        async for message in self._stream(call, idle=self.timeout + UPDATE_WAIT):
             yield convert.change_from_pb(message)
 
     async def drain(
@@ -299,17 +330,29 @@ class AsyncClient(AsyncDynamoHelpers):
         rows of ``query`` (a selector, an order, ``limit`` rows from ``offset``: the daemon
         sorts and cuts, so a frame of a large fleet stays small). Ends when the daemon
         drains; no deadline (it is a watch)."""
+        from dynamod.api import stats_convert
+        from dynamod.stats_results import StatsQuery
+
         request = stats_convert.query_to_pb(query or StatsQuery())
         call = self._stats.WatchStats(request, metadata=self._metadata())
         async for message in self._stream(call):
             yield stats_convert.stats_from_pb(message)
 
-    async def _stream(self, call: Any) -> AsyncGenerator[Any, None]:
-        """The messages of a server stream, its errors as ours; cancelled when left."""
+    async def _stream(self, call: Any, idle: float | None = None) -> AsyncGenerator[Any, None]:
+        """The messages of a server stream, its errors as ours; cancelled when left.
+        ``idle``: the longest wait for each message (then ``AnswerTimeoutError``)."""
         self._loop = self._loop or asyncio.get_running_loop()
         self._calls.add(call)
+        messages = aiter(call)
         try:
-            async for message in call:
+            while True:
+                try:
+                    async with asyncio.timeout(idle):
+                        message = await anext(messages)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise self._late(idle) from None
                 yield message
         except aio.AioRpcError as exc:
             raise self._error(exc) from None
@@ -338,40 +381,56 @@ class AsyncClient(AsyncDynamoHelpers):
 
     # Pool policies (dynamod/pools): the PoolService.
 
+    # The pools' calls import their converter (and the pools' types) when first made: a
+    # listing or a taint update, what scripts run in loops, never pays for them.
     async def apply_policy(self, document: str, *, dry_run: bool = False) -> ApplyOutcome:
         """Store a pool policy (YAML or JSON text); a refused one raises ``PoolPolicyError``
         naming the field and the rule, and stores nothing. With ``dry_run`` check and plan
         only. The outcome says ``created``, ``changed`` or ``unchanged`` and the moves the
         daemon plans for it."""
         request = pb.ApplyPolicyRequest(document=document, dry_run=dry_run)
+        from dynamod.api import pool_convert
+
         return pool_convert.apply_from_pb(await self._call(self._pools.ApplyPolicy, request))
 
     async def list_policies(self) -> list[PolicyInfo]:
         reply = await self._call(self._pools.ListPolicies, pb.ListPoliciesRequest())
+        from dynamod.api import pool_convert
+
         return [pool_convert.policy_from_pb(p) for p in reply.policies]
 
     async def get_policy(self, name: str) -> PolicyInfo:
         """The stored policy ``name``; ``PolicyNotFoundError`` when there is none."""
         reply = await self._call(self._pools.GetPolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert
+
         return pool_convert.policy_from_pb(reply.policy)
 
     async def pool_status(self, name: str) -> PoolStatusInfo:
         """Target and actual counts per pool, pending and recent moves, drift, the leader."""
         reply = await self._call(self._pools.GetPoolStatus, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert
+
         return pool_convert.status_from_pb(reply)
 
     async def pause_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         """Pause ``name`` (planned and reported, nothing written); whether this changed it."""
         reply = await self._call(self._pools.PausePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert
+
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def resume_policy(self, name: str) -> tuple[PolicyInfo, bool]:
         reply = await self._call(self._pools.ResumePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert
+
         return pool_convert.policy_from_pb(reply.policy), reply.changed
 
     async def remove_policy(self, name: str) -> RemoveOutcome:
         """Delete ``name``; every worker keeps its taints as they are."""
         reply = await self._call(self._pools.RemovePolicy, pb.PolicyRequest(name=name))
+        from dynamod.api import pool_convert
+
         return pool_convert.remove_from_pb(reply)
 
 

@@ -11,6 +11,11 @@ Precedence: an explicit argument (a flag) > the environment > the config file > 
   ``tls``, ``cacert``, ``cert``, ``cert_key``, ``timeout``, and dynamoctl's display keys
   ``output`` and ``no_headers`` (a Python client ignores those). A malformed file or an
   unknown key is refused with a message naming both.
+* Contexts, kubectl's habit for several fleets in one file: tables ``[contexts.NAME]``
+  holding the same keys, and ``current_context = "NAME"``. The context in use is the one
+  named by ``dynamoctl --context`` (or ``DYNAMO_CONTEXT``), else ``current_context``;
+  its keys win over the top-level ones. A context that is not in the file is refused
+  with the names that are.
 * Default endpoint: the daemon's unix socket (``dynamod.paths``).
 """
 
@@ -23,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamod.auth import read_token_file
 from dynamod.errors import ConfigError
 from dynamod.paths import default_socket
 
@@ -78,25 +82,70 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "dynamoctl" / "config.toml"
 
 
-def load_config(path: Path) -> dict[str, Any]:
-    """The config file's keys and values (paths expanded); ``{}`` when there is none."""
+CONTEXT_KEYS = ("contexts", "current_context")
+CONTEXT_VARIABLE = "DYNAMO_CONTEXT"
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A config file as read: its top-level keys, its contexts, the current one."""
+
+    path: Path
+    top: dict[str, Any]
+    contexts: dict[str, dict[str, Any]]
+    current: str | None
+
+    def values(self, context: str | None = None) -> dict[str, Any]:
+        """The keys in force with ``context`` (None: the current one), paths expanded."""
+        name = context or self.current
+        chosen = dict(self.top)
+        if name:
+            if name not in self.contexts:
+                known = ", ".join(sorted(self.contexts)) or "none"
+                raise ConfigError(
+                    f"context {name!r} is not in config file {str(self.path)!r} "
+                    f"(its contexts: {known}); add a [contexts.{name}] table"
+                )
+            chosen.update(self.contexts[name])
+        return {k: _expand(k, v) for k, v in chosen.items()}
+
+
+def read_config(path: Path) -> ConfigFile:
+    """The config file; an empty one when there is none."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        return {}
+        return ConfigFile(path, {}, {}, None)
     except OSError as exc:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    contexts = data.pop("contexts", {})
+    current = data.pop("current_context", None)
+    where = f"config file {str(path)!r}"
+    if not isinstance(contexts, dict) or not all(isinstance(c, dict) for c in contexts.values()):
+        raise ConfigError(f"{where}: contexts must be tables, [contexts.NAME]")
+    if current is not None and not isinstance(current, str):
+        raise ConfigError(f"{where}: current_context must be a context's name, a string")
+    _known(data, where)
+    for name, keys in contexts.items():
+        _known(keys, f"{where}, context {name!r},")
+    return ConfigFile(path, data, contexts, current)
+
+
+def _known(data: Mapping[str, Any], where: str) -> None:
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:
-        raise ConfigError(
-            f"config file {str(path)!r} has unknown key {unknown[0]!r}; known keys are "
-            f"{', '.join(CONFIG_KEYS)}"
-        )
-    return {k: _expand(k, v) for k, v in data.items()}
+        keys = ", ".join(CONFIG_KEYS + CONTEXT_KEYS)
+        raise ConfigError(f"{where} has unknown key {unknown[0]!r}; known keys are {keys}")
+
+
+def load_config(path: Path, context: str | None = None) -> dict[str, Any]:
+    """The config file's keys and values in force with ``context`` (None: the file's
+    current context, if any), paths expanded; ``{}`` when there is no file."""
+    return read_config(path).values(context)
 
 
 def _expand(key: str, value: Any) -> Any:
@@ -130,7 +179,8 @@ def resolve(
         if value is None and env.get(ENVIRONMENT[key]):
             value = _from_env(key, env[ENVIRONMENT[key]])
         if value is None:
-            file = load_config(config_path(env)) if file is None else file
+            if file is None:
+                file = load_config(config_path(env), env.get(CONTEXT_VARIABLE) or None)
             value = file.get(key)
         chosen[key] = value
     return connection(**chosen)
@@ -159,6 +209,8 @@ def connection(
     timeout: float | None,
 ) -> Connection:
     """A ``Connection`` from settled values (None: the default); reads the files named."""
+    from dynamod.auth import read_token_file  # the daemon's token rules, when a file is named
+
     if (cert is None) != (cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
     credentials = Credentials(

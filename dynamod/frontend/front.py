@@ -162,8 +162,9 @@ class Frontend(Drains):
         self._session: aiohttp.ClientSession | None = None
         self._requests = RequestTracker(self._metrics.in_flight)
         self._departures = Departures(gone_window)
-        self._streams = OpenStreams()
-        self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
+        limits = limits or AnswerLimits()
+        self._streams = OpenStreams(budget=limits.streams)
+        self._relay = StreamRelay(limits, self._streams, self._report)
         self._unfollow: Callable[[], None] | None = None
         self._traffic = traffic if traffic is not None else Traffic()
 
@@ -173,7 +174,11 @@ class Frontend(Drains):
             raise RuntimeError("Frontend.start() was already called")
         # No connection limit of its own: the router bounds what each worker gets.
         connector = aiohttp.TCPConnector(limit=0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        # No decompression by aiohttp (a gzip bomb inflates on the loop): relay.py inflates
+        # a whole answer in slices, and asks workers for identity.
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False
+        )
         self._departures.follow(self._view.records())
         self._unfollow = self._view.listen(self._departures.apply)
 

@@ -4,7 +4,9 @@ The line that matters is the moment the client's answer starts. Before it, nothi
 reached the client, and a failure is an ``UpstreamFailure`` that may be tried once more
 on another worker: a refused or reset connection, a timeout, a 5xx status, and also an
 answer the front cannot pass on: a whole body over ``AnswerLimits.whole`` bytes or cut
-off, a stream whose first event is over ``AnswerLimits.event`` bytes, cut off or late.
+off, or a 2xx whole body that is empty or not a JSON object (the client could read no
+answer in it), a stream whose first event is over ``AnswerLimits.event`` bytes, cut off
+or late.
 So the client's answer starts with the worker's whole body, or with a stream's first
 whole event (its status line and headers then go out with it).
 
@@ -14,7 +16,9 @@ silence, an end without ``[DONE]``) ends it with one error event and ``[DONE]``,
 shape the worker itself uses. Only complete events are written, so a stream cut off
 mid-event never hands the client half a JSON object. Every failure of a worker, before
 or after that line, is reported (``report``: a log line naming the worker, a metric).
-aiohttp errors are translated here and nowhere else in the front.
+aiohttp errors are translated here and nowhere else in the front. Workers are asked for
+``identity``; a compressed whole answer is inflated in slices within the same limit
+(``http.bounded.inflate``), a compressed stream refused (aiohttp inflates nothing).
 
 The streams being relayed are held in ``http.sse.OpenStreams``, whose ``cut(message)`` the
 daemon calls when its grace period ends with streams still open: each ends with an error
@@ -36,7 +40,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError, OversizeError
 from dynamod.frontend.replies import passed_headers
-from dynamod.http.bounded import read_body
+from dynamod.http.bounded import EncodingError, inflate, read_body
 from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import error_event, error_response
 from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
@@ -47,6 +51,9 @@ log = logging.getLogger(__name__)
 ERROR_TEXT_LIMIT = 64 * 1024
 """Bytes of a worker's 5xx answer read for its message; the rest is not read."""
 _READ_FAILURES = (aiohttp.ClientError, HttpProcessingError, TimeoutError)
+_SENT_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+"""An honest worker answers uncompressed; a compressed whole answer is inflated in slices
+(``http.bounded.inflate``), never by aiohttp on the loop (the session does not decompress)."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ class UpstreamFailure:
         return error_response(self.status, message, code, worker_id=self.worker.instance_id)
 
 
-Report = Callable[[UpstreamFailure], None]
+FailureReport = Callable[[UpstreamFailure], None]
 """Told of every failure of a worker (the front logs and counts it)."""
 
 
@@ -94,7 +101,7 @@ async def send(
     name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=_payload(body), headers={**headers, "Content-Type": "application/json"}
+            url, data=_payload(body), headers={**headers, **_SENT_HEADERS}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
@@ -154,15 +161,39 @@ async def relay_whole(
     """The worker's whole answer, passed on; a failure when it is over ``limits.whole``
     bytes or breaks off (nothing has reached the client yet)."""
     name = _name(worker)
+    what = f"the answer of {name}"
     try:
-        body = await read_body(upstream, limits.whole, f"the answer of {name}")
+        raw = await read_body(upstream, limits.whole, what)
+        encoding = upstream.headers.get("Content-Encoding", "")
+        body = await inflate(raw, encoding, limits.whole, what)
     except OversizeError as exc:
         return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an answer: {exc}")
+    except EncodingError as exc:
+        return UpstreamFailure(worker, "broken", 502, f"{name} sent an answer unread: {exc}")
     except _READ_FAILURES as exc:
         said = f"{name} failed while sending its answer: {_why(exc)}"
         return UpstreamFailure(worker, _reason(exc), _status(exc), said)
+    if 200 <= upstream.status < 300:
+        wrong = _not_an_answer(body)
+        if wrong:
+            said = f"{name} answered {upstream.status} with {wrong}"
+            return UpstreamFailure(worker, "broken", 502, said)
     headers = passed_headers(upstream.headers, worker.instance_id)
     return web.Response(status=upstream.status, body=body, headers=headers)
+
+
+def _not_an_answer(body: bytes) -> str:
+    """Why a 2xx whole body is no answer (empty, or not a JSON object); ``""`` when it is
+    one. The client would get nothing it could read: a failure of the worker instead."""
+    if not body.strip():
+        return "an empty body"
+    try:
+        value = jsoncodec.read(body, "its answer")
+    except InvalidInputError as exc:
+        return f"a body that is not JSON ({exc}; it begins {body[:60]!r})"
+    if not isinstance(value, dict):
+        return f"a body that is not a JSON object (it begins {body[:60]!r})"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -172,7 +203,7 @@ class StreamRelay:
 
     limits: AnswerLimits
     streams: OpenStreams
-    report: Report
+    report: FailureReport
 
 
 async def relay_stream(
@@ -190,8 +221,12 @@ async def relay_stream(
     connection, which stops its generation.
     """
     what = f"the stream of {_name(worker)}"
+    encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":  # asked for identity (``send``); events are read as sent
+        said = f"{_name(worker)} sent an event stream in Content-Encoding {encoding[:40]!r}"
+        return UpstreamFailure(worker, "broken", 502, f"{said}; the front reads them uncompressed")
     events = EventReader(upstream.content, relay.limits.event, what)
-    with relay.streams.opened(upstream) as stream:
+    with relay.streams.opened(upstream, f"the stream of {_name(worker)}") as stream:
         first = await _next(events, stream, worker)
         if isinstance(first, UpstreamFailure):
             if stream.cut is not None:
@@ -202,7 +237,8 @@ async def relay_stream(
         )
         try:
             await response.prepare(request)
-            await _pump(response, first, events, stream, worker, on_event, relay.report)
+            stream.client = request.transport
+            await _pump(response, first, events, stream, worker, on_event, relay)
             await response.write_eof()
         except ConnectionResetError:
             log.debug("client went away from a stream of worker %s", worker.instance_id)
@@ -236,22 +272,29 @@ async def _pump(
     stream: OpenStream,
     worker: WorkerRecord,
     on_event: Callable[[bytes], None],
-    report: Report,
+    relay: StreamRelay,
 ) -> None:
     while True:
         on_event(event)
+        if not relay.streams.make_room(stream, len(event)):
+            stream.drop("it holds the most of all streams, over their budget")
+            return
         await response.write(event)
+        stream.pending = 0
         if is_done(event):
             return
         found = await _next(events, stream, worker)
         if isinstance(found, UpstreamFailure):
-            await _end_broken(response, stream, found, report)
+            await _end_broken(response, stream, found, relay.report)
             return
         event = found
 
 
 async def _end_broken(
-    response: web.StreamResponse, stream: OpenStream, failure: UpstreamFailure, report: Report
+    response: web.StreamResponse,
+    stream: OpenStream,
+    failure: UpstreamFailure,
+    report: FailureReport,
 ) -> None:
     if stream.cut is not None:  # the daemon cut it: the worker did nothing wrong
         await response.write(error_event(stream.cut, "shutting_down"))

@@ -9,14 +9,25 @@ choice, not ours. ``read_body`` reads at most ``limit`` bytes and refuses the re
 ``OversizeError`` (naming what was read and the limit) and never hold more than the
 limit plus one network chunk. Time is the caller's to bound (``asyncio.timeout``, the
 session's timeouts); what a refusal costs is the caller's policy (``dynamod.boundary``:
-that peer's connection, and a mark on the worker).
+that peer's connection, and a mark on the worker). ``inflate`` decodes a compressed body
+in slices, within a limit of its own, giving the loop back between them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import zlib
+from typing import Final
+
 from aiohttp import ClientResponse, StreamReader
 
-from dynamod.errors import OversizeError
+from dynamod.errors import OversizeError, UpstreamError
+
+INFLATE_SLICE: Final = 256 << 10
+"""Bytes one step of ``inflate`` writes before it gives the event loop back (a
+millisecond of zlib): a compressed body expands a thousandfold, and inflated in one call
+a 64 KiB chunk becomes 64 MiB in one stall of the loop."""
+_WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
 
 
 async def read_body(response: ClientResponse, limit: int, what: str) -> bytes:
@@ -81,3 +92,42 @@ class LineReader:
         del self._buffer[:size]
         self._scanned = 0
         return line
+
+
+class EncodingError(UpstreamError):
+    """A body in a ``Content-Encoding`` that cannot be read: unknown, or corrupt."""
+
+
+async def inflate(body: bytes, encoding: str, limit: int, what: str) -> bytes:
+    """``body`` decoded from its ``Content-Encoding`` (``gzip`` or ``deflate``; ``identity``
+    or none: as it is), at most ``limit`` bytes; ``OversizeError`` beyond, ``EncodingError``
+    for an encoding not read here or a corrupt body. Decoded ``INFLATE_SLICE`` bytes at a
+    time, the loop given back between slices: a bomb costs the loop a millisecond a slice,
+    and memory its limit."""
+    coding = encoding.strip().lower()
+    if coding in ("", "identity"):
+        return body
+    wbits = _WBITS.get(coding)
+    if wbits is None:
+        raise EncodingError(f"{what} is in Content-Encoding {coding[:40]!r}; the front reads "
+                            "gzip, deflate or identity")  # fmt: skip
+    if coding == "deflate":  # zlib-wrapped, as the RFC says, or raw, as some servers send
+        wbits = zlib.MAX_WBITS if body[:1] == b"\x78" else -zlib.MAX_WBITS
+    decoder = zlib.decompressobj(wbits)
+    out = bytearray()
+    pending = body
+    try:
+        while pending:
+            out += decoder.decompress(pending, INFLATE_SLICE)
+            pending = decoder.unconsumed_tail
+            if len(out) > limit:
+                raise OversizeError(f"{what} (inflated)", limit)
+            if decoder.eof:
+                break
+            await asyncio.sleep(0)
+        out += decoder.flush(limit + 1 - len(out))
+    except zlib.error as exc:
+        raise EncodingError(f"{what} is not valid {coding}: {exc}") from None
+    if len(out) > limit:
+        raise OversizeError(f"{what} (inflated)", limit)
+    return bytes(out)

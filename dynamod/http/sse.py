@@ -15,12 +15,16 @@ next event would be garbage to every client).
 connection, which wakes its pending read: the stream's own task then writes its ending
 (an error event with code ``shutting_down``, and ``[DONE]``), so nothing writes to a
 response from outside the task serving it. For the end of a grace period: a client then
-knows its answer is incomplete.
+knows its answer is incomplete. ``make_room`` keeps what all streams hold for clients
+that do not read within one budget: the stream holding the most pays, its client's
+connection aborted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -28,6 +32,8 @@ from aiohttp import ClientResponse, StreamReader
 
 from dynamod.errors import OversizeError
 from dynamod.http.bounded import LineReader
+
+log = logging.getLogger(__name__)
 
 _BLANK = (b"\n", b"\r\n")
 
@@ -79,21 +85,63 @@ def is_done(event: bytes) -> bool:
 
 @dataclass(eq=False)
 class OpenStream:
-    """One stream being relayed: its upstream answer, and why it was cut, once it was."""
+    """One stream being relayed: its upstream answer, and why it was cut, once it was;
+    ``client``: the client's transport once the answer started; ``pending``: bytes of the
+    event being written to it."""
 
     upstream: ClientResponse
     cut: str | None = None
+    name: str = "a stream"
+    client: asyncio.WriteTransport | None = None
+    pending: int = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes this stream holds for its client: the event being written, and what
+        waits in the client's socket buffer (a client that does not read)."""
+        client = self.client
+        waiting = client.get_write_buffer_size() if client and not client.is_closing() else 0
+        return self.pending + waiting
+
+    def drop(self, why: str) -> None:
+        """Abort the client's connection (its buffered bytes are freed); the stream's own
+        task sees it at its next write."""
+        log.warning("%s to a client is dropped: %s", self.name, why)
+        self.pending = 0
+        if self.client is not None:
+            self.client.abort()
 
 
 @dataclass
 class OpenStreams:
-    """The streams being relayed; see the module docstring."""
+    """The streams being relayed; see the module docstring. ``budget``: the bytes all of
+    them together may hold for their clients (``AnswerLimits.streams``)."""
 
+    budget: int = 256 << 20
     _open: set[OpenStream] = field(default_factory=set)
 
+    @property
+    def held(self) -> int:
+        return sum(stream.held for stream in self._open)
+
+    def make_room(self, stream: OpenStream, size: int) -> bool:
+        """Before ``stream`` writes an event of ``size`` bytes: while all streams would hold
+        more than the budget, the one holding the most is dropped. False when that is
+        ``stream`` itself (the caller drops it); the others' clients are aborted here."""
+        stream.pending = size
+        total = self.held
+        while total > self.budget:
+            largest = max(self._open, key=lambda s: s.held)
+            if largest is stream:
+                return False
+            largest.drop(f"the streams hold {total} bytes for clients, over the budget of "
+                         f"{self.budget}; it held the most, {largest.held}")  # fmt: skip
+            total = self.held
+        return True
+
     @contextlib.contextmanager
-    def opened(self, upstream: ClientResponse) -> Iterator[OpenStream]:
-        stream = OpenStream(upstream)
+    def opened(self, upstream: ClientResponse, name: str = "a stream") -> Iterator[OpenStream]:
+        stream = OpenStream(upstream, name=name)
         self._open.add(stream)
         try:
             yield stream

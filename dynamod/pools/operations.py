@@ -13,13 +13,14 @@ leader's history as this daemon last saw it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Final, TypeVar
 
 from dynamod.audit import AuditLog
 from dynamod.auth import Principal
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import DynamoError, PolicyNotFoundError
+from dynamod.errors import DynamoError, PolicyNotFoundError, PoolPolicyError
 from dynamod.pool_results import (
     ApplyOutcome,
     DriftSeen,
@@ -30,7 +31,7 @@ from dynamod.pool_results import (
     RemoveOutcome,
 )
 from dynamod.pools.plan import Plan
-from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.policy import PoolPolicy, name_in, read_document, spread_refusal
 from dynamod.pools.reconciler import PoolReconciler
 from dynamod.pools.stored import (
     StoredPolicy,
@@ -44,6 +45,9 @@ from dynamod.store import Store
 
 T = TypeVar("T")
 
+PARSERS: Final = 2
+"""Policy documents parsed at once, each in a worker thread, never on the event loop."""
+
 
 class PoolOperations:
     """See the module docstring."""
@@ -55,6 +59,7 @@ class PoolOperations:
         self.reconciler = reconciler
         self.audit = audit
         self.replica = replica
+        self._parsing = asyncio.Semaphore(PARSERS)
 
     async def apply(
         self, document: str, *, caller: Principal, dry_run: bool = False
@@ -62,8 +67,14 @@ class PoolOperations:
         """Check and store a policy document (``stored.apply_policy``); the moves this
         daemon plans for it."""
 
+        name = [""]  # the policy's name as soon as the document gives it
+
         async def write() -> ApplyOutcome:
-            policy = PoolPolicy.parse(document)
+            async with self._parsing:
+                doc = await asyncio.to_thread(read_document, document)
+            name[0] = name_in(doc)
+            policy = PoolPolicy.from_dict(doc)
+            self._check_spread(policy)
             if not dry_run:
                 caller.require_write()
             caller.check_taints(policy.taints)
@@ -74,9 +85,21 @@ class PoolOperations:
 
         if dry_run:
             return await write()
-        outcome = await self._audited("pool-apply", lambda: _name_in(document), caller, write)
+        outcome = await self._audited("pool-apply", lambda: name[0], caller, write)
         self._record(caller, "pool-apply", outcome.policy, outcome.outcome)
         return outcome
+
+    def _check_spread(self, policy: PoolPolicy) -> None:
+        """Refuse a spread whose plan would cost too much over the workers selected now."""
+        if policy.spread_by is None:
+            return
+        domains = {
+            record.runtime_config.topology_domains.get(policy.spread_by)
+            for record in self.reconciler.owners.of(policy.match)
+        }
+        refused = spread_refusal(policy, len(domains))
+        if refused:
+            raise PoolPolicyError(refused)
 
     async def list(self) -> list[PolicyInfo]:
         return [stored.info() for stored in await list_policies(self.store)]
@@ -147,7 +170,7 @@ class PoolOperations:
             recent=recent,
             drift=drift,
             budget_left=reconciler.budget_left(name),
-            conflict=reconciler.conflicts.get(name, ""),
+            conflict=reconciler.conflicts.get(name, "") or plan.refused,
             failing=reconciler.failing(name),
         )
 
@@ -179,11 +202,3 @@ class PoolOperations:
 
 def _pending(plan: Plan) -> list[PoolMove]:
     return [PoolMove(m.worker, m.from_pool or "", m.to_pool, m.why) for m in plan.moves]
-
-
-def _name_in(document: str) -> str:
-    """The policy's name for the audit line of a refused document, when it has one."""
-    try:
-        return PoolPolicy.parse(document).name
-    except DynamoError:
-        return ""

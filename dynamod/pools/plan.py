@@ -18,6 +18,10 @@ Who moves
     then the leavers by (in flight, cached blocks, id), fill the short pools in sorted
     taint order.
 
+Too costly
+    A spread over more than ``policy.MAX_SPREAD_CELLS`` pools times domain values plans no
+    moves; ``Plan.refused`` says why (the apply refused it; workers joined since).
+
 Not routable
     A worker that is unhealthy, cordoned or draining is neither counted nor moved: its
     pool taints stay as they are (a drained worker comes back to its pool) and it is listed
@@ -38,7 +42,7 @@ from operator import attrgetter
 from typing import Final, Literal, NamedTuple
 
 from dynamod.pools.apportion import Domain, apportion, spread
-from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.policy import PoolPolicy, spread_refusal
 
 Why = Literal["joined", "fixup", "drift", "rebalance"]
 WHYS: Final[tuple[Why, ...]] = ("joined", "fixup", "drift", "rebalance")
@@ -90,6 +94,9 @@ class Plan:
     wanted_by_domain: Mapping[Domain, Mapping[str, int]] = field(default_factory=dict)
     excluded: tuple[str, ...] = ()
     drift: tuple[str, ...] = ()
+    refused: str = ""
+    """Why nothing is planned: the spread is over ``MAX_SPREAD_CELLS`` (workers of new
+    domain values joined since the apply); empty otherwise."""
 
     @property
     def balanced(self) -> bool:
@@ -120,6 +127,9 @@ def plan(
     by_domain: dict[Domain, dict[str, int]] = {}
     targets: Mapping[Domain, Mapping[str, int]] = {None: wanted}
     if policy.spread_by is not None:
+        refused = spread_refusal(policy, len(fleet.groups))
+        if refused:
+            return Plan(policy.name, wanted, fleet.actual(), (), refused=refused)
         targets = by_domain = spread(wanted, fleet.sizes(), fleet.have())
     moves = _Moves(policy.name)
     for domain, group in fleet.groups.items():

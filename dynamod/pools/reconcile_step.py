@@ -38,6 +38,7 @@ from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
 from dynamod.pools.leader import Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.move_failures import Basis, MoveFailures
+from dynamod.pools.owners import Owners
 from dynamod.pools.plan import OwnedWorker, Plan, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.pool_metrics import PoolMetrics
@@ -168,6 +169,7 @@ class Term:
 
 def owned(
     workers: WorkerView,
+    owners: Owners,
     observe: Callable[[str], Observed],
     policy: PoolPolicy,
     assigned: Mapping[str, str],
@@ -176,12 +178,11 @@ def owned(
     """The workers ``policy`` owns now, as the plan sees them, and their records (with the
     revision seen) by id. A worker whose record the view has not yet seen at the revision
     of the leader's own last write to it (``own``) holds, for the plan, the pool that write
-    set (``assigned``). A read: nothing is changed."""
+    set (``assigned``). ``owners`` finds the policy's records without a scan of the fleet. A
+    read: nothing is changed."""
     found: list[OwnedWorker] = []
     records: dict[str, Owned] = {}
-    for record in workers.records():
-        if not policy.match.matches(record):
-            continue
+    for record in owners.of(policy.match):
         seen = observe(record.key)
         routable = seen.healthy and not OPERATOR_TAINTS.intersection(record.taints)
         domain = None
@@ -215,6 +216,8 @@ class Leading:
     ) -> None:
         self.store = store
         self.workers = workers
+        self.owners = Owners(workers)
+        """The workers each policy selects, indexed (no scan of the fleet per policy)."""
         self.writer = writer
         self.batch = batch
         self.identity = identity
@@ -240,7 +243,9 @@ class Leading:
         """Reconcile one policy once; the loop time it wants to run again (None: at the
         next change)."""
         policy = stored.policy
-        workers, records = owned(self.workers, self.observe, policy, memory.assigned, self.own)
+        workers, records = owned(
+            self.workers, self.owners, self.observe, policy, memory.assigned, self.own
+        )
         for key in [k for k, r in self.own.items() if self.workers.revision_of(k) >= r]:
             del self.own[key]
         for gone in set(memory.assigned) - set(records):

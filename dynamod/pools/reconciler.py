@@ -120,6 +120,7 @@ class PoolReconciler:
         self._dirty = asyncio.Event()
         self._healthy: dict[str, bool] = {}
         self._leading = Leading(store, workers, writer, identity, observe, self.metrics, batch)
+        self.owners = self._leading.owners
         self._term: Term | None = None
         self._election: LeaderElection | None = None
 
@@ -162,7 +163,9 @@ class PoolReconciler:
         assigned, when this daemon leads)."""
         memory = self._memory_of(stored.name)
         assigned = memory.assigned if memory is not None else {}
-        workers, _ = owned(self.workers, self.observe, stored.policy, assigned, self._leading.own)
+        workers, _ = owned(
+            self.workers, self.owners, self.observe, stored.policy, assigned, self._leading.own
+        )
         return plan(stored.policy, workers, assigned=assigned if memory else None)
 
     def budget_left(self, name: str) -> int | None:

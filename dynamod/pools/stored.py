@@ -7,7 +7,8 @@ policy's workers (a policy that drops a pool must not leave that taint behind); 
 retired until the policy is removed.
 
 ``apply_policy`` is the one write of a document: the policy is checked before anything is
-read (``PoolPolicy``), then against the other stored policies (``refuse_overlaps``), then
+read (``PoolPolicy``), then against the other stored policies (``refuse_overlaps``, and
+``MAX_POLICIES`` for a new one), then
 written with a compare-and-swap at the revision read (a create is create-only), so two
 applies of one name never lose each other. Applying a document equal to the stored one
 writes nothing and keeps the revision. ``set_paused`` and ``remove_policy`` are
@@ -24,11 +25,13 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
+from dynamod import jsoncodec
 from dynamod.backoff import Backoff
 from dynamod.errors import (
     ConflictError,
+    InvalidInputError,
     KeyNotFoundError,
     PolicyNotFoundError,
     PoolPolicyError,
@@ -36,11 +39,15 @@ from dynamod.errors import (
 )
 from dynamod.pool_results import ApplyKind, PolicyInfo
 from dynamod.pools.history import history_key
+from dynamod.pools.owners import required_field
 from dynamod.pools.policy import POOLS_PREFIX, PoolPolicy, overlaps, refuse_overlaps
 from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
 
+MAX_POLICIES: Final = 1000
+"""Policies one store holds: a new one past it is refused at apply (every daemon plans
+every policy)."""
 CAS_ATTEMPTS: Final = 4
 """Compare-and-swap attempts of one apply, pause or resume before ``ConflictError``."""
 BACKOFF_FIRST: Final = 0.005
@@ -78,12 +85,12 @@ def decode(entry: Entry) -> StoredPolicy:
     """The policy stored in ``entry``; ``PoolPolicyError`` when it is not one (a value
     written past ``apply_policy``), naming the key."""
     try:
-        body = json.loads(entry.value)
+        body: Any = jsoncodec.read(entry.value, f"stored policy at {entry.key!r}")
         policy = PoolPolicy.from_dict(body["policy"])
         retired = frozenset(str(t) for t in body.get("retired", ()))
     except PoolPolicyError as exc:
         raise PoolPolicyError(f"stored policy at {entry.key!r} is refused: {exc}") from None
-    except (ValueError, TypeError, KeyError) as exc:
+    except (InvalidInputError, ValueError, TypeError, KeyError) as exc:
         raise PoolPolicyError(
             f"stored policy at {entry.key!r} is not a policy record: {exc!r}"
         ) from None
@@ -129,6 +136,11 @@ async def apply_policy(
         stored = await list_policies(store)
         refuse_overlaps(policy, (s.policy for s in stored))
         old = next((s for s in stored if s.name == policy.name), None)
+        if old is None and len(stored) >= MAX_POLICIES:
+            raise PoolPolicyError(
+                f"policy: the store holds {len(stored)} policies; the limit is {MAX_POLICIES} "
+                f"(remove one, or merge policies, before applying {policy.name!r})"
+            )
         if old is not None and old.policy == policy:
             return old, "unchanged"
         retired = set() if old is None else (old.retired | old.policy.taints) - policy.taints
@@ -181,19 +193,52 @@ async def remove_policy(store: Store, name: str) -> StoredPolicy:
 def in_force(policies: Sequence[StoredPolicy]) -> tuple[list[StoredPolicy], dict[str, str]]:
     """The policies to reconcile, by name, and why each other one is not: a policy that
     overlaps one whose name sorts before it (which can only be stored by two applies racing)
-    is left alone, with the reason."""
+    is left alone, with the reason. The policies chosen so far are indexed by the field
+    each selector requires (``owners.required_field``), so a policy is compared only with
+    those it could overlap: at a thousand policies of one model each, a few comparisons
+    each, not a million in all."""
     chosen: list[StoredPolicy] = []
     conflicts: dict[str, str] = {}
+    index = _ChosenIndex()
     for stored in sorted(policies, key=lambda s: s.name):
-        first = next((c for c in chosen if overlaps(c.policy, stored.policy)), None)
-        if first is None:
+        clash = [c for c in index.candidates(stored.policy) if overlaps(c.policy, stored.policy)]
+        if not clash:
             chosen.append(stored)
+            index.add(stored)
             continue
+        first = min(clash, key=lambda c: c.name)
         conflicts[stored.name] = (
             f"overlaps policy {first.name!r} (a shared pool taint on workers both selectors "
             f"can select), which is reconciled instead; change or remove one of them"
         )
     return chosen, conflicts
+
+
+class _ChosenIndex:
+    """Chosen policies by their required field and value; those requiring none apart."""
+
+    def __init__(self) -> None:
+        self.unkeyed: list[StoredPolicy] = []
+        self.by_field: dict[str, dict[str, list[StoredPolicy]]] = {}
+
+    def add(self, stored: StoredPolicy) -> None:
+        key = required_field(stored.policy.match)
+        if key is None:
+            self.unkeyed.append(stored)
+        else:
+            self.by_field.setdefault(key[0], {}).setdefault(key[1], []).append(stored)
+
+    def candidates(self, policy: PoolPolicy) -> Iterable[StoredPolicy]:
+        """Every chosen policy that might overlap ``policy``: one keyed on a field that
+        ``policy`` requires to hold another value cannot."""
+        wanted = {t.kind: t.value for t in policy.match.terms if t.kind != "taint" and not t.negate}
+        yield from self.unkeyed
+        for name, groups in self.by_field.items():
+            if name in wanted:
+                yield from groups.get(wanted[name], ())
+            else:
+                for group in groups.values():
+                    yield from group
 
 
 def _plausible(name: str) -> bool:

@@ -84,7 +84,7 @@ class CardNeeds:
 
 
 ANY = CardNeeds()
-"""A request that needs nothing of a card (``explain``, a wait for any worker)."""
+"""A request that needs nothing of a card (a wait for any worker)."""
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,10 @@ class Router:
         """How requests for ``model`` are read (``fit.py``); None when no worker serves it."""
         return self._table.reading(model)
 
+    def disagreement(self, record: WorkerRecord) -> str:
+        """Why ``record``'s worker is left out of routing for its reading, or ""."""
+        return self._table.disagreement(record)
+
     def unserved(self, model: str) -> str:
         """The sentence for a request naming a model no worker serves."""
         return self._table.unsatisfiable(model, RoutingConstraints())

@@ -54,6 +54,11 @@ from dynamod.taints import OPERATOR_TAINTS, RoutingConstraints
 
 # How many workers an error message names before it says "and N more".
 MESSAGE_WORKERS = 5
+EXCLUDED_NAMED = 3
+"""Excluded workers (another reading) a refusal names, after the others."""
+MESSAGE_TAINTS = 16
+"""Taints a message names in one list (required, missing, held); then ``(and N more)``: a
+request may name 10,000 required taints, and its 503 must stay a sentence."""
 
 # Sets of required taints whose eligible groups are remembered per model; past this many
 # the memory starts over (so odd constraints sent by clients cannot grow it without end).
@@ -99,8 +104,8 @@ class Ineligible:
         if self.cordoned:
             parts.append("is cordoned")
         if self.missing:
-            held = ", ".join(record.taints) or "no taints"
-            parts.append(f"has {held} (missing {', '.join(self.missing)})")
+            held = named(record.taints, ", ") or "no taints"
+            parts.append(f"has {held} (missing {named(self.missing, ', ')})")
         if self.other_reading is not None:
             parts.append(
                 f"disagrees with the model's other workers ({self.other_reading.describe()})"
@@ -216,6 +221,20 @@ class RoutingTable:
         if index is None or len(index.readings) < 2:
             return 0
         return len(index.workers) - max(index.readings.values())
+
+    def disagreement(self, record: WorkerRecord) -> str:
+        """Why ``record``'s worker is left out of routing for its reading (it disagrees with
+        most of its model's workers, ``fit.py``), or ""; O(1) for a model that agrees."""
+        index = self._models.get(record.model)
+        if index is None or len(index.readings) < 2 or record.key not in index.workers:
+            return ""
+        chosen, reading = index.reading().reading, Reading.of(record.model_card)
+        if reading == chosen:
+            return ""
+        return (
+            f"its reading ({reading.describe()}) disagrees with its model's other workers "
+            f"({chosen.describe()}); left out of routing"
+        )
 
     def holders(self, model: str, taint: str) -> int:
         """How many workers of ``model`` hold ``taint``."""
@@ -380,24 +399,55 @@ class RoutingTable:
             known = f"workers serve {others}" if others else "no workers are registered"
             return f"no worker serves model {model!r}; {known}"
         required = constraints.required_taints
-        need = f"has {' and '.join(sorted(required))}" if required else "is schedulable"
+        need = f"has {named(sorted(required), ' and ')}" if required else "is schedulable"
         workers: Collection[WorkerRecord] = index.workers.values()
+        apart: list[WorkerRecord] = []
         if needs.reading is not None:
-            # The disagreeing workers are left out of the sentence too: they may be many,
-            # and a hostile record must not crowd the honest ones out of the message.
-            workers = [w for w in workers if Reading.of(w.model_card) == needs.reading]
+            # The disagreeing workers are named apart, after the others, and a few only:
+            # they may be many, and a hostile record must not crowd the honest ones out.
+            ours = [w for w in workers if Reading.of(w.model_card) == needs.reading]
+            apart = [w for w in workers if Reading.of(w.model_card) != needs.reading]
+            workers = ours
         if any(w.model_card.context_length < needs.context for w in workers):
             need += f" and a context that holds {needs.tokens or needs.context} tokens"
         shown = itertools.islice(workers, MESSAGE_WORKERS)
         reasons = [_reason(w, constraints, exclude, needs) for w in shown]
-        return f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
+        told = f"no worker of model {model!r} {need}; {_count_of(len(workers), reasons)}"
+        return told + _left_out(apart, needs)
 
 
-def _count_of(total: int, named: list[str]) -> str:
-    """``2 workers: a, b`` / ``7 workers: a, ..., e, and 2 more``."""
-    more = total - len(named)
+def _left_out(workers: list[WorkerRecord], needs: CardNeeds) -> str:
+    """``; 1 more worker excluded, its reading disagreeing with the model's other workers'
+    (…): a1b2 (no tokenizer, block size 16)``: the workers left out of routing by design."""
+    if not workers or needs.reading is None:
+        return ""
+    shown = [
+        f"{w.instance_id} ({Reading.of(w.model_card).describe()})"
+        for w in itertools.islice(workers, EXCLUDED_NAMED)
+    ]
+    more = len(workers) - len(shown)
     tail = f", and {more} more" if more > 0 else ""
-    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(named)}{tail}"
+    plural = "s" if len(workers) != 1 else ""
+    return (
+        f"; {len(workers)} more worker{plural} excluded, reading bodies otherwise than the "
+        f"model's other workers ({needs.reading.describe()}): {', '.join(shown)}{tail}"
+    )
+
+
+def _count_of(total: int, shown: list[str]) -> str:
+    """``2 workers: a, b`` / ``7 workers: a, ..., e, and 2 more``."""
+    more = total - len(shown)
+    tail = f", and {more} more" if more > 0 else ""
+    return f"{total} worker{'s' if total != 1 else ''}: {', '.join(shown)}{tail}"
+
+
+def named(taints: Collection[str], sep: str, limit: int = MESSAGE_TAINTS) -> str:
+    """The first ``limit`` of ``taints`` (in their order) joined by ``sep``, then ``(and N
+    more)``; each cut to 100 characters (a taint may be kilobytes)."""
+    items = list(itertools.islice(taints, limit))
+    text = sep.join(t if len(t) <= 100 else f"{t[:100]}..." for t in items)
+    more = len(taints) - len(items)
+    return f"{text} (and {more} more)" if more > 0 else text
 
 
 def why_not(

@@ -296,7 +296,7 @@ def worker(
         print(f"dynamo-worker: error: {exc}", file=sys.stderr)
         raise typer.Exit(EX_USAGE) from None
     logs.configure(log_level.lower())
-    raise typer.Exit(run(lambda: guarded(run_worker(settings), "dynamo-worker")))
+    raise typer.Exit(run(lambda: guarded(run_worker(settings), "dynamo-worker"), server=True))
 
 
 def main() -> None:

@@ -97,7 +97,8 @@ def test_the_committed_scripts_are_what_the_command_prints(tmp_path: Path) -> No
 def test_commands_and_options_complete_from_the_tree(seeded: Cluster) -> None:
     cli = seeded.cli
     assert values(complete(cli, "dynamoctl ")) == [
-        "workers", "taints", "events", "route", "pools", "status", "top", "completion",
+        "workers", "taints", "events", "route", "pools", "status", "top", "config",
+        "completion",
     ]  # fmt: skip
     assert values(complete(cli, "dynamoctl taints ")) == ["set", "add", "rm", "clear"]
     assert "--if-revision" in values(complete(cli, "dynamoctl taints add --"))

@@ -32,6 +32,8 @@ def cli(tmp_path: Path) -> Cli:
         (["taints", "add", "-l", "a", "--all", "x"], "exactly one of ID, -l SELECTOR or --all"),
         (["route", "explain", "--model", "m", "--prefer", "fast"], "must look like TAINT=WEIGHT"),
         (["completion", "tcsh"], "'tcsh' is not one of bash, zsh, fish"),
+        (["taints", "add", "a", "x", "--if-revision", "-1"], "-1 is not a store revision"),
+        (["workers", "ls", "-o", "jsonpath={.id"], "unbalanced brace"),
     ],
 )
 def test_usage_errors_exit_2_with_a_hint(cli: Cli, args: list[str], says: str) -> None:

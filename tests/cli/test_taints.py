@@ -227,9 +227,10 @@ def test_a_selector_changes_every_matching_worker_and_only_those(fleet: Fleet) -
     assert untouched["taints"] == ["pool=b"]
 
 
-def test_a_selector_matching_nothing_says_so(fleet: Fleet) -> None:
-    result = fleet.cli.ok("taints", "add", "-l", "model=nobody", "x")
-    assert result.out == ""
+def test_a_selector_matching_nothing_says_so_and_exits_1(fleet: Fleet) -> None:
+    """A selector that matches nothing is usually a typo: a script must be able to tell."""
+    result = fleet.cli.run("taints", "add", "-l", "model=nobody", "x")
+    assert (result.code, result.out) == (1, "")
     assert "no worker matched: workers matching 'model=nobody'" in result.err
 
 
@@ -268,8 +269,10 @@ def test_cordon_takes_a_worker_out_of_routing_and_uncordon_puts_it_back(fleet: F
     again = fleet.cli.ok("workers", "cordon", fleet.solo).lines[1]
     assert "already cordoned" in again
     fleet.cluster.settle(int(again.split()[-1]))
-    explain = json.loads(fleet.cli.ok("route", "explain", "--model", "solo", "-o", "json").out)
-    (candidate,) = explain["candidates"]
+    explained = fleet.cli.run("route", "explain", "--model", "solo", "-o", "json")
+    assert explained.code == 1  # no worker is eligible: a script can tell
+    assert "no worker of model 'solo' is eligible" in explained.err
+    (candidate,) = json.loads(explained.out)["candidates"]
     assert not candidate["eligible"] and "cordoned" in candidate["reason"]
     assert "uncordoned" in fleet.cli.ok("workers", "uncordon", fleet.solo).out
 

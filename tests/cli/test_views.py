@@ -43,3 +43,28 @@ def test_preferences_take_the_weight_after_the_last_equals_sign() -> None:
     for bad in ("fast", "=1", "pool=x"):
         with pytest.raises(typer.BadParameter, match="must look like TAINT=WEIGHT"):
             parse_preferences([bad])
+
+
+def test_what_a_dynamo_worker_does_not_report_shows_as_a_dash() -> None:
+    from dataclasses import replace
+
+    from dynamoctl.formats import worker_details, worker_row
+    from dynamod.results import WorkerInfo
+    from tests.cli.conftest import record
+
+    bare = replace(record("d1a0000000000001"), pid=0, version="", started_at=0.0)
+    details = dict(worker_details(WorkerInfo(bare, 1)))
+    assert (details["Host"], details["Version"], details["Age"]) == ("node-a", "-", "-")
+    assert worker_row(WorkerInfo(bare, 1), "d1a00000", wide=False, now=0.0)[-1] == "-"
+
+
+def test_a_bulk_failure_names_its_worker_once() -> None:
+    from dynamoctl.updates import failure_line
+    from dynamod.results import UpdateFailure, UpdateOutcome
+
+    def failed(message: str) -> UpdateOutcome:
+        return UpdateOutcome("abcd0001", "k", (), (), 1, UpdateFailure("UNAVAILABLE", message))
+
+    said = "worker abcd0001's route did not answer"
+    assert failure_line(failed(said), "abcd0001") == said
+    assert failure_line(failed("refused"), "abcd0001") == "worker abcd0001: refused"

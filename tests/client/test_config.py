@@ -22,7 +22,7 @@ from dynamod.errors import ConfigError
 
 
 def test_the_client_and_dynamoctl_know_the_same_keys_variables_and_file() -> None:
-    assert set(CONFIG_KEYS) == set(FIELDS) - {"debug"}
+    assert set(CONFIG_KEYS) == set(FIELDS) - {"debug", "context"}  # it chooses the keys
     assert set(ENVIRONMENT.values()) == {
         "DYNAMO_ENDPOINT", "DYNAMO_TOKEN_FILE", "DYNAMO_TLS", "DYNAMO_CACERT", "DYNAMO_CERT",
         "DYNAMO_CERT_KEY", "DYNAMO_TIMEOUT",

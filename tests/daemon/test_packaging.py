@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dynamod import settings as daemon_settings
+from dynamod.open_files import RESERVE
 from tests.support.processes import BIN, ROOT
 
 UNIT = ROOT / "packaging" / "systemd" / "dynamod.service"
@@ -57,3 +58,11 @@ def test_example_config_loads() -> None:
     )
     assert settings.store == "etcd://127.0.0.1:2379/dynamo"
     assert settings.router.max_queue == 1024
+
+
+def test_unit_lets_the_daemon_follow_a_fleet_of_10_000_streams() -> None:
+    """systemd's default soft limit (1,024 open files) runs out near 1,000 followed workers:
+    the unit sets its own, room for 10,000 streams beside the daemon's reserve."""
+    lines = UNIT.read_text().splitlines()
+    limit = int(next(line for line in lines if line.startswith("LimitNOFILE=")).split("=")[1])
+    assert limit >= 10_000 + RESERVE

@@ -142,7 +142,7 @@ async def test_an_uncordon_ends_the_wait_undrained() -> None:
             assert await done == last
 
 
-async def test_a_worker_that_leaves_is_waited_for_until_this_routers_requests_end() -> None:
+async def test_a_worker_that_leaves_mid_drain_is_gone_with_what_was_in_flight() -> None:
     async with fleet() as f:
         (a,) = await workers(f, "pool=a")
         held = await f.hold(a, "pool=a")
@@ -151,12 +151,34 @@ async def test_a_worker_that_leaves_is_waited_for_until_this_routers_requests_en
             done = running(watch, f)
             assert not (await f.next()).last
             await f.store.delete(a.key)  # stopped before drained: it deregisters first
-            (gone,) = (await f.next()).workers
-            assert gone.gone and gone.in_flight == InFlight(1) and not gone.over
-            f.router.release(held)
             last = await f.next()
-            assert last.last and last.drained
-            assert last.workers[0].gone and last.workers[0].drained
+            assert last.last and not last.drained and not last.timed_out
+            (gone,) = last.workers
+            assert gone.gone and gone.in_flight == InFlight(1) and not gone.drained
+            assert await done == last
+        f.router.release(held)
+
+
+async def test_a_worker_killed_mid_drain_is_gone_before_its_lease_runs_out() -> None:
+    """Its engine's stream breaks (``report(key, None)``) and this router's requests there
+    are cut; the record stays until the lease runs out. The wait says gone, with the
+    figures last seen, not drained."""
+    async with fleet() as f:
+        (a,) = await workers(f, "pool=a")
+        held = await f.hold(a, "pool=a")
+        f.router.report(a.key, EngineLoad(running=1))
+        after = await f.drain(a)
+        with f.watch(Target(worker=a.key), after) as watch:
+            done = running(watch, f)
+            (first,) = (await f.next()).workers
+            assert first.in_flight == InFlight(1, 1, 0) and not first.gone
+            f.router.report(a.key, None)  # the engine stream broke: SIGKILL
+            f.router.release(held)  # the relayed stream was cut
+            last = await f.next()
+            assert last.last and not last.drained
+            (gone,) = last.workers
+            assert gone.gone and gone.in_flight == InFlight(1, 1, 0)
+            assert f.view.get(a.key) is not None  # its lease has not run out
             assert await done == last
 
 

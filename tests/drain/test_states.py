@@ -188,7 +188,12 @@ def test_a_status_says_whether_the_wait_for_it_is_over() -> None:
     assert not busy.drained and not busy.over
     assert busy.describe() == "draining: router 1, engine not reporting"
     gone_busy = DrainStatus("a1", "k", WorkerState.DRAINING, InFlight(1), gone=True)
-    assert not gone_busy.over and "gone from the fleet" in gone_busy.describe()
+    assert gone_busy.over and not gone_busy.drained
+    assert gone_busy.describe() == (
+        "gone mid-drain (killed or left) with router 1, engine not reporting in flight"
+    )
+    gone_idle = DrainStatus("a1", "k", WorkerState.DRAINING, InFlight(0), gone=True)
+    assert gone_idle.over and not gone_idle.drained
     lifted = DrainStatus("a1", "k", WorkerState.READY, InFlight(1, 1, 0), draining=False)
     assert lifted.over and not lifted.drained
     assert lifted.describe() == "ready: not draining (uncordoned, or never drained)"

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from dynamoctl import formats, listing
 from dynamod.boundary.taint_writes import RouteWrites
 from dynamod.client import AsyncClient
 from dynamod.daemon import Daemon
@@ -210,6 +211,18 @@ async def test_keys_shown_and_audited_are_dynamos_own(fleet: Fleet) -> None:
     assert done.key == card_key  # and the key it is shown by names it
     assert [line["key"] for line in fleet.audit_lines()] == [card_key]
     assert (await fleet.client.worker(card_key)).id == zoned.id
+
+
+async def test_a_worker_is_found_by_its_id_in_decimal_as_dynamo_logs_it(fleet: Fleet) -> None:
+    """``nvext.worker_id`` and Dynamo's logs show the lease id in decimal; a listing's
+    JSON (which carries no record) shows it too, beside the card's key."""
+    plain = f"{PLAIN:x}"
+    assert (await fleet.client.get_worker(str(PLAIN))).id == plain
+    (done,) = await fleet.client.update_taints(TaintUpdate.add(["gpu"]), Target(str(PLAIN)))
+    assert done.worker == plain
+    workers, _ = await fleet.client.list_workers(fields=listing.FIELDS["json"])
+    shown = {o["id"]: o["dynamo"] for o in map(formats.worker_object, workers)}
+    assert shown[plain] == {"card_key": values.card_key(PLAIN), "instance_id": str(PLAIN)}
 
 
 async def test_lora_adapters_are_shown_with_their_worker_and_change_nothing_else(

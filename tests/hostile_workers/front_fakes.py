@@ -31,6 +31,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import gzip
+import json
 import time
 
 from aiohttp import web
@@ -104,6 +107,18 @@ async def _answer(request: web.Request, mode: str, size_mb: int) -> web.StreamRe
         return await _endless(request, b'{"id":"', size_mb, "application/json")
     if mode == "huge":
         return await _endless(request, b'data: {"id":"', size_mb, "text/event-stream")
+    if mode == "empty" and not stream:  # 200 and no body at all
+        return web.Response(status=200, body=b"", content_type="application/json")
+    if mode == "not-json" and not stream:
+        return web.Response(status=200, body=b"<html>ok</html>", content_type="application/json")
+    if mode == "gzip-bomb" and not stream:  # a few hundred KiB that inflate to size_mb MiB
+        bomb = _bomb(size_mb)
+        headers = {"Content-Encoding": "gzip"}
+        return web.Response(body=bomb, headers=headers, content_type="application/json")
+    if mode == "gzip" and not stream:  # an honest answer, compressed although not asked to be
+        body = gzip.compress(json.dumps(completion()).encode())
+        headers = {"Content-Encoding": "gzip"}
+        return web.Response(body=body, headers=headers, content_type="application/json")
     if mode == "huge-later-event":
         return await _endless(request, GOOD_EVENT + b'data: {"id":"', size_mb, "text/event-stream")
     if mode == "half-event":
@@ -125,6 +140,12 @@ async def _answer(request: web.Request, mode: str, size_mb: int) -> web.StreamRe
     if stream:
         return await _stream(request, GOOD_EVENT, LAST_EVENT, DONE)
     return web.json_response(completion())
+
+
+@functools.cache
+def _bomb(size_mb: int) -> bytes:
+    """``size_mb`` MiB of spaces, gzipped once (a few hundred KiB)."""
+    return gzip.compress(b" " * (size_mb << 20), compresslevel=6)
 
 
 def _inference_app(mode: str, size_mb: int) -> web.Application:

@@ -228,8 +228,7 @@ def test_a_document_over_the_size_limit_is_refused_before_parsing() -> None:
         ),
         (
             "name: [\n",
-            "policy: the document is not valid YAML: expected the node content, but found "
-            "'<stream end>' at line 2",
+            "policy: the document is not valid YAML: did not find expected node content at line 2",
         ),
         ('{"name": ', "policy: the document is not valid JSON: Expecting value"),
         (b"name: \xff\n", "policy: the document is not UTF-8 text"),

@@ -14,14 +14,16 @@ from dynamod.errors import PolicyNotFoundError, PoolPolicyError, RevisionMismatc
 from dynamod.pools.history import history_key
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.stored import (
+    MAX_POLICIES,
     apply_policy,
+    encode,
     get_policy,
     in_force,
     list_policies,
     remove_policy,
     set_paused,
 )
-from dynamod.store import Store
+from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.support.factories import make_record
 
@@ -111,3 +113,28 @@ async def test_a_move_at_a_known_revision_is_one_compare_and_swap(store: Store) 
         await update_taints(
             store, record.key, move, expect_revision=revision, base=record, base_revision=revision
         )
+
+
+async def test_a_new_policy_past_the_store_limit_is_refused_a_stored_one_still_changes() -> None:
+    async with await open_store("memory://") as store:
+        for i in range(MAX_POLICIES):
+            p = PoolPolicy(f"p{i}", f"model=m{i}", {"pool=a": 1, "pool=b": 1})
+            await store.put(p.key, encode(p))
+        extra = PoolPolicy("extra", "model=x", {"pool=a": 1, "pool=b": 1})
+        with pytest.raises(PoolPolicyError) as caught:
+            await apply_policy(store, extra)
+        assert str(caught.value).startswith(
+            f"policy: the store holds {MAX_POLICIES} policies; the limit is {MAX_POLICIES}"
+        )
+        assert await store.get(extra.key) is None
+        changed = PoolPolicy("p7", "model=m7", {"pool=a": 2, "pool=b": 1})
+        assert (await apply_policy(store, changed))[1] == "changed"
+
+
+async def test_a_deeply_nested_stored_value_is_refused_not_a_recursion_error() -> None:
+    async with await open_store("memory://") as store:
+        deep = b'{"policy": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+        await store.put("v1/pools/deep", deep)
+        assert await list_policies(store) == []  # logged and left out
+        with pytest.raises(PoolPolicyError, match="stored policy at 'v1/pools/deep' is not a"):
+            await get_policy(store, "deep")

@@ -105,6 +105,7 @@ class Worker(_message.Message):
     MODEL_CARD_JSON_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    STATE_REASON_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     """instance id (hex), unique per process incarnation"""
     key: _builtins.str
@@ -133,10 +134,14 @@ class Worker(_message.Message):
     model_card_json: _builtins.str
     """its model card (also inside record_json)"""
     state: _builtins.str
-    """ready, cordoned, draining, drained, unhealthy, unreachable or (an NVIDIA Dynamo worker
-    holding a cordon Dynamo does not honour) ready,cordon-not-honoured
+    """ready, cordoned, draining, drained, unhealthy, unreachable, excluded or (an NVIDIA
+    Dynamo worker holding a cordon Dynamo does not honour) ready,cordon-not-honoured
     (dynamod.results.worker_state): from its taints, this daemon's load on it and its
     engine's report, as the answer is sent
+    """
+    state_reason: _builtins.str
+    """why it is in that state, where the state alone does not say: an excluded worker's
+    reading against its model's (sent with state; empty otherwise)
     """
     @_builtins.property
     def taints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -176,10 +181,11 @@ class Worker(_message.Message):
         model_card_json: _builtins.str = ...,
         engine: Global___EngineLoad | None = ...,
         state: _builtins.str = ...,
+        state_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "load", b"load"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "state", b"state", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "component", b"component", "endpoint", b"endpoint", "engine", b"engine", "host", b"host", "id", b"id", "key", b"key", "load", b"load", "mdcsum", b"mdcsum", "model", b"model", "model_card_json", b"model_card_json", "namespace", b"namespace", "pid", b"pid", "record_json", b"record_json", "revision", b"revision", "started_at", b"started_at", "state", b"state", "state_reason", b"state_reason", "system_address", b"system_address", "taints", b"taints", "topology", b"topology", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -275,6 +281,7 @@ class ListWorkersRequest(_message.Message):
     ENDPOINT_FIELD_NUMBER: _builtins.int
     FIELDS_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PREFIX_ONLY_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """empty: every model"""
     selector: _builtins.str
@@ -284,6 +291,10 @@ class ListWorkersRequest(_message.Message):
     endpoint: _builtins.str
     page_size: _builtins.int
     """StreamWorkers: workers per message (0: 500)"""
+    prefix_only: _builtins.bool
+    """ListWorkers: answer with the revision and id_prefix only, no workers (what a client
+    showing ids from another call, such as an update's or an event's, cuts them to)
+    """
     @_builtins.property
     def fields(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The Worker fields to fill, by name ("id", "model", "taints", ...); empty: all of them
@@ -302,10 +313,11 @@ class ListWorkersRequest(_message.Message):
         endpoint: _builtins.str = ...,
         fields: _abc.Iterable[_builtins.str] | None = ...,
         page_size: _builtins.int = ...,
+        prefix_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "selector", b"selector"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["component", b"component", "endpoint", b"endpoint", "fields", b"fields", "model", b"model", "namespace", b"namespace", "page_size", b"page_size", "prefix_only", b"prefix_only", "selector", b"selector"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -321,8 +333,9 @@ class ListWorkersResponse(_message.Message):
     revision: _builtins.int
     """the view's store revision"""
     id_prefix: _builtins.int
-    """The shortest id prefix, at least 8 characters, that tells apart every worker of the
-    listing (the same in every page of a stream): what a client may show as the id.
+    """The shortest id prefix, at least 8 characters, that tells apart every worker the
+    daemon sees, whatever the filter (the same in every page of a stream): what a client
+    may show as the id, sure that it resolves with GetWorker.
     """
     @_builtins.property
     def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]:
@@ -950,6 +963,8 @@ class StatusResponse(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    OPEN_FILES_FIELD_NUMBER: _builtins.int
+    OPEN_FILES_LIMIT_FIELD_NUMBER: _builtins.int
     STATE_STORE_URL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     store_url: _builtins.str
@@ -962,6 +977,11 @@ class StatusResponse(_message.Message):
     revision: _builtins.int
     state: _builtins.str
     """starting, serving, draining"""
+    open_files: _builtins.int
+    """File descriptors the daemon has open (-1: the system does not say) and its soft limit
+    (0 from a daemon that does not say): one is held per followed engine stream.
+    """
+    open_files_limit: _builtins.int
     state_store_url: _builtins.str
     """where pool policies are kept (state_store, else the store)"""
     def __init__(
@@ -977,11 +997,13 @@ class StatusResponse(_message.Message):
         queue_depth: _builtins.int = ...,
         revision: _builtins.int = ...,
         state: _builtins.str = ...,
+        open_files: _builtins.int = ...,
+        open_files_limit: _builtins.int = ...,
         state_store_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "state_store_url", b"state_store_url", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open_files", b"open_files", "open_files_limit", b"open_files_limit", "queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "state_store_url", b"state_store_url", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
