@@ -141,7 +141,7 @@ class PolicyTerm:
     """Drift already reported: worker -> the pool taints it held then."""
 
 
-class Term:
+class LeaderTerm:
     """One term as leader: its fence, each policy's memory, the failed moves."""
 
     def __init__(self, leadership: Leadership) -> None:
@@ -239,7 +239,9 @@ class Leading:
         del self.own[key]
         return revision == written
 
-    async def step(self, term: Term, stored: StoredPolicy, memory: PolicyTerm) -> float | None:
+    async def step(
+        self, term: LeaderTerm, stored: StoredPolicy, memory: PolicyTerm
+    ) -> float | None:
         """Reconcile one policy once; the loop time it wants to run again (None: at the
         next change)."""
         policy = stored.policy
@@ -307,7 +309,7 @@ class Leading:
 
     async def _write_all(
         self,
-        term: Term,
+        term: LeaderTerm,
         stored: StoredPolicy,
         memory: PolicyTerm,
         steps: list[Step],
@@ -341,7 +343,7 @@ class Leading:
 
     async def _write(
         self,
-        term: Term,
+        term: LeaderTerm,
         stored: StoredPolicy,
         memory: PolicyTerm,
         batch: list[Step],
@@ -367,7 +369,7 @@ class Leading:
                 moved += 1
         return moved
 
-    def _write_of(self, term: Term, stored: StoredPolicy, move: Step, owned: Owned) -> Write:
+    def _write_of(self, term: LeaderTerm, stored: StoredPolicy, move: Step, owned: Owned) -> Write:
         policy = stored.policy
         record = owned.record
         keep = set(caller_taints(record.taints)) - policy.taints - stored.retired
@@ -381,7 +383,7 @@ class Leading:
         return Write(record, update, owned.revision, audit)
 
     async def _move(
-        self, term: Term, stored: StoredPolicy, memory: PolicyTerm, move: Step, owned: Owned
+        self, term: LeaderTerm, stored: StoredPolicy, memory: PolicyTerm, move: Step, owned: Owned
     ) -> bool:
         write = self._write_of(term, stored, move, owned)
         try:
@@ -403,7 +405,7 @@ class Leading:
 
     def _committed(
         self,
-        term: Term,
+        term: LeaderTerm,
         policy: PoolPolicy,
         memory: PolicyTerm,
         move: Step,
@@ -417,7 +419,7 @@ class Leading:
 
     def _moved(
         self,
-        term: Term,
+        term: LeaderTerm,
         policy: PoolPolicy,
         memory: PolicyTerm,
         move: Step,
@@ -442,7 +444,7 @@ class Leading:
         )  # fmt: skip
 
     def _failed(
-        self, term: Term, stored: StoredPolicy, move: Step, owned: Owned, exc: DynamoError
+        self, term: LeaderTerm, stored: StoredPolicy, move: Step, owned: Owned, exc: DynamoError
     ) -> None:
         policy = stored.policy
         self.metrics.failures.labels(policy.name, type(exc).__name__).inc()

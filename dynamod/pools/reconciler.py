@@ -67,11 +67,11 @@ from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconcile_step import (
     BatchWriter,
     Check,
+    LeaderTerm,
     Leading,
     Observed,
     PolicyTerm,
     TaintWriter,
-    Term,
     Write,
     nothing_observed,
     owned,
@@ -121,7 +121,7 @@ class PoolReconciler:
         self._healthy: dict[str, bool] = {}
         self._leading = Leading(store, workers, writer, identity, observe, self.metrics, batch)
         self.owners = self._leading.owners
-        self._term: Term | None = None
+        self._term: LeaderTerm | None = None
         self._election: LeaderElection | None = None
 
     # What the daemon tells it
@@ -263,7 +263,7 @@ class PoolReconciler:
     # Leading
 
     async def _lead(self, leadership: Leadership) -> None:
-        term = self._term = Term(leadership)
+        term = self._term = LeaderTerm(leadership)
         self.metrics.lead(term.epoch)
         log.info("%s leads the pools (epoch %d)", self.identity, term.epoch)
         errors = Backoff(RETRY_FIRST * 4, RETRY_CAP)
@@ -290,7 +290,7 @@ class PoolReconciler:
             self._leading.own.clear()
             self.metrics.lead(0)
 
-    async def _wait(self, term: Term) -> None:
+    async def _wait(self, term: LeaderTerm) -> None:
         """Until the next change, or the time a step asked for, or the end of the term."""
         loop = asyncio.get_running_loop()
         delay = None if term.wake_at is None else max(0.0, term.wake_at - loop.time())
@@ -298,7 +298,7 @@ class PoolReconciler:
             async with asyncio.timeout(delay):
                 await wait_any(self._dirty, term.leadership.lost)
 
-    async def _round(self, term: Term) -> None:
+    async def _round(self, term: LeaderTerm) -> None:
         chosen, self.conflicts = in_force(list(self.view.policies.values()))
         for name in set(term.policies) - {s.name for s in chosen}:
             del term.policies[name]
@@ -309,7 +309,7 @@ class PoolReconciler:
         for memory in term.policies.values():
             await memory.history.flush(self.store, term.fence)
 
-    async def _memory(self, term: Term, policy: PoolPolicy) -> PolicyTerm:
+    async def _memory(self, term: LeaderTerm, policy: PoolPolicy) -> PolicyTerm:
         memory = term.policies.get(policy.name)
         budget = MoveBudget.of(policy)
         if memory is None:
