@@ -38,12 +38,12 @@ from prometheus_client import Histogram
 
 from dynamod.boundary.breaches import Breaches
 from dynamod.discovery.view import WorkerView
-from dynamod.discovery_events import DiscoveryEvent, ViewResync
+from dynamod.discovery_events import DiscoveryEvent, ViewResync, WorkerAdded, WorkerRemoved
 from dynamod.engine_events import EngineLoad
 from dynamod.load import Load
 from dynamod.pools.reconciler import PoolReconciler
 from dynamod.records import WorkerRecord
-from dynamod.results import id_prefix_length, worker_state
+from dynamod.results import WorkerState, id_prefix_length, worker_state
 from dynamod.router import Router
 from dynamod.selectors import Selector, parse
 from dynamod.stats_results import FleetStats, PoolStats, StatsQuery, WorkerStats
@@ -206,7 +206,9 @@ class StatsSampler:
 
     def _on_event(self, event: DiscoveryEvent) -> None:
         self.changes += 1
-        if isinstance(event, ViewResync):
+        if isinstance(event, ViewResync | WorkerAdded | WorkerRemoved):
+            # A worker come or gone may change which reading its model's workers agree on,
+            # and so which of them are excluded: every figure is read again.
             self._stale = True
         else:
             self._dirty.add(event.record.key)
@@ -232,7 +234,10 @@ class StatsSampler:
 
     def _read(self, record: WorkerRecord) -> _Seen:
         key = record.key
-        return _Seen(record, self.router.load(key), self.router.reported(key))
+        seen = _Seen(record, self.router.load(key), self.router.reported(key))
+        if seen.state is WorkerState.READY and self.router.disagreement(record):
+            seen.state = WorkerState.EXCLUDED  # as ``Control.info`` says it
+        return seen
 
     def close(self) -> None:
         """End every watch (the daemon drains)."""

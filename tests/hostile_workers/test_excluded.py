@@ -29,13 +29,14 @@ from tests.support.processes import dynamoctl, env, running, worker
 pytestmark = pytest.mark.timeout(120)
 
 
-async def ctl(socket: Path, *args: str) -> str:
+async def ctl(socket: Path, *args: str, code: int = 0) -> str:
+    """``dynamoctl ARGS``'s stdout; it must exit ``code``."""
     process = await asyncio.create_subprocess_exec(
         *dynamoctl("--endpoint", f"unix://{socket}", *args),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env(),
     )  # fmt: skip
     out, err = await process.communicate()
-    assert process.returncode == 0, err.decode()
+    assert process.returncode == code, err.decode()
     return out.decode()
 
 
@@ -69,11 +70,13 @@ async def test_a_worker_of_another_reading_is_excluded_with_the_reason_everywher
         assert "2 workers: " in message and "(missing side)" in message
         assert "; 1 more worker excluded, reading bodies otherwise than the model's" in message
         assert f"): {ODD} (tokenizer " in message and message.endswith("block size 1)")
-        # So does route explain.
-        explained = json.loads(
-            await ctl(
-                socket, "route", "explain", "--model", MODEL, "--require", "side", "-o", "json"
-            )
-        )
+        # So does route explain (exit 1: no worker is eligible).
+        explain = ("route", "explain", "--model", MODEL, "--require", "side", "-o", "json")
+        explained = json.loads(await ctl(socket, *explain, code=1))
         (shown,) = [c for c in explained["candidates"] if c["id"] == ODD]
         assert not shown["eligible"] and shown["reason"] == f"excluded: {odd['state_reason']}"
+        # And top, as workers ls.
+        frame = json.loads(await ctl(socket, "top", "--once", "-o", "json"))
+        states = {row["id"]: row["state"] for row in frame["rows"]}
+        assert states[ODD] == "excluded" and states[zoned.field("id")] == "ready", states
+        assert frame["states"].get("excluded") == 1, frame["states"]
