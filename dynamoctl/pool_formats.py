@@ -19,7 +19,10 @@ The JSON shapes are an interface for scripts: keys are only ever added.
   ``excluded`` (owned workers not routable), ``recent`` (moves the leader made, newest
   last), ``drift`` (each ``worker``, ``held``, ``assigned``, ``revision``, ``time``,
   ``action``), ``budget_left`` (null without a budget or on a follower), ``conflict``
-  (null unless the policy overlaps another and is not reconciled);
+  (null unless the policy overlaps another and is not reconciled), ``failing`` (the
+  leader's failed moves: each ``worker``, ``to``, ``error``, ``attempts``,
+  ``next_attempt`` (RFC 3339; null when ``refused``: tried again only once the policy,
+  the worker or the daemon's settings change), ``refused``);
 * ``pools rm``: ``name``, ``removed`` (true), ``workers_holding``, ``policy``;
 * an event of ``events tail`` whose ``event`` is ``POOL`` has ``pool``: ``kind``,
   ``policy``, ``worker``, ``from``, ``to``, ``why``, ``epoch``, ``leader``, ``held``,
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from dynamod.pool_results import (
         ApplyOutcome,
         DriftSeen,
+        MoveFailure,
         PolicyInfo,
         PoolEventInfo,
         PoolMove,
@@ -51,6 +55,9 @@ MOVE_HEADERS = ("WORKER", "FROM", "TO", "WHY")
 MADE_HEADERS = ("TIME", "WORKER", "FROM", "TO", "WHY", "EPOCH", "REVISION")
 COUNT_HEADERS = ("POOL", "WEIGHT", "TARGET", "ACTUAL")
 DRIFT_HEADERS = ("TIME", "WORKER", "HELD", "ASSIGNED", "REVISION", "ACTION")
+FAILING_HEADERS = ("WORKER", "TO", "ATTEMPTS", "NEXT ATTEMPT", "ERROR")
+REFUSED = "after a change"
+"""The next attempt of a refused move: once the policy, the worker or the settings change."""
 OPTIONS = ("min_per_pool", "max_moves", "move_interval", "spread_by")
 
 
@@ -166,6 +173,31 @@ def drift_rows(drift: Sequence[DriftSeen], id_prefix: int = SHORT_ID) -> list[li
     ]
 
 
+def failure_object(failure: MoveFailure) -> dict[str, Any]:
+    return {
+        "worker": failure.worker,
+        "to": failure.to_pool,
+        "error": failure.error,
+        "attempts": failure.attempts,
+        "next_attempt": None if failure.refused else iso_time(failure.next_time),
+        "refused": failure.refused,
+    }
+
+
+def failing_rows(failing: Sequence[MoveFailure]) -> list[list[str]]:
+    shorts = short_ids(f.worker for f in failing)
+    return [
+        [
+            shorts[f.worker],
+            f.to_pool,
+            str(f.attempts),
+            REFUSED if f.refused else iso_time(f.next_time),
+            f.error,
+        ]
+        for f in failing
+    ]
+
+
 def apply_summary(outcome: ApplyOutcome) -> str:
     """``policy split created (revision 7): 10 moves planned``; a dry run says would."""
     info = outcome.policy
@@ -221,6 +253,8 @@ def status_details(status: PoolStatusInfo) -> list[tuple[str, str]]:
     balanced = (
         "yes" if status.balanced else f"no: {pending} move{'' if pending == 1 else 's'} pending"
     )
+    if status.failing:
+        balanced += f", {len(status.failing)} failing (see Failing moves)"
     budget = (
         "unlimited (no move budget set)"
         if status.budget_left is None
@@ -267,6 +301,7 @@ def status_object(status: PoolStatusInfo) -> dict[str, Any]:
         "drift": [drift_object(d) for d in status.drift],
         "budget_left": status.budget_left,
         "conflict": status.conflict or None,
+        "failing": [failure_object(f) for f in status.failing],
     }
 
 

@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from dynamod import __version__
 from dynamod.audit import AuditLog
@@ -32,7 +33,9 @@ from dynamod.drain_watch import DrainWatch
 from dynamod.errors import (
     DynamoError,
     InvalidInputError,
+    KeyNotFoundError,
     PermissionDeniedError,
+    RevisionMismatchError,
     StoreUnavailableError,
     UnsupportedError,
 )
@@ -59,7 +62,7 @@ from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.router.explain import by_dynamo_rule, dynamo_summary
 from dynamod.router.fit import ANY
 from dynamod.selectors import parse
-from dynamod.store import Store
+from dynamod.store import Store, Swap
 from dynamod.store.dynamo import DynamoStore
 from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.targets import Target
@@ -75,6 +78,16 @@ MAX_EXPLAIN_PROMPT = MAX_BODY
 carry a longer one."""
 
 Progress = Callable[[UpdateOutcome], Awaitable[None]]
+
+
+class BatchItem(NamedTuple):
+    """One worker's update in ``Control.update_taints_batch``: at ``expect`` (the revision
+    the caller saw), with ``audit`` added to its audit line."""
+
+    record: WorkerRecord
+    update: TaintUpdate
+    expect: int
+    audit: Mapping[str, object]
 
 
 class KeyedLock:
@@ -119,6 +132,8 @@ class Control:
     """How many taints, and bytes of them, an update may leave a worker."""
     started: float = field(default_factory=time.monotonic)
     state: DaemonState = DaemonState.STARTING
+    state_store_url: str = ""
+    """The state store's URL, for ``status`` ("" until the daemon set it: the store's)."""
     serial: KeyedLock = field(default_factory=KeyedLock)
     """One taint update at a time per worker in this daemon, as Dynamo serialises a
     worker's updates under its metadata lock: concurrent callers queue here instead of
@@ -298,6 +313,72 @@ class Control:
         )
         return change
 
+    async def update_taints_batch(
+        self, items: list[BatchItem], *, caller: Principal, check: TaintCheck
+    ) -> list[UpdateOutcome | DynamoError | None]:
+        """Each item's update in one transaction of the store (``Store.swap_all``), each
+        worker at the revision its item expects and the view holds it at, with the lock per
+        worker, ``check`` right before the write and one audit line per worker, as
+        ``update_taints`` makes them one by one (the pool leader's moves). An outcome per
+        item: what changed, its error, or None: write it with ``update_taints`` (the store
+        writes one key at a time, the view holds another revision, or the transaction met a
+        newer record)."""
+        store = self.store
+        if isinstance(store, DynamoStore) or not 0 < len(items) <= store.max_swaps:
+            return [None] * len(items)
+        results: list[UpdateOutcome | DynamoError | None] = [None] * len(items)
+        async with contextlib.AsyncExitStack() as held:
+            for key in sorted({item.record.key for item in items}):
+                await held.enter_async_context(self.serial.hold(key))
+            made: dict[int, WorkerRecord] = {}
+            for n, (record, update, expect, audit) in enumerate(items):
+                if self.view.get(record.key) is not record or self._seen_at(record) != expect:
+                    continue
+                try:
+                    made[n] = record.updated(update, self.limits)
+                    caller.check_taints(_changed(record, made[n]))
+                except DynamoError as exc:
+                    made.pop(n, None)
+                    self._audit(caller, update, record, record.taints, None, None, exc, audit)
+                    results[n] = exc
+            try:
+                for n, after in made.items():
+                    check(items[n].record, after)  # the fence, right before the transaction
+            except DynamoError as exc:  # the term ended: audited as one by one, then raised
+                for n in made:
+                    self._batch_audit(caller, items[n], None, None, exc)
+                raise
+            swaps = [
+                Swap(items[n].record.key, a.to_bytes(), items[n].expect) for n, a in made.items()
+            ]
+            try:
+                revision = await store.swap_all(swaps) if swaps else 0
+            except (RevisionMismatchError, KeyNotFoundError):
+                return results  # a newer record: each of them one by one
+            except DynamoError as exc:
+                for n in made:
+                    results[n] = self._batch_audit(caller, items[n], None, None, exc)
+                return results
+            for n, after in made.items():
+                results[n] = self._batch_audit(caller, items[n], after, revision, None)
+        return results
+
+    def _batch_audit(
+        self,
+        caller: Principal,
+        item: BatchItem,
+        after: WorkerRecord | None,
+        revision: int | None,
+        error: DynamoError | None,
+    ) -> UpdateOutcome | DynamoError:
+        record = item.record
+        taints = None if after is None else after.taints
+        self._audit(caller, item.update, record, record.taints, taints, revision, error, item.audit)
+        if error is not None:
+            return error
+        assert after is not None and revision is not None
+        return UpdateOutcome(record.instance_id, record.key, record.taints, after.taints, revision)
+
     def _seen_at(self, record: WorkerRecord) -> int | None:
         """The revision the view holds ``record`` at, if it still holds this very record."""
         return self.view.revision_of(record.key) if self.view.get(record.key) is record else None
@@ -452,6 +533,7 @@ class Control:
             queue_depth=self.router.queue_depth,
             revision=self.view.revision,
             state=self.state,
+            state_store_url=self.state_store_url or self.store.url,
             open_files=open_count(),
             open_files_limit=min(soft_limit(), 2**31 - 1),
         )

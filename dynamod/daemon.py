@@ -34,11 +34,11 @@ from dynamod.audit import AuditLog
 from dynamod.auth import Principal, Tokens
 from dynamod.boundary import Budgets, EngineStreams, KvIndexer, TokenizerRegistry
 from dynamod.boundary.dynamo_reach import DynamoReach
-from dynamod.control import Control
+from dynamod.control import BatchItem, Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
 from dynamod.engine_events import EngineLoad
-from dynamod.errors import ConfigError
+from dynamod.errors import ConfigError, DynamoError
 from dynamod.frontend import Frontend
 from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
@@ -48,8 +48,10 @@ from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.open_files import OpenFiles
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
+from dynamod.pools.reconciler import BatchWriter as PoolBatchWriter
 from dynamod.pools.reconciler import Check as PoolCheck
 from dynamod.pools.reconciler import Observed, PoolReconciler, TaintWriter
+from dynamod.pools.reconciler import Write as PoolWrite
 from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES
 from dynamod.prompts.processes import PromptProcesses
 from dynamod.prompts.reader import PromptReader
@@ -170,6 +172,7 @@ class Daemon:
         )
         slots = StreamSlots(settings.max_streams, settings.max_streams_per_caller)
         state = await self._state_store(stack, store)
+        control.state_store_url = state.url
         pools = self._pools(state, view, control)
         stats = StatsSampler(
             view, router, traffic, replica=settings.replica_id, breaches=feeds.breaches,
@@ -208,7 +211,7 @@ class Daemon:
             await grpc.serving(True)
             control.state = DaemonState.SERVING
             self.http_url = http
-            self._announce(grpc.addresses, http, store.url, len(view))
+            self._announce(grpc.addresses, http, store.url, state.url, len(view))
             self.ready.set()
             dog = self._start_watchdog(group)
             reconciler = group.create_task(pools.run(), name="pool reconciler")
@@ -227,14 +230,14 @@ class Daemon:
         url = self.settings.state_store
         if not url or url == store.url:
             return store
-        state = await open_store(url)
+        state = await open_store(url, timeout=self.settings.store_timeout)
         stack.push_async_callback(state.aclose)
         return state
 
     async def _open_store(self) -> Store:
         url = self.settings.store
         if not is_dynamo(url):
-            return await open_store(url)
+            return await open_store(url, timeout=self.settings.store_timeout)
         log.warning(
             "%s is an NVIDIA Dynamo fleet: dynamod lists, explains and re-taints its workers "
             "(through each worker's own taint route) and never writes its store; its front "
@@ -247,6 +250,7 @@ class Daemon:
             addresses=self.settings.dynamo_addresses,
             on_refused=self.metrics.refused_dynamo_record,
             on_warned=self.metrics.dynamo_taint_warnings.inc,
+            timeout=self.settings.store_timeout,
         )
 
     def _router(self) -> tuple[Router, KvIndexer | None]:
@@ -310,13 +314,13 @@ class Daemon:
         serving = state is DaemonState.SERVING
         return web.json_response({"status": str(state)}, status=200 if serving else 503)
 
-    def _announce(self, grpc: list[str], http: str, store: str, workers: int) -> None:
+    def _announce(self, grpc: list[str], http: str, store: str, state: str, workers: int) -> None:
         systemd.notify("READY=1", f"STATUS=serving {workers} workers")
         if not self._print_ready:
             return
         print(
             f"dynamod ready: grpc={','.join(grpc)} http={http or '-'} store={store} "
-            f"workers={workers} replica={self.settings.replica_id}",
+            f"workers={workers} replica={self.settings.replica_id} state_store={state}",
             flush=True,
         )
 
@@ -390,6 +394,8 @@ class Daemon:
         logs.configure(new.log_level, new.log_format)
         self.api.tokens = Tokens.load(new.tokens_file)
         self.router.reconfigure(new.router)
+        if self.api.pools is not None:
+            self.api.pools.reconciler.settings_changed()  # refused pool moves try again
         restart_only = [
             name
             for name in ("store", "listen", "http", "tls_cert", "tls_key", "tls_client_ca")
@@ -414,6 +420,7 @@ class Daemon:
             store, view, _pool_writer(control, self.settings.replica_id),
             identity=self.settings.replica_id, ttl=self.settings.pool_lease_ttl,
             observe=observe, metrics=PoolMetrics(self.registry),
+            batch=_pool_batches(control, self.settings.replica_id),
         )  # fmt: skip
 
 
@@ -444,6 +451,20 @@ def _pool_writer(control: Control, identity: str) -> TaintWriter:
             target, update, caller=caller, check=check, audit=audit
         )
         return outcome
+
+    return write
+
+
+def _pool_batches(control: Control, identity: str) -> PoolBatchWriter:
+    """The pool leader's moves many to a transaction where the store has them
+    (``Control.update_taints_batch``): each still fenced, locked and audited."""
+    caller = Principal(f"pools@{identity}", "write")
+
+    async def write(
+        writes: list[PoolWrite], *, check: PoolCheck
+    ) -> list[UpdateOutcome | DynamoError | None]:
+        items = [BatchItem(*w) for w in writes]
+        return await control.update_taints_batch(items, caller=caller, check=check)
 
     return write
 

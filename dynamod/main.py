@@ -79,6 +79,13 @@ def main_options(
         float | None, typer.Option(help="Seconds of the bounded drain at exit.")
     ] = None,
     replica_id: Annotated[str | None, typer.Option(help="This replica's name.")] = None,
+    state_store: Annotated[
+        str | None,
+        typer.Option(
+            help="Store URL for pool policies, their history and the pool leader's key "
+            "(default: the discovery store; needed on an NVIDIA Dynamo fleet)."
+        ),
+    ] = None,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
@@ -98,6 +105,7 @@ def main_options(
         "grace": grace,
         "drain": drain,
         "replica_id": replica_id,
+        "state_store": state_store,
     }
     ctx.obj = (config, flags)
     if ctx.invoked_subcommand is None:
@@ -112,10 +120,10 @@ def _load(config: Path | None, flags: dict[str, object]) -> DaemonSettings:
 
 def _checked(config: Path | None, flags: dict[str, object]) -> DaemonSettings | int:
     """The settings, with everything a start needs from them verified
-    (``settings.verify``); else the exit code, the reason said in one line on stderr:
+    (``settings.checks.verify``); else the exit code, the reason said in one line on stderr:
     ``EX_CONFIG`` for a configuration error, ``EX_UNAVAILABLE`` for a listener that cannot
     be bound now. check-config and the start call this one function."""
-    from dynamod.settings import verify
+    from dynamod.settings.checks import verify
 
     try:
         settings = _load(config, flags)

@@ -2,8 +2,9 @@
 
 A stored policy (``PolicyInfo``), the outcome of an apply (``ApplyOutcome``) or a removal
 (``RemoveOutcome``), one move of a worker between pools (``PoolMove``: pending, or made
-by a leader with its fencing epoch), drift the leader saw (``DriftSeen``), a policy's
-status (``PoolStatusInfo``) and a pool event in ``events tail`` (``PoolEventInfo``).
+by a leader with its fencing epoch), drift the leader saw (``DriftSeen``), a move that
+failed (``MoveFailure``), a policy's status (``PoolStatusInfo``) and a pool event in
+``events tail`` (``PoolEventInfo``).
 ``dynamod.pools`` builds them, ``api/pool_convert.py`` puts them on the wire and back,
 and ``dynamod.client`` hands them to dynamoctl and to Python programs. The pool taints of
 a policy are its ``pools``: taint -> weight.
@@ -88,6 +89,22 @@ class DriftSeen:
 
 
 @dataclass(frozen=True)
+class MoveFailure:
+    """A worker whose move the leader could not make: the pool it was to move to, the last
+    error (its class and message), the failed attempts in a row, and the wall-clock time
+    of the next attempt; ``refused``: the daemon refused the move (``next_time`` is 0), so
+    it is tried again only once the policy, the worker's record or the daemon's settings
+    change."""
+
+    worker: str
+    to_pool: str
+    error: str
+    attempts: int
+    next_time: float
+    refused: bool = False
+
+
+@dataclass(frozen=True)
 class PoolCount:
     """One pool of a policy: its weight, the routable workers it should have and has."""
 
@@ -108,7 +125,9 @@ class PoolStatusInfo:
     ``recent`` moves and ``drift`` come from the leader's history in the store, the newest
     last. ``budget_left``: moves the leader may still make in the budget's window (None
     without ``max_moves``, or on a follower). ``conflict``: why the policy is not
-    reconciled, when it overlaps another stored policy ("" otherwise)."""
+    reconciled, when it overlaps another stored policy ("" otherwise). ``failing``: the
+    workers whose moves failed, with why and when the leader tries again (the leader
+    only: a follower shows none)."""
 
     policy: PolicyInfo
     replica: str
@@ -124,6 +143,7 @@ class PoolStatusInfo:
     drift: tuple[DriftSeen, ...] = ()
     budget_left: int | None = None
     conflict: str = ""
+    failing: tuple[MoveFailure, ...] = ()
 
     @property
     def balanced(self) -> bool:

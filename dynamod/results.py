@@ -349,6 +349,8 @@ class StatusInfo:
     queue_depth: int
     revision: int
     state: DaemonState
+    state_store_url: str = ""
+    """Where pool policies, their history and the pool leader's key are kept."""
     open_files: int = -1
     """Descriptors the daemon has open now (-1: not known)."""
     open_files_limit: int = 0

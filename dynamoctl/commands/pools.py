@@ -138,7 +138,8 @@ def get(ctx: typer.Context, name: PolicyName) -> None:
 def status(ctx: typer.Context, name: PolicyName) -> None:
     """Show what a policy wants and has, and what the leader did.
 
-    The target and actual routable workers per pool, the moves still pending, the recent
+    The target and actual routable workers per pool, the moves still pending (and those
+    failing: each worker's error, attempts and next attempt), the recent
     moves the leader made (time, epoch, revision), the drift it saw and what it did, and
     which daemon leads. Counts and pending moves are the answering daemon's plan; recent
     moves and drift come from the leader's history, so any daemon can answer."""
@@ -155,6 +156,8 @@ def status(ctx: typer.Context, name: PolicyName) -> None:
         prefix = await client.id_prefix()
         moves = pool_formats.move_rows(info.pending, prefix)
         _section(printer, "Pending moves", pool_formats.MOVE_HEADERS, moves)
+        failing = pool_formats.failing_rows(info.failing)
+        _section(printer, "Failing moves", pool_formats.FAILING_HEADERS, failing)
         made = pool_formats.made_rows(info.recent if printer.wide else info.recent[-10:], prefix)
         _section(printer, "Recent moves", pool_formats.MADE_HEADERS, made)
         drift = pool_formats.drift_rows(info.drift if printer.wide else info.drift[-10:], prefix)

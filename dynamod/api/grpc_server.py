@@ -26,7 +26,8 @@ from dynamod.api.service import ServiceContext, add_services
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.control import MAX_EXPLAIN_PROMPT
 from dynamod.errors import ConfigError, DynamoError, ListenError
-from dynamod.settings import DaemonSettings, check_socket_path, parse_hostport
+from dynamod.settings import DaemonSettings, parse_hostport
+from dynamod.settings.checks import check_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ def _bind(result: GrpcServer, address: str, settings: DaemonSettings) -> None:
 
 
 def _prepare_socket(path: Path) -> None:
-    """Make way for the socket at ``path`` as ``settings.check_socket_path`` allows: its
+    """Make way for the socket at ``path`` as ``settings.checks.check_socket_path`` allows: its
     directory made, a stale socket removed; never another kind of file."""
     stale = check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)

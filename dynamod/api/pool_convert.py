@@ -11,6 +11,7 @@ from dynamod.pool_results import (
     ApplyKind,
     ApplyOutcome,
     DriftSeen,
+    MoveFailure,
     PolicyInfo,
     PoolCount,
     PoolEventInfo,
@@ -102,6 +103,7 @@ def status_to_pb(status: PoolStatusInfo) -> pb.PoolStatusResponse:
         recent=[move_to_pb(m) for m in status.recent],
         drift=[drift_to_pb(d) for d in status.drift],
         conflict=status.conflict,
+        failing=[pb.PoolFailure(**f.__dict__) for f in status.failing],
     )
     if status.budget_left is not None:
         message.budget_left = status.budget_left
@@ -127,6 +129,10 @@ def status_from_pb(message: pb.PoolStatusResponse) -> PoolStatusInfo:
         drift=tuple(drift_from_pb(d) for d in message.drift),
         budget_left=message.budget_left if message.HasField("budget_left") else None,
         conflict=message.conflict,
+        failing=tuple(
+            MoveFailure(f.worker, f.to_pool, f.error, f.attempts, f.next_time, f.refused)
+            for f in message.failing
+        ),
     )
 
 

@@ -21,11 +21,12 @@ from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.auth import Principal
 from dynamod.discovery.view import Subscription
 from dynamod.discovery_events import DiscoveryEvent
-from dynamod.errors import ShuttingDownError, WorkerNotFoundError
+from dynamod.errors import ShuttingDownError, UnsupportedError, WorkerNotFoundError
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_events import PoolEvent, PoolEvents, PoolSubscription
 from dynamod.results import EventInfo
 from dynamod.selectors import Selector
+from dynamod.store.dynamo.url import is_dynamo
 
 
 class PoolService(rpc.PoolServiceServicer):
@@ -37,6 +38,7 @@ class PoolService(rpc.PoolServiceServicer):
     async def ApplyPolicy(self, request: pb.ApplyPolicyRequest, context: Context) -> Any:
         async def body(caller: Principal) -> pb.ApplyPolicyResponse:
             self._refuse_if_draining()
+            self._refuse_without_state_store()
             outcome = await self.pools.apply(
                 request.document, caller=caller, dry_run=request.dry_run
             )
@@ -77,6 +79,7 @@ class PoolService(rpc.PoolServiceServicer):
     ) -> Any:
         async def body(caller: Principal) -> pb.PolicyResponse:
             self._refuse_if_draining()
+            self._refuse_without_state_store()
             info, changed = await self.pools.set_paused(request.name, paused, caller=caller)
             return pb.PolicyResponse(policy=pool_convert.policy_to_pb(info), changed=changed)
 
@@ -85,9 +88,23 @@ class PoolService(rpc.PoolServiceServicer):
     async def RemovePolicy(self, request: pb.PolicyRequest, context: Context) -> Any:
         async def body(caller: Principal) -> pb.RemovePolicyResponse:
             self._refuse_if_draining()
+            self._refuse_without_state_store()
             return pool_convert.remove_to_pb(await self.pools.remove(request.name, caller=caller))
 
         return await self.api.call("RemovePolicy", context, body)
+
+    def _refuse_without_state_store(self) -> None:
+        """A change of pool policies (a dry run too: it would pretend the apply could be
+        made) needs a store dynamod can write; a Dynamo fleet's is read only."""
+        url = self.pools.store.url
+        if is_dynamo(url):
+            raise UnsupportedError(
+                f"pool policies need a state store dynamod can write, and {url} is an NVIDIA "
+                "Dynamo fleet's, which dynamod only reads: set state_store (environment "
+                "DYNAMO_STATE_STORE, flag --state-store), e.g. "
+                "DYNAMO_STATE_STORE=etcd://10.0.0.1:2379/dynamod or "
+                "file:///var/lib/dynamod/state, and restart dynamod"
+            )
 
     def _refuse_if_draining(self) -> None:
         if self.api.draining:

@@ -171,6 +171,7 @@ class PoolOperations:
             drift=drift,
             budget_left=reconciler.budget_left(name),
             conflict=reconciler.conflicts.get(name, "") or plan.refused,
+            failing=reconciler.failing(name),
         )
 
     async def _audited(

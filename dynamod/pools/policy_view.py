@@ -5,9 +5,10 @@
 runs one, leader or not. Each change becomes a pool event (``events.PoolEvents``): a
 policy APPLIED, CHANGED, PAUSED, RESUMED or REMOVED; each new history entry MOVED or
 DRIFT; a new leader LEADER. The first snapshot of each prefix is the state the daemon
-starts from and makes no events; a later snapshot (a reconnect) is compared with what was
-known, so only real differences do. ``listen(callback)`` is told after every change of the
-policies (the reconciler's cue to plan again).
+starts from and makes no events; a later snapshot (a reconnect, or ``run()`` again after
+the reconciler restarted) is compared with what was known, so only real differences do,
+and those made while nobody watched are published too. ``listen(callback)`` is told after
+every change of the policies (the reconciler's cue to plan again).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class PolicyView:
         self.leader: LeaderInfo | None = None
         self.ready = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
-        self._pending = 3
+        self._known: set[str] = set()
+        """Prefixes whose first snapshot was applied: later ones are compared with it."""
 
     def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` after every change of the policies; returns the way to stop."""
@@ -62,14 +64,12 @@ class PolicyView:
             group.create_task(self._follow(LEADER_KEY, self._on_leader), name="pool leader")
 
     async def _follow(self, prefix: str, apply: Apply) -> None:
-        first = True
         async with self.store.watch(prefix) as watch:
             async for event in watch:
-                apply(event, first)
-                if first:
-                    first = False
-                    self._pending -= 1
-                    if not self._pending:
+                apply(event, prefix not in self._known)
+                if prefix not in self._known:
+                    self._known.add(prefix)
+                    if len(self._known) == 3:
                         self.ready.set()
 
     # Policies

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 
 from dynamod.errors import ConfigError
 from dynamod.store.base import (
+    DEFAULT_TIMEOUT,
     KEEP,
     Delete,
     Entry,
@@ -18,6 +19,7 @@ from dynamod.store.base import (
     Put,
     Resync,
     Store,
+    Swap,
     Watch,
     WatchEvent,
     keep_alive,
@@ -35,6 +37,7 @@ BACKENDS = {
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_TIMEOUT",
     "KEEP",
     "Delete",
     "Entry",
@@ -42,6 +45,7 @@ __all__ = [
     "Put",
     "Resync",
     "Store",
+    "Swap",
     "Watch",
     "WatchEvent",
     "check_url",
@@ -68,13 +72,13 @@ def check_url(url: str) -> None:
     store_class(url).check_url(url)
 
 
-async def open_store(url: str) -> Store:
+async def open_store(url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Store:  # noqa: ASYNC109
     """Open (and connect) the store named by ``url``.
 
     ``memory://``, ``file:///path/to/dir``, ``etcd://host:2379[,host:2379...][/prefix]``,
     ``nats://host:4222[,host:4222...][/bucket]``; etcd and NATS URLs take parameters that
     name TLS and credential files (README, "Stores in production"). ``dynamo+etcd://...``
     and ``dynamo+file:///dir`` read an NVIDIA Dynamo fleet (README, "Operating an NVIDIA
-    Dynamo fleet").
+    Dynamo fleet"). ``timeout``: the deadline of each call (the ``store_timeout`` setting).
     """
-    return await store_class(url).open(url)
+    return await store_class(url).open(url, timeout=timeout)

@@ -66,7 +66,7 @@ import contextlib
 import logging
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
@@ -75,6 +75,7 @@ from dynamod.errors import (
     InvalidKeyError,
     StoreClosedError,
     StoreUnavailableError,
+    UnsupportedError,
 )
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,16 @@ MAX_KEY = 1024
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
 DEFAULT_TIMEOUT = 5.0
 WATCH_QUEUE = 4096
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One key of ``Store.swap_all``: ``value`` written at ``key`` if the key is at revision
+    ``expect`` (> 0: it exists), keeping its lease."""
+
+    key: str
+    value: bytes
+    expect: int
 
 
 @dataclass(frozen=True)
@@ -240,9 +251,10 @@ class Store(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    async def open(cls, url: str) -> Self:
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Self:  # noqa: ASYNC109
         """Parse ``url``, connect, and return a ready store (``StoreUnavailableError`` if the
-        server cannot be reached in time; ``ConfigError`` for a malformed URL)."""
+        server cannot be reached in time; ``ConfigError`` for a malformed URL); ``timeout``
+        is the deadline of every call (``Store.timeout``)."""
 
     @classmethod
     @abc.abstractmethod
@@ -272,6 +284,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def revoke(self, lease: Lease) -> None: ...
+
+    max_swaps: int = 0
+    """Keys one ``swap_all`` may write (0: this store writes one key at a time)."""
+
+    async def swap_all(self, swaps: Sequence[Swap]) -> int:
+        """Every swap's value at its key, each key's lease kept, if every key is at its
+        expected revision: all or none, in one revision (returned). Nothing is written when
+        one differs: ``RevisionMismatchError`` (or ``KeyNotFoundError``) names the first.
+        Not sent again after a broken call (as a single compare-and-swap). At most
+        ``max_swaps`` keys; a store without multi-key transactions refuses
+        (``UnsupportedError``): write them one by one."""
+        raise UnsupportedError(f"{self.url}: this store writes one key at a time")
 
     @abc.abstractmethod
     def _stream(

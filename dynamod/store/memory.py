@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from dynamod.errors import ConfigError, KeyNotFoundError, LeaseExpiredError, RevisionMismatchError
 from dynamod.store.base import (
+    DEFAULT_TIMEOUT,
     KEEP,
     Delete,
     Entry,
@@ -49,9 +50,11 @@ class MemoryStore(Store):
         self._lease_ids = itertools.count(1)
 
     @classmethod
-    async def open(cls, url: str) -> MemoryStore:
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> MemoryStore:  # noqa: ASYNC109
         cls.check_url(url)
-        return cls(url)
+        store = cls(url)
+        store.timeout = timeout
+        return store
 
     @classmethod
     def check_url(cls, url: str) -> None:

@@ -61,7 +61,7 @@ async def test_apply_status_pause_resume_and_remove_through_the_api(
 ) -> None:
     for _ in range(5):
         await add_worker(memory)
-    settings = settings_for(memory, tmp_path, pool_lease_ttl=2.0)
+    settings = settings_for(memory, tmp_path, pool_lease_ttl=2.0, store_timeout=1.0)
     async with running_daemon(memory, settings) as daemon, client_for(settings) as client:
         preview = await client.apply_policy(SPLIT, dry_run=True)
         assert preview.outcome == "created" and preview.dry_run
@@ -177,7 +177,7 @@ async def test_pool_events_join_the_tail_and_moves_carry_the_epoch(
 ) -> None:
     worker = await add_worker(memory)
     await add_worker(memory)
-    settings = settings_for(memory, tmp_path, pool_lease_ttl=2.0)
+    settings = settings_for(memory, tmp_path, pool_lease_ttl=2.0, store_timeout=1.0)
     async with running_daemon(memory, settings), client_for(settings) as client:
         start = (await client.status()).revision
         tail = client.tail_events(since=start, pools=True)

@@ -127,7 +127,11 @@ def plane(
     with fleet:
         argv = daemon_argv(fleet.store_url, short / "d.sock", "--log-level", "info")
         # Dynamo's store is read-only: dynamod keeps its own state (pools) in one of its own.
-        state = {"DYNAMO_STATE_STORE": (workdir / "state").as_uri(), "DYNAMO_POOL_LEASE_TTL": "3"}
+        state = {
+            "DYNAMO_STATE_STORE": (workdir / "state").as_uri(),
+            "DYNAMO_POOL_LEASE_TTL": "3",
+            "DYNAMO_STORE_TIMEOUT": "1.5",
+        }
         daemon = started(argv, r"^dynamod ready:", workdir / "dynamod.log", state)
         plane = Plane(fleet, daemon, short / "d.sock", workdir / "home")
         try:

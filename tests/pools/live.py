@@ -23,6 +23,8 @@ from tests.support.processes import Proc, daemon, worker
 
 POOL_TTL = 2.0
 """The pool leader's lease in these tests (``pool_lease_ttl``), and the workers' own."""
+STORE_TIMEOUT = POOL_TTL / 2
+"""The daemons' store call deadline: a lease this short needs one at most half of it."""
 WORKER_TTL = 2.0
 MODEL = "llama"
 
@@ -97,8 +99,9 @@ class Fleet:
         directory.mkdir(parents=True)
         socket = directory / "d.sock"
         proc = daemon(
-            self.store_url, socket, "--replica-id", name, DYNAMO_POOL_LEASE_TTL=str(POOL_TTL)
-        )
+            self.store_url, socket, "--replica-id", name,
+            DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
+        )  # fmt: skip
         await proc.start(within=60)
         started = Daemon(name, proc, socket)
         self.daemons.append(started)

@@ -30,7 +30,7 @@ class Partition(Store):
         self._healed.set()
 
     @classmethod
-    async def open(cls, url: str) -> Partition:
+    async def open(cls, url: str, *, timeout: float = 5.0) -> Partition:  # noqa: ASYNC109
         raise NotImplementedError("wrap an open store: Partition(store)")
 
     @classmethod

@@ -50,8 +50,8 @@ T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
-async def opened(url: str, call_timeout: float = 5.0) -> AsyncIterator[NatsStore]:
-    store = await NatsStore.open(url, call_timeout=call_timeout)
+async def opened(url: str, timeout: float = 5.0) -> AsyncIterator[NatsStore]:  # noqa: ASYNC109
+    store = await NatsStore.open(url, timeout=timeout)
     try:
         yield store
     finally:
@@ -143,7 +143,7 @@ async def test_an_unreachable_server_is_unavailable_within_the_timeout() -> None
     before = asyncio.all_tasks()
     async with asyncio.timeout(1.0 + FAST):
         with pytest.raises(StoreUnavailableError, match=r"did not answer within 1\.0 s"):
-            await NatsStore.open(f"nats://127.0.0.1:{free_port()}/b", call_timeout=1.0)
+            await NatsStore.open(f"nats://127.0.0.1:{free_port()}/b", timeout=1.0)
     assert asyncio.all_tasks() - before == set()
 
 
@@ -414,7 +414,7 @@ async def test_a_call_in_flight_fails_as_soon_as_the_connection_drops(
 
 
 async def test_a_frozen_server_fails_a_call_at_its_deadline(nats_server: NatsServer) -> None:
-    async with opened(nats_server.url(), call_timeout=1.0) as store:
+    async with opened(nats_server.url(), timeout=1.0) as store:
         proc = await freeze(nats_server)
         try:
             async with asyncio.timeout(1.0 + FAST):

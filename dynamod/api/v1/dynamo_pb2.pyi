@@ -965,6 +965,7 @@ class StatusResponse(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     OPEN_FILES_FIELD_NUMBER: _builtins.int
     OPEN_FILES_LIMIT_FIELD_NUMBER: _builtins.int
+    STATE_STORE_URL_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     store_url: _builtins.str
     store_healthy: _builtins.bool
@@ -981,6 +982,8 @@ class StatusResponse(_message.Message):
     (0 from a daemon that does not say): one is held per followed engine stream.
     """
     open_files_limit: _builtins.int
+    state_store_url: _builtins.str
+    """where pool policies are kept (state_store, else the store)"""
     def __init__(
         self,
         *,
@@ -996,10 +999,11 @@ class StatusResponse(_message.Message):
         state: _builtins.str = ...,
         open_files: _builtins.int = ...,
         open_files_limit: _builtins.int = ...,
+        state_store_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["open_files", b"open_files", "open_files_limit", b"open_files_limit", "queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open_files", b"open_files", "open_files_limit", b"open_files_limit", "queue_depth", b"queue_depth", "replica_id", b"replica_id", "revision", b"revision", "state", b"state", "state_store_url", b"state_store_url", "store_error", b"store_error", "store_healthy", b"store_healthy", "store_url", b"store_url", "uptime_seconds", b"uptime_seconds", "version", b"version", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1433,6 +1437,7 @@ class PoolStatusResponse(_message.Message):
     DRIFT_FIELD_NUMBER: _builtins.int
     BUDGET_LEFT_FIELD_NUMBER: _builtins.int
     CONFLICT_FIELD_NUMBER: _builtins.int
+    FAILING_FIELD_NUMBER: _builtins.int
     replica: _builtins.str
     """the answering daemon"""
     leader: _builtins.str
@@ -1470,6 +1475,10 @@ class PoolStatusResponse(_message.Message):
     def drift(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolDrift]:
         """the leader's history: drift seen, newest last"""
 
+    @_builtins.property
+    def failing(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolFailure]:
+        """the leader's failed moves, by worker"""
+
     def __init__(
         self,
         *,
@@ -1487,16 +1496,57 @@ class PoolStatusResponse(_message.Message):
         drift: _abc.Iterable[Global___PoolDrift] | None = ...,
         budget_left: _builtins.int | None = ...,
         conflict: _builtins.str = ...,
+        failing: _abc.Iterable[Global___PoolFailure] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left", "budget_left", b"budget_left", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left", "budget_left", b"budget_left", "by_domain", b"by_domain", "conflict", b"conflict", "drift", b"drift", "epoch", b"epoch", "excluded", b"excluded", "leader", b"leader", "leading", b"leading", "pending", b"pending", "policy", b"policy", "pools", b"pools", "recent", b"recent", "replica", b"replica", "workers", b"workers"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left", "budget_left", b"budget_left", "by_domain", b"by_domain", "conflict", b"conflict", "drift", b"drift", "epoch", b"epoch", "excluded", b"excluded", "failing", b"failing", "leader", b"leader", "leading", b"leading", "pending", b"pending", "policy", b"policy", "pools", b"pools", "recent", b"recent", "replica", b"replica", "workers", b"workers"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_left: _TypeAlias = _typing.Literal["budget_left"]  # noqa: Y015
     _WhichOneofArgType__budget_left: _TypeAlias = _typing.Literal["_budget_left", b"_budget_left"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_left) -> _WhichOneofReturnType__budget_left | None: ...
 
 Global___PoolStatusResponse: _TypeAlias = PoolStatusResponse  # noqa: Y015
+
+@_typing.final
+class PoolFailure(_message.Message):
+    """A worker whose pool move failed (the leader's back-off, dynamod/pools/move_failures.py)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    TO_POOL_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NEXT_TIME_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    worker: _builtins.str
+    to_pool: _builtins.str
+    error: _builtins.str
+    """the last error: its class and message"""
+    attempts: _builtins.int
+    """failed attempts in a row"""
+    next_time: _builtins.float
+    """Unix time of the next attempt (0 when refused)"""
+    refused: _builtins.bool
+    """tried again only once the policy, worker or settings change"""
+    def __init__(
+        self,
+        *,
+        worker: _builtins.str = ...,
+        to_pool: _builtins.str = ...,
+        error: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        next_time: _builtins.float = ...,
+        refused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "error", b"error", "next_time", b"next_time", "refused", b"refused", "to_pool", b"to_pool", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolFailure: _TypeAlias = PoolFailure  # noqa: Y015
 
 @_typing.final
 class WatchStatsRequest(_message.Message):

@@ -10,7 +10,7 @@ from typing import Final, Protocol, Self
 
 from dynamod.errors import UnsupportedError
 from dynamod.records import WorkerRecord
-from dynamod.store.base import Entry, Lease, LeaseArg, Store, Watch, validate_key
+from dynamod.store.base import DEFAULT_TIMEOUT, Entry, Lease, LeaseArg, Store, Watch, validate_key
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.cards import RecordKind
 from dynamod.store.dynamo.keys import WorkerRef, parse_key, parse_shown
@@ -60,6 +60,7 @@ class DynamoStore(Store):
         addresses: SystemAddresses | None = None,
         on_refused: Callable[[RecordKind], None] | None = None,
         on_warned: Callable[[], None] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - Store.timeout (reads only)
     ) -> Self:
         """Open the fleet's store. ``addresses``: how to find each worker's system port
         (the card's URLs by default); ``on_refused``: called once per record that is not
@@ -77,7 +78,9 @@ class DynamoStore(Store):
             from dynamod.store.dynamo.etcd_source import EtcdSource
 
             source = await EtcdSource.open(target.etcd, addresses, refusals)
-        return cls(target.url, source, refusals)
+        store = cls(target.url, source, refusals)
+        store.timeout = timeout
+        return store
 
     @classmethod
     def check_url(cls, url: str) -> None:

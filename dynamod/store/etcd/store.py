@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Self
 
 from aetcd import rpc
@@ -29,6 +29,7 @@ from dynamod.store.base import (
     Lease,
     LeaseArg,
     Store,
+    Swap,
     Watch,
     in_prefix,
     validate_key,
@@ -42,6 +43,9 @@ Message = Any  # aetcd ships no type hints: its protobuf messages are ``Any`` he
 REFRESH_SHARE = 0.25
 """A refresh waits at most this share of the lease's TTL on one member, so that after a
 member stops answering there is time left to refresh on another before the lease ends."""
+MAX_SWAPS = 64
+"""Keys one ``swap_all`` writes: its transaction holds three operations per key, within
+etcd's default ``--max-txn-ops`` of 128 for each of compare, success and failure."""
 
 
 class EtcdStore(Store):
@@ -54,8 +58,8 @@ class EtcdStore(Store):
         self._streams: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def open(cls, url: str) -> Self:
-        store = cls(parse_url(url))
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Self:  # noqa: ASYNC109
+        store = cls(parse_url(url), timeout=timeout)
         return await store._ready(store._members.open())
 
     @classmethod
@@ -217,6 +221,35 @@ class EtcdStore(Store):
 
     # -- writes --------------------------------------------------------------------------
 
+    max_swaps = MAX_SWAPS
+
+    async def swap_all(self, swaps: Sequence[Swap]) -> int:
+        """One transaction: a compare of each key's revision, a put keeping its lease for
+        each, and on failure a read of each, to name the first that differs."""
+        self._check_open()
+        if not 0 < len(swaps) <= MAX_SWAPS or any(s.expect <= 0 for s in swaps):
+            raise InvalidInputError(
+                f"swap_all takes 1 to {MAX_SWAPS} keys, each at a revision > 0 ({len(swaps)})"
+            )
+        raws = [self._raw(validate_key(s.key)) for s in swaps]
+        pairs = list(zip(raws, swaps, strict=True))
+        request = rpc.TxnRequest(
+            compare=[_at(raw, swap.expect) for raw, swap in pairs],
+            success=[_put_op(raw, swap.value, KEEP, keep=True) for raw, swap in pairs],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=raw)) for raw in raws],
+        )
+        what = f"swap {len(swaps)} keys from {swaps[0].key!r}"
+        response = await self._call(what, "Txn", request, retry=False)
+        if response.succeeded:
+            return int(response.header.revision)
+        for swap, read in zip(swaps, response.responses, strict=True):
+            found = read.response_range.kvs
+            if not found:
+                raise KeyNotFoundError(swap.key)
+            if int(found[0].mod_revision) != swap.expect:
+                raise RevisionMismatchError(swap.key, swap.expect, int(found[0].mod_revision))
+        raise RevisionMismatchError(swaps[0].key, swaps[0].expect, 0)  # changed and back
+
     async def _guarded(self, key: str, expect: int, op: Message, what: str) -> int:
         """Apply ``op`` only if ``key`` is at revision ``expect`` (0: absent).
 
@@ -270,6 +303,12 @@ class EtcdStore(Store):
 def _put_request(raw: bytes, value: bytes, lease: LeaseArg, *, keep: bool) -> Message:
     lease_id = lease.id if isinstance(lease, Lease) else 0
     return rpc.PutRequest(key=raw, value=bytes(value), lease=lease_id, ignore_lease=keep)
+
+
+def _at(raw: bytes, revision: int) -> Message:
+    return rpc.Compare(
+        key=raw, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision
+    )
 
 
 def _put_op(raw: bytes, value: bytes, lease: LeaseArg, *, keep: bool) -> Message:

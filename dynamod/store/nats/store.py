@@ -70,9 +70,9 @@ class NatsStore(Store):
         self._reconnects = Backoff(RECONNECT_FIRST, RECONNECT_CAP)
 
     @classmethod
-    async def open(cls, url: str, *, call_timeout: float = DEFAULT_TIMEOUT) -> Self:
-        """Connect and prepare the bucket; ``call_timeout`` bounds this and every call."""
-        store = cls(parse_url(url), timeout=call_timeout)
+    async def open(cls, url: str, *, timeout: float = DEFAULT_TIMEOUT) -> Self:  # noqa: ASYNC109
+        """Connect and prepare the bucket; ``timeout`` bounds this and every call."""
+        store = cls(parse_url(url), timeout=timeout)
         return await store._ready(store._connect())
 
     @classmethod

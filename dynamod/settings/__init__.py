@@ -68,14 +68,19 @@ worker_events_per_second                                       lines a worker's 
 worker_event_bytes_per_second                                  ... and bytes of them (a
   / _burst         2097152 / 67108864                          KV worker's burst: its
                                                                whole snapshot if larger)
+store_timeout      5                                           seconds: the deadline of
+                                                               each store call
 pool_lease_ttl     15                                          seconds of the pool
                                                                leader's lease: failover
-                                                               within it plus a second
+                                                               within it plus a second;
+                                                               at least twice
+                                                               store_timeout (the fence)
 state_store        (the store)                                 where pool policies, their
                                                                history and the pool
                                                                leader's key are kept; a
                                                                Dynamo fleet's store is
                                                                read-only: name one there
+                                                               (never a dynamo+ URL)
 =================  ==========================================  ==========================
 
 What a model's own tokenizer and chat template may cost (``tokenizers.limits``; the
@@ -92,8 +97,8 @@ template_max_output_mb    32       Mi characters a chat template may render
 prompt_process_memory_mb  4096     MiB of address space of one prompt process
 ========================  =======  =============================================
 
-``verify`` checks what a start needs beyond the values themselves, and ``dynamod
-check-config`` and every start run it alike: files, the store URL, and every listener —
+``settings.checks.verify`` checks what a start needs beyond the values themselves, and
+``dynamod check-config`` and every start run it alike: files, the store URL, and every listener —
 each TCP address (the front's and gRPC's) is bound and released, all of them held at
 once in the order a start binds them, and each unix socket path is looked at. A listener
 that cannot be bound (the port is taken, or the address is not this host's) is a
@@ -104,29 +109,25 @@ port was taken in between (the start then says so in one line, exit 69).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import socket
-import ssl
-import stat
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynamod.auth import Tokens
 from dynamod.engine_events import MAX_LINE
-from dynamod.errors import ConfigError, InvalidInputError, ListenError, shown
+from dynamod.errors import ConfigError, InvalidInputError, shown
 from dynamod.http.limits import AnswerLimits, HttpLimits
-from dynamod.http.server import listen as bind_tcp
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
-from dynamod.store import check_url
+from dynamod.store import DEFAULT_TIMEOUT
 from dynamod.store.dynamo.addresses import SystemAddresses
+from dynamod.store.dynamo.url import is_dynamo
 from dynamod.taints import TaintLimits
 from dynamod.tokenizers.limits import MIB, TokenizerLimits
 
@@ -137,6 +138,8 @@ MAX_SOCKET_PATH = 107
 """Bytes of a unix socket's path: ``sun_path`` holds 108, the last one a NUL."""
 MAX_REPLICA_ID = 256
 WILDCARDS = ("", "0.0.0.0", "::")
+FENCE_MARGIN = 2
+"""``pool_lease_ttl`` is at least this many times ``store_timeout`` (``pools.leader``)."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,7 @@ class DaemonSettings:
     worker_events_burst: int = 10_000
     worker_event_bytes_per_second: float = float(2 << 20)
     worker_event_bytes_burst: int = 64 << 20
+    store_timeout: float = DEFAULT_TIMEOUT
     pool_lease_ttl: float = 15.0
     state_store: str = ""
 
@@ -195,10 +199,7 @@ class DaemonSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
-        if not math.isfinite(self.pool_lease_ttl) or not 1 <= self.pool_lease_ttl <= 3600:
-            raise ConfigError(
-                f"pool_lease_ttl must be 1 to 3600 seconds, got {self.pool_lease_ttl!r}"
-            )
+        self._check_pools()
         if self.event_history < 1:
             raise ConfigError(f"event_history must be at least 1, got {self.event_history}")
         if not 0 < self.event_history_mb < 1e6:
@@ -266,6 +267,30 @@ class DaemonSettings:
             max_output=_mib(self.template_max_output_mb, "template_max_output_mb"),
             process_memory=_mib(self.prompt_process_memory_mb, "prompt_process_memory_mb"),
         )
+
+    def _check_pools(self) -> None:
+        if not math.isfinite(self.store_timeout) or not 0.1 <= self.store_timeout <= 600:
+            raise ConfigError(
+                f"store_timeout must be 0.1 to 600 seconds, got {self.store_timeout!r}"
+            )
+        if not math.isfinite(self.pool_lease_ttl) or not 1 <= self.pool_lease_ttl <= 3600:
+            raise ConfigError(
+                f"pool_lease_ttl must be 1 to 3600 seconds, got {self.pool_lease_ttl!r}"
+            )
+        if self.pool_lease_ttl < FENCE_MARGIN * self.store_timeout:
+            raise ConfigError(
+                f"pool_lease_ttl ({self.pool_lease_ttl:g} s) must be at least {FENCE_MARGIN} "
+                f"times store_timeout ({self.store_timeout:g} s): the pool leader stops "
+                "writing half a TTL after its last refresh, and a write that passed its fence "
+                "just before must reach the store within the other half; raise pool_lease_ttl "
+                f"to {FENCE_MARGIN * self.store_timeout:g} or lower store_timeout"
+            )
+        if is_dynamo(self.state_store):
+            raise ConfigError(
+                f"state_store {shown(self.state_store, 80)} is an NVIDIA Dynamo fleet's store, "
+                "which dynamod only reads; name a store it can write (DYNAMO_STATE_STORE, "
+                "e.g. etcd://10.0.0.1:2379/dynamod or file:///var/lib/dynamod/state)"
+            )
 
     def _check_boundary(self) -> None:
         if self.kv_blocks_total < 0:
@@ -445,6 +470,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "worker_events_burst": _number(int),
     "worker_event_bytes_per_second": _number(float),
     "worker_event_bytes_burst": _number(int),
+    "store_timeout": _number(float),
     "pool_lease_ttl": _number(float),
     "state_store": str,
 }
@@ -531,96 +557,3 @@ def load(
     _apply(values, router, _env(env), "environment")
     _apply(values, router, {k: v for k, v in (flags or {}).items() if v is not None}, "flags")
     return DaemonSettings(**values, router=RouterKnobs(**router))
-
-
-def verify(settings: DaemonSettings) -> None:
-    """Check what ``DaemonSettings`` alone cannot: the files and names a start would use — the
-    tokens file parses, the store URL and the files it names check out (without connecting:
-    ``store.check_url``), the TLS files load, the audit log can be written — and the
-    listeners (``verify_listeners``). ``dynamod check-config`` and every start run this same
-    check, so a configuration check-config passes does not fail at start for these reasons
-    (but for a port taken in between)."""
-    Tokens.load(settings.tokens_file)
-    check_url(settings.store)
-    if settings.state_store:
-        check_url(settings.state_store)
-    _verify_tls(settings)
-    if settings.audit_log is not None:
-        _verify_writable(settings.audit_log, "audit_log")
-    verify_listeners(settings)
-
-
-def verify_listeners(settings: DaemonSettings) -> None:
-    """Bind every TCP listener as a start does — the front first, then gRPC's, all held at
-    once — and release them; check every unix socket path (``check_socket_path``).
-    ``ListenError`` when one is taken or not this host's; nothing is left behind."""
-    for address in settings.listen:
-        if address.startswith("unix://"):
-            check_socket_path(Path(address[len("unix://") :]))
-    tcp = [(settings.http, "http")] if settings.http else []
-    tcp += [(a, "gRPC") for a in settings.listen if not a.startswith("unix://")]
-    with contextlib.ExitStack() as held:
-        for address, what in tcp:
-            held.enter_context(bind_tcp(*parse_hostport(address, what), what))
-
-
-def check_socket_path(path: Path) -> bool:
-    """Whether a start can make its unix socket at ``path``; True when a stale socket is
-    there (no process listens on it: the start replaces it). ``ListenError`` when a
-    process listens there; ``ConfigError`` when something else is in the way: a file that
-    is not a socket (never replaced), or a directory that cannot be written."""
-    where = f"unix://{path}"
-    try:
-        mode = path.lstat().st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        _verify_directory(path.parent, where)
-        return False
-    except OSError as exc:
-        raise ConfigError(f"listen address {where!r} cannot be looked at: {exc.strerror}") from None
-    if not stat.S_ISSOCK(mode):
-        raise ConfigError(
-            f"listen address {where!r} names a file that is not a socket; dynamod does not "
-            "replace it: choose another path or remove it"
-        )
-    _verify_directory(path.parent, where)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return True
-    raise ListenError(f"cannot listen on {where}: another process is listening there")
-
-
-def _verify_tls(settings: DaemonSettings) -> None:
-    if settings.tls_cert is None or settings.tls_key is None:
-        return
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(settings.tls_cert, settings.tls_key)
-        if settings.tls_client_ca is not None:
-            context.load_verify_locations(settings.tls_client_ca)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"TLS files cannot be used: {exc}") from None
-
-
-def _verify_writable(path: Path, name: str) -> None:
-    """``path`` can be appended to, or created (with its missing parent directories)."""
-    existing = path if path.exists() else next(p for p in path.parents if p.exists())
-    if existing.is_dir() and existing == path:
-        raise ConfigError(f"{name} {str(path)!r} is a directory")
-    if not os.access(existing, os.W_OK):
-        raise ConfigError(
-            f"{name} {str(path)!r} cannot be written (no write access to {str(existing)!r})"
-        )
-
-
-def _verify_directory(directory: Path, where: str) -> None:
-    """``directory`` can take a new socket: it is a writable directory, or can be made
-    (with its missing parents) in the nearest one that exists."""
-    existing = next(p for p in (directory, *directory.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(f"listen address {where!r}: {str(existing)!r} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"listen address {where!r} cannot be made: no write access to {str(existing)!r}"
-        )
