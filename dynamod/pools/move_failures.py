@@ -3,7 +3,7 @@
 A move that failed for a reason that may pass (the store or the worker's route did not
 answer, a timeout) is tried again after a delay of its own worker: 1 s after the first
 failure, doubling with each further one up to 60 s (``FIRST``, ``CAP``), and only a move of
-that worker that succeeds resets it. A move the daemon *refused* (``permanent``: the update
+that worker that succeeds resets it. A move the daemon *refused* (``is_permanent``: the update
 is invalid, over the daemon's taint limits, not permitted, or not supported by the worker)
 would be refused again just the same, so it is not tried again until something it depends
 on changes: the policy (its revision), the worker's record (its revision) or the daemon's

@@ -368,7 +368,7 @@ class _Fleet:
         return {(d, p): len(b) for d, g in self.groups.items() for p, b in g.buckets.items()}
 
     def actual(self) -> dict[str, int]:
-        """ReadyRequest workers holding exactly one pool, by pool: the buckets, less the drifted
+        """Routable workers holding exactly one pool, by pool: the buckets, less the drifted
         workers counted under their assigned pool, plus the pool they really hold."""
         counts = dict.fromkeys(self.pools, 0)
         for (_, pool), count in self.have().items():

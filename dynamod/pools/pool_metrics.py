@@ -21,13 +21,13 @@ class PoolMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.wanted = Gauge(
             "dynamod_pool_target_workers",
-            "ReadyRequest workers each pool of a policy should have, by this daemon's plan.",
+            "Routable workers each pool of a policy should have, by this daemon's plan.",
             ["policy", "pool"],
             registry=registry,
         )
         self.actual = Gauge(
             "dynamod_pool_workers",
-            "ReadyRequest workers holding exactly that pool of the policy, in this daemon's view.",
+            "Routable workers holding exactly that pool of the policy, in this daemon's view.",
             ["policy", "pool"],
             registry=registry,
         )
