@@ -87,6 +87,31 @@ def _depth(value: object) -> int:
     return deepest
 
 
+def read_unchecked(raw: bytes | str) -> object:
+    """``raw`` parsed by orjson alone, without the depth check; ``NOT_READ`` where orjson
+    refuses it. Only for a value the caller then compares with one ``read`` took (the
+    worker view's fast path, ``records.split_taints``): anything else from outside goes
+    through ``read``."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return NOT_READ
+
+
+NOT_READ = object()
+"""What ``read_unchecked`` returns for what orjson cannot read."""
+
+
+def strict(value: object) -> bytes | None:
+    """``value`` as JSON bytes that are equal only for strictly equal values (sorted keys;
+    ``1``, ``1.0`` and ``true`` write differently, unlike Python's ``==``); None where
+    orjson cannot write it (nesting past its limit, an integer past 64 bits)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return None
+
+
 def write(value: object) -> bytes:
     """``value`` as compact JSON (UTF-8, no NaN)."""
     try:
