@@ -292,21 +292,27 @@ class RoutingTable:
         index = self._models.get(record.model)
         if index is None:
             index = self._models[record.model] = _ModelIndex()
-        if old is not None:
+        # A taint change keeps the very card object (discovery/translate.py's fast path):
+        # its reading is the group's, counted already.
+        same_card = old is not None and old.model_card is record.model_card
+        if old is not None and not same_card:
             index.count(old.model_card, -1)
-        index.count(record.model_card, +1)
+        if not same_card:
+            index.count(record.model_card, +1)
         index.workers[key] = record
         self._records[key] = record
         self._revisions[key] = revision
-        self._regroup(index, record)
+        self._regroup(index, record, same_card)
         return touched | {record.model}
 
-    def _regroup(self, index: _ModelIndex, record: WorkerRecord) -> None:
-        """Put ``record`` in the group its taints, reading and context length name."""
+    def _regroup(self, index: _ModelIndex, record: WorkerRecord, same_card: bool) -> None:
+        """Put ``record`` in the group its taints, reading and context length name
+        (``same_card``: its card is the very one its group was chosen by)."""
         key = record.key
         card = record.model_card
-        wanted = (frozenset(record.taints), Reading.of(card), card.context_length)
         group = self._groups.get(key)
+        reading = group.reading if same_card and group is not None else Reading.of(card)
+        wanted = (frozenset(record.taints), reading, card.context_length)
         if group is not None and _key(group) == wanted:
             group.members[key] = record
             return
