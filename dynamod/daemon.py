@@ -60,7 +60,7 @@ from dynamod.results import DaemonState, UpdateOutcome
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.stats_sampler import StatsSampler
-from dynamod.store import Store, open_store
+from dynamod.store import Guard, Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
@@ -461,10 +461,10 @@ def _pool_batches(control: Control, identity: str) -> PoolBatchWriter:
     caller = Principal(f"pools@{identity}", "write")
 
     async def write(
-        writes: list[PoolWrite], *, check: PoolCheck
+        writes: list[PoolWrite], *, check: PoolCheck, guard: Guard | None
     ) -> list[UpdateOutcome | DynamoError | None]:
         items = [BatchItem(*w) for w in writes]
-        return await control.update_taints_batch(items, caller=caller, check=check)
+        return await control.update_taints_batch(items, caller=caller, check=check, guard=guard)
 
     return write
 
