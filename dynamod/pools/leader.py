@@ -37,7 +37,9 @@ Fenced on the store where the store can
     the same transaction: once the key was deleted, expired, or created or rewritten by
     another, the write cannot apply, however late it arrives (a request sent before a
     SIGSTOP of etcd and applied after the thaw), and fails with ``NotLeaderError`` ("the
-    term that made this write has ended"). Where it cannot (NATS, file, a Dynamo fleet's
+    term that made this write has ended"); the writer deposes the term with it
+    (``Leadership.depose``), which ends it here too: the lease is revoked and the
+    campaign starts again. Where it cannot (NATS, file, a Dynamo fleet's
     routes), the epoch fences by time only: the reconciler calls ``fence()`` right before
     each write and writes the epoch in its audit line, and a write in flight at the
     deadline may still land within the margin above. The history of a policy is one key
@@ -255,7 +257,11 @@ class LeaderElection:
             leadership, token = won
             self._begin(leadership)
             try:
-                await race(self._keep(leadership), self._guard(watch, leadership, token))
+                await race(
+                    self._keep(leadership),
+                    self._guard(watch, leadership, token),
+                    leadership.lost.wait(),  # deposed by a writer (the store refused its guard)
+                )
             finally:
                 # Lost already, unless the election is being closed (or its task failed).
                 leadership.depose("its term ended: the election was closed or failed")

@@ -363,7 +363,11 @@ class Leading:
                 [await self._move(term, stored, memory, s, records[s.worker]) for s in batch]
             )
         writes = [self._write_of(term, stored, step, records[step.worker]) for step in batch]
-        results = await self.batch(writes, check=term.check, guard=term.leadership.guard)
+        try:
+            results = await self.batch(writes, check=term.check, guard=term.leadership.guard)
+        except NotLeaderError as exc:  # the store refused the guard: the term has ended
+            term.leadership.depose(str(exc))
+            raise
         moved = 0
         for step, result in zip(batch, results, strict=True):
             owned = records[step.worker]
