@@ -83,3 +83,36 @@ async def test_a_single_move_after_the_leader_key_moved_is_refused_by_the_store(
     finally:
         await asyncio.gather(one.kill(), proc.kill())
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+async def test_a_state_store_of_its_own_fences_by_time_and_still_moves(
+    etcd_url: str, tmp_path: Path
+) -> None:
+    """The leader key on a ``state_store`` apart from the records' store: no transaction
+    spans both, so the moves are fenced by time, and made (a guard on the records' store
+    would name a key that is not there, and refuse every move)."""
+    socket = tmp_path / "d" / "d.sock"
+    socket.parent.mkdir()
+    audit_log = socket.parent / "audit.log"
+    proc = daemon(
+        etcd_url, socket, "--replica-id", "only",
+        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
+        DYNAMO_STATE_STORE=f"{etcd_url}-state",
+    )  # fmt: skip
+    one = worker(etcd_url, "--lease-ttl", str(WORKER_TTL))
+    await proc.start(within=60)
+    try:
+        await one.start(within=60)
+        path = tmp_path / "one.yaml"
+        path.write_text(policy("pool=fast"))
+        applied = await asyncio.to_thread(ctl, socket, "pools", "apply", "-f", str(path))
+        assert applied.returncode == 0, applied.stderr
+
+        async def lines() -> list[dict[str, Any]]:
+            return attempts(audit_log)
+
+        tried = await eventually(lines, bool, within=30, what="the move")
+        assert [line["outcome"] for line in tried] == ["ok"], tried
+    finally:
+        await asyncio.gather(one.kill(), proc.kill())
+    assert "Traceback" not in proc.stderr, proc.stderr
