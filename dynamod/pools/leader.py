@@ -32,7 +32,8 @@ Why a deposed leader stops before another can start
     suspended, so a leader that wakes from a suspend does not believe its old deadline.
 Fenced on the store where the store can
     Where the store has multi-key transactions (``Store.max_swaps > 0``: etcd, and the
-    memory store as the reference), the leader's moves are written with ``swap_all``
+    memory store as the reference) and holds the records too (no ``state_store`` of its
+    own), the leader's moves are written with ``swap_all``
     guarded by the leader key at the revision this term wrote it (``Leadership.guard``), in
     the same transaction: once the key was deleted, expired, or created or rewritten by
     another, the write cannot apply, however late it arrives (a request sent before a
