@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +29,9 @@ A, B = "v1/workers/a", "v1/workers/b"
 
 
 @pytest.fixture(params=["memory", "etcd"])
-async def fenced(request: pytest.FixtureRequest, tmp_path: object) -> AsyncIterator[Store]:
+async def fenced(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
     """A store with transactions: the leader's writes are fenced on it."""
-    url = backend_url(request.param, request, tmp_path)  # type: ignore[arg-type]
+    url = backend_url(request.param, request, tmp_path)
     async with await open_store(url) as store:
         yield store
 
@@ -120,10 +121,10 @@ async def test_the_guard_is_checked_before_the_records_and_is_no_record(fenced: 
     assert await _values(fenced) == {A: b"newer", B: b"before"}
 
 
-async def test_a_store_without_transactions_fences_by_time_only(tmp_path: object) -> None:
+async def test_a_store_without_transactions_fences_by_time_only(tmp_path: Path) -> None:
     """The file store writes one key at a time: a guarded write is refused, and the
     leader's moves go one by one, fenced by ``fence()`` (``leader.py``)."""
-    async with await open_store(f"file://{tmp_path}/store") as store:
+    async with await open_store((tmp_path / "store").as_uri()) as store:
         assert store.max_swaps == 0
         revision = await store.put(A, b"before")
         with pytest.raises(UnsupportedError):
