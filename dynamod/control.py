@@ -34,6 +34,7 @@ from dynamod.errors import (
     DynamoError,
     InvalidInputError,
     KeyNotFoundError,
+    NotLeaderError,
     PermissionDeniedError,
     RevisionMismatchError,
     StoreUnavailableError,
@@ -62,7 +63,7 @@ from dynamod.router import Router, RouteRequest, WorkerExplanation
 from dynamod.router.explain import by_dynamo_rule, dynamo_summary
 from dynamod.router.fit import ANY
 from dynamod.selectors import parse
-from dynamod.store import Store, Swap
+from dynamod.store import Guard, Store, Swap
 from dynamod.store.dynamo import DynamoStore
 from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.targets import Target
@@ -314,7 +315,12 @@ class Control:
         return change
 
     async def update_taints_batch(
-        self, items: list[BatchItem], *, caller: Principal, check: TaintCheck
+        self,
+        items: list[BatchItem],
+        *,
+        caller: Principal,
+        check: TaintCheck,
+        guard: Guard | None = None,
     ) -> list[UpdateOutcome | DynamoError | None]:
         """Each item's update in one transaction of the store (``Store.swap_all``), each
         worker at the revision its item expects and the view holds it at, with the lock per
@@ -322,7 +328,9 @@ class Control:
         ``update_taints`` makes them one by one (the pool leader's moves). An outcome per
         item: what changed, its error, or None: write it with ``update_taints`` (the store
         writes one key at a time, the view holds another revision, or the transaction met a
-        newer record)."""
+        newer record). With ``guard`` (the pool leader's key) the transaction applies only
+        while that key is at its revision: once the term ended, nothing is written, each is
+        audited with the ``NotLeaderError``, and it is raised."""
         store = self.store
         if isinstance(store, DynamoStore) or not 0 < len(items) <= store.max_swaps:
             return [None] * len(items)
@@ -352,9 +360,13 @@ class Control:
                 Swap(items[n].record.key, a.to_bytes(), items[n].expect) for n, a in made.items()
             ]
             try:
-                revision = await store.swap_all(swaps) if swaps else 0
+                revision = await store.swap_all(swaps, guard=guard) if swaps else 0
             except (RevisionMismatchError, KeyNotFoundError):
                 return results  # a newer record: each of them one by one
+            except NotLeaderError as exc:  # the guard: the term ended, nothing was written
+                for n in made:
+                    self._batch_audit(caller, items[n], None, None, exc)
+                raise
             except DynamoError as exc:
                 for n in made:
                     results[n] = self._batch_audit(caller, items[n], None, None, exc)

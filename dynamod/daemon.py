@@ -60,7 +60,7 @@ from dynamod.results import DaemonState, UpdateOutcome
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.stats_sampler import StatsSampler
-from dynamod.store import Store, open_store
+from dynamod.store import Guard, Store, open_store
 from dynamod.store.dynamo import DynamoStore, is_dynamo
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target
@@ -420,7 +420,7 @@ class Daemon:
             store, view, _pool_writer(control, self.settings.replica_id),
             identity=self.settings.replica_id, ttl=self.settings.pool_lease_ttl,
             observe=observe, metrics=PoolMetrics(self.registry),
-            batch=_pool_batches(control, self.settings.replica_id),
+            batch=_pool_batches(control, self.settings.replica_id, fenced=control.store is store),
         )  # fmt: skip
 
 
@@ -455,16 +455,19 @@ def _pool_writer(control: Control, identity: str) -> TaintWriter:
     return write
 
 
-def _pool_batches(control: Control, identity: str) -> PoolBatchWriter:
+def _pool_batches(control: Control, identity: str, *, fenced: bool) -> PoolBatchWriter:
     """The pool leader's moves many to a transaction where the store has them
-    (``Control.update_taints_batch``): each still fenced, locked and audited."""
+    (``Control.update_taints_batch``): each still fenced, locked and audited; guarded by
+    the leader key when it is on the same store as the records (``fenced``: no
+    ``state_store`` of its own), else fenced by time only."""
     caller = Principal(f"pools@{identity}", "write")
 
     async def write(
-        writes: list[PoolWrite], *, check: PoolCheck
+        writes: list[PoolWrite], *, check: PoolCheck, guard: Guard | None
     ) -> list[UpdateOutcome | DynamoError | None]:
         items = [BatchItem(*w) for w in writes]
-        return await control.update_taints_batch(items, caller=caller, check=check)
+        guard = guard if fenced else None
+        return await control.update_taints_batch(items, caller=caller, check=check, guard=guard)
 
     return write
 

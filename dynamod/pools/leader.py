@@ -30,10 +30,22 @@ Why a deposed leader stops before another can start
     differences between this machine and the store's (parts per million). The clock is
     ``CLOCK_BOOTTIME`` where Linux has it, which keeps counting while the machine is
     suspended, so a leader that wakes from a suspend does not believe its old deadline.
-    What the store contract cannot give is a compare on the leader key inside a write to
-    another key (no multi-key transaction), so the epoch fences by time, not by the store:
-    the reconciler calls ``fence()`` right before each write and writes the epoch in its
-    audit line. Deleting the leader key by hand is outside this guarantee: the new leader
+Fenced on the store where the store can
+    Where the store has multi-key transactions (``Store.max_swaps > 0``: etcd, and the
+    memory store as the reference) and holds the records too (no ``state_store`` of its
+    own), the leader's moves are written with ``swap_all``
+    guarded by the leader key at the revision this term wrote it (``Leadership.guard``), in
+    the same transaction: once the key was deleted, expired, or created or rewritten by
+    another, the write cannot apply, however late it arrives (a request sent before a
+    SIGSTOP of etcd and applied after the thaw), and fails with ``NotLeaderError`` ("the
+    term that made this write has ended"); the writer deposes the term with it
+    (``Leadership.depose``), which ends it here too: the lease is revoked and the
+    campaign starts again. Where it cannot (NATS, file, a Dynamo fleet's
+    routes), the epoch fences by time only: the reconciler calls ``fence()`` right before
+    each write and writes the epoch in its audit line, and a write in flight at the
+    deadline may still land within the margin above. The history of a policy is one key
+    written with a compare-and-swap at the revision read, fenced by time on every store.
+    Deleting the leader key by hand is outside the time fence's guarantee: the new leader
     may start before the old one has seen the delete.
 Failover
     When a leader's lease expires, watchers see the key's delete within about a second
@@ -72,7 +84,7 @@ from dynamod.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from dynamod.store import Delete, Entry, Lease, Put, Resync, Store, Watch
+from dynamod.store import Delete, Entry, Guard, Lease, Put, Resync, Store, Watch
 from dynamod.store.base import validate_key
 from dynamod.tasks import cancel_and_wait, race
 
@@ -108,10 +120,20 @@ class Leadership:
     before each write."""
 
     def __init__(
-        self, identity: str, epoch: int, lease: Lease, ttl: float, deadline: float
+        self,
+        identity: str,
+        epoch: int,
+        lease: Lease,
+        ttl: float,
+        deadline: float,
+        guard: Guard | None = None,
     ) -> None:
         self.identity = identity
         self.epoch = epoch
+        self.guard = guard
+        """The leader key at the revision this term wrote it at: the condition of a write
+        fenced on the store (``Store.swap_all(guard=...)``); any change to the key (a
+        delete, an expiry, another's create or rewrite) fails it."""
         self.lease = lease
         """The lease the leader key lives on (``lease.ttl`` is what the store granted)."""
         self.ttl = ttl
@@ -236,7 +258,11 @@ class LeaderElection:
             leadership, token = won
             self._begin(leadership)
             try:
-                await race(self._keep(leadership), self._guard(watch, leadership, token))
+                await race(
+                    self._keep(leadership),
+                    self._guard(watch, leadership, token),
+                    leadership.lost.wait(),  # deposed by a writer (the store refused its guard)
+                )
             finally:
                 # Lost already, unless the election is being closed (or its task failed).
                 leadership.depose("its term ended: the election was closed or failed")
@@ -252,7 +278,7 @@ class LeaderElection:
             first = _encode(self.identity, token)
             epoch = await self.store.put(self.key, first, expect=0, lease=lease)
             value = _encode(self.identity, token, epoch)
-            await self.store.put(self.key, value, expect=epoch, lease=lease)
+            written = await self.store.put(self.key, value, expect=epoch, lease=lease)
         except (RevisionMismatchError, KeyNotFoundError):
             await self._release(lease)
             return None
@@ -260,7 +286,8 @@ class LeaderElection:
             await self._release(lease)  # the create's outcome may be unknown: undo it
             raise
         deadline = sent + self.ttl * VALID_SHARE
-        return Leadership(self.identity, epoch, lease, self.ttl, deadline), token
+        guard = Guard(self.key, written)
+        return Leadership(self.identity, epoch, lease, self.ttl, deadline, guard), token
 
     def _begin(self, leadership: Leadership) -> None:
         self._current = leadership

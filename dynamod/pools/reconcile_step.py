@@ -7,11 +7,15 @@ refill, a failed move's next attempt, or at once after moves, so the gauges and 
 moves see them). ``reconciler.PoolReconciler`` calls it for each policy in force at every
 change and at the time it asks for.
 
-Each write goes through the ``TaintWriter`` (``Control.update_taints``): a replace of the
-worker's caller taints with the policy's pool taints (and its retired ones) swapped for
-the new pool, at the revision the plan saw (a newer record fails it, and the newer record's
-event brings another round), with a ``check`` that calls the term's ``fence()`` right
-before the compare-and-swap, and the policy, the move and the epoch in the audit line.
+Each write is a replace of the worker's caller taints with the policy's pool taints (and
+its retired ones) swapped for the new pool, at the revision the plan saw (a newer record
+fails it, and the newer record's event brings another round), with a ``check`` that calls
+the term's ``fence()`` right before the compare-and-swap, and the policy, the move and the
+epoch in the audit line. Where the store has transactions (``Store.max_swaps``) every
+write, a single one too, goes through the ``BatchWriter`` (``Control.update_taints_batch``)
+guarded by the leader key (``Leadership.guard``): the store refuses it once the term
+ended. Elsewhere, and for a write the batch hands back (the view holds a newer record),
+the ``TaintWriter`` (``Control.update_taints``) writes it, fenced by time only.
 A move that fails is held back per worker (``move_failures``): the back-off, or, refused,
 until something changes. A move whose outcome is unknown forgets what was assigned to that
 worker, so the next round reads the truth from the store instead of taking its own write
@@ -45,7 +49,7 @@ from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.stored import StoredPolicy
 from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
-from dynamod.store import Store
+from dynamod.store import Guard, Store
 from dynamod.taints import OPERATOR_TAINTS, TaintUpdate, caller_taints
 from dynamod.tasks import together
 
@@ -96,7 +100,7 @@ class BatchWriter(Protocol):
     newer record)."""
 
     def __call__(
-        self, writes: list[Write], *, check: Check
+        self, writes: list[Write], *, check: Check, guard: Guard | None
     ) -> Awaitable[list[UpdateOutcome | DynamoError | None]]: ...
 
 
@@ -229,6 +233,9 @@ class Leading:
         """The daemon's settings generation (a reload counts up): refused moves try again."""
         self.log_each = True
         """Whether the writes in progress log each move (``LOG_EACH``)."""
+        self.fenced = batch is not None and store.max_swaps > 0
+        """Whether every move is a ``swap_all`` guarded by the leader key (a single move
+        too): the store fences a deposed leader's late write (``leader.py``)."""
 
     def seen(self, key: str, revision: int) -> bool:
         """The view shows ``key`` at ``revision``: True when that is the leader's own write
@@ -319,7 +326,7 @@ class Leading:
         writer batches, else ``CONCURRENCY`` one by one at a time; how many committed."""
         moved = 0
         self.log_each = len(steps) <= LOG_EACH
-        if self.batch is not None and len(steps) > 1:
+        if self.batch is not None and (len(steps) > 1 or self.fenced):
             batches = iter([steps[i : i + BATCH] for i in range(0, len(steps), BATCH)])
             width = min(BATCHES, -(-len(steps) // BATCH))
         else:
@@ -349,13 +356,18 @@ class Leading:
         batch: list[Step],
         records: Mapping[str, Owned],
     ) -> int:
-        """One batch of steps (one step: the ``TaintWriter``); how many committed."""
-        if self.batch is None or len(batch) == 1:
+        """One batch of steps (one step: the ``TaintWriter``, unless the store fences it:
+        a batch of one); how many committed."""
+        if self.batch is None or (len(batch) == 1 and not self.fenced):
             return sum(
                 [await self._move(term, stored, memory, s, records[s.worker]) for s in batch]
             )
         writes = [self._write_of(term, stored, step, records[step.worker]) for step in batch]
-        results = await self.batch(writes, check=term.check)
+        try:
+            results = await self.batch(writes, check=term.check, guard=term.leadership.guard)
+        except NotLeaderError as exc:  # the store refused the guard: the term has ended
+            term.leadership.depose(str(exc))
+            raise
         moved = 0
         for step, result in zip(batch, results, strict=True):
             owned = records[step.worker]

@@ -72,7 +72,9 @@ from typing import Final, Literal, Self
 
 from dynamod.backoff import Backoff
 from dynamod.errors import (
+    InvalidInputError,
     InvalidKeyError,
+    NotLeaderError,
     StoreClosedError,
     StoreUnavailableError,
     UnsupportedError,
@@ -98,6 +100,16 @@ class Swap:
     key: str
     value: bytes
     expect: int
+
+
+@dataclass(frozen=True)
+class Guard:
+    """The condition of a fenced ``swap_all``: ``key`` (a leader key) still at revision
+    ``revision`` (> 0), compared in the same transaction as the writes, so a writer whose
+    term ended cannot write, however late its request arrives (``pools/leader.py``)."""
+
+    key: str
+    revision: int
 
 
 @dataclass(frozen=True)
@@ -161,6 +173,33 @@ def validate_key(key: str, *, prefix: bool = False) -> str:
                 "of A-Z, a-z, 0-9, '.', '_' and '-' separated by '/' (not '.' or '..')"
             )
     return key
+
+
+def check_swaps(swaps: Sequence[Swap], guard: Guard | None, limit: int) -> None:
+    """``swap_all``'s arguments: 1 to ``limit`` keys, each (and the guard) at a revision > 0,
+    the guard's key not among them; ``InvalidInputError`` names the rule."""
+    if not 0 < len(swaps) <= limit or any(s.expect <= 0 for s in swaps):
+        raise InvalidInputError(
+            f"swap_all takes 1 to {limit} keys, each at a revision > 0 ({len(swaps)})"
+        )
+    for swap in swaps:
+        validate_key(swap.key)
+    if guard is not None:
+        validate_key(guard.key)
+        if guard.revision <= 0 or any(s.key == guard.key for s in swaps):
+            raise InvalidInputError(
+                f"swap_all's guard {guard.key!r} must be at a revision > 0 ({guard.revision}) "
+                "and not one of the keys written"
+            )
+
+
+def guard_lost(guard: Guard, actual: int) -> NotLeaderError:
+    """The error of a fenced write whose guard key moved (``actual``: 0 when it is gone)."""
+    now = "is gone" if actual == 0 else f"is at revision {actual}"
+    return NotLeaderError(
+        f"the term that made this write has ended: {guard.key!r} {now}, not at revision "
+        f"{guard.revision}; nothing was written"
+    )
 
 
 def in_prefix(key: str, prefix: str) -> bool:
@@ -286,15 +325,18 @@ class Store(abc.ABC):
     async def revoke(self, lease: Lease) -> None: ...
 
     max_swaps: int = 0
-    """Keys one ``swap_all`` may write (0: this store writes one key at a time)."""
+    """Keys one ``swap_all`` may write (0: this store writes one key at a time, and cannot
+    fence a write on another key: a leader there fences by time, ``pools/leader.py``)."""
 
-    async def swap_all(self, swaps: Sequence[Swap]) -> int:
+    async def swap_all(self, swaps: Sequence[Swap], *, guard: Guard | None = None) -> int:
         """Every swap's value at its key, each key's lease kept, if every key is at its
-        expected revision: all or none, in one revision (returned). Nothing is written when
-        one differs: ``RevisionMismatchError`` (or ``KeyNotFoundError``) names the first.
-        Not sent again after a broken call (as a single compare-and-swap). At most
-        ``max_swaps`` keys; a store without multi-key transactions refuses
-        (``UnsupportedError``): write them one by one."""
+        expected revision (and ``guard``'s key at its revision): all or none, in one
+        revision (returned). Nothing is written when one differs: ``NotLeaderError`` when it
+        is the guard (checked first: the term that made the write has ended), else
+        ``RevisionMismatchError`` (or ``KeyNotFoundError``) naming the first key. Not sent
+        again after a broken call (as a single compare-and-swap). At most ``max_swaps``
+        keys; a store without multi-key transactions refuses (``UnsupportedError``): write
+        them one by one."""
         raise UnsupportedError(f"{self.url}: this store writes one key at a time")
 
     @abc.abstractmethod

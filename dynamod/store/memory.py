@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from dynamod.errors import ConfigError, KeyNotFoundError, LeaseExpiredError, RevisionMismatchError
@@ -20,11 +20,15 @@ from dynamod.store.base import (
     KEEP,
     Delete,
     Entry,
+    Guard,
     Lease,
     LeaseArg,
     Put,
     Store,
+    Swap,
     Watch,
+    check_swaps,
+    guard_lost,
     in_prefix,
     validate_key,
 )
@@ -78,6 +82,26 @@ class MemoryStore(Store):
         if lease != KEEP:
             self._bind(key, lease)
         self._publish(Put(entry))
+        return self._revision
+
+    max_swaps = 64
+    """As etcd's (``EtcdStore.max_swaps``): the reference semantics of a fenced batch."""
+
+    async def swap_all(self, swaps: Sequence[Swap], *, guard: Guard | None = None) -> int:
+        self._check_open()
+        check_swaps(swaps, guard, self.max_swaps)
+        if guard is not None:
+            held = self._data.get(guard.key)
+            actual = 0 if held is None else held.revision
+            if actual != guard.revision:
+                raise guard_lost(guard, actual)
+        for swap in swaps:
+            self._check_expect(swap.key, swap.expect)
+        self._revision += 1
+        for swap in swaps:  # one revision for all, each key's lease kept
+            entry = Entry(swap.key, bytes(swap.value), self._revision)
+            self._data[swap.key] = entry
+            self._publish(Put(entry))
         return self._revision
 
     async def delete(self, key: str, *, expect: int | None = None) -> None:

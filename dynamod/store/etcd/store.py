@@ -26,11 +26,14 @@ from dynamod.store.base import (
     DEFAULT_TIMEOUT,
     KEEP,
     Entry,
+    Guard,
     Lease,
     LeaseArg,
     Store,
     Swap,
     Watch,
+    check_swaps,
+    guard_lost,
     in_prefix,
     validate_key,
 )
@@ -44,8 +47,9 @@ REFRESH_SHARE = 0.25
 """A refresh waits at most this share of the lease's TTL on one member, so that after a
 member stops answering there is time left to refresh on another before the lease ends."""
 MAX_SWAPS = 64
-"""Keys one ``swap_all`` writes: its transaction holds three operations per key, within
-etcd's default ``--max-txn-ops`` of 128 for each of compare, success and failure."""
+"""Keys one ``swap_all`` writes: its transaction holds one compare, one put and one read
+per key (and one compare and one read of the guard), within etcd's default
+``--max-txn-ops`` of 128 for each of compare, success and failure."""
 
 
 class EtcdStore(Store):
@@ -223,31 +227,39 @@ class EtcdStore(Store):
 
     max_swaps = MAX_SWAPS
 
-    async def swap_all(self, swaps: Sequence[Swap]) -> int:
-        """One transaction: a compare of each key's revision, a put keeping its lease for
-        each, and on failure a read of each, to name the first that differs."""
+    async def swap_all(self, swaps: Sequence[Swap], *, guard: Guard | None = None) -> int:
+        """One transaction: a compare of each key's revision (and of the guard's), a put
+        keeping its lease for each, and on failure a read of each (the guard's first), to
+        name the first that differs."""
         self._check_open()
-        if not 0 < len(swaps) <= MAX_SWAPS or any(s.expect <= 0 for s in swaps):
-            raise InvalidInputError(
-                f"swap_all takes 1 to {MAX_SWAPS} keys, each at a revision > 0 ({len(swaps)})"
-            )
-        raws = [self._raw(validate_key(s.key)) for s in swaps]
+        check_swaps(swaps, guard, MAX_SWAPS)
+        raws = [self._raw(s.key) for s in swaps]
         pairs = list(zip(raws, swaps, strict=True))
+        compare = [_at(raw, swap.expect) for raw, swap in pairs]
+        reads = list(raws)
+        if guard is not None:
+            compare.insert(0, _at(self._raw(guard.key), guard.revision))
+            reads.insert(0, self._raw(guard.key))
         request = rpc.TxnRequest(
-            compare=[_at(raw, swap.expect) for raw, swap in pairs],
+            compare=compare,
             success=[_put_op(raw, swap.value, KEEP, keep=True) for raw, swap in pairs],
-            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=raw)) for raw in raws],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=raw)) for raw in reads],
         )
         what = f"swap {len(swaps)} keys from {swaps[0].key!r}"
         response = await self._call(what, "Txn", request, retry=False)
         if response.succeeded:
             return int(response.header.revision)
-        for swap, read in zip(swaps, response.responses, strict=True):
-            found = read.response_range.kvs
-            if not found:
+        found = [read.response_range.kvs for read in response.responses]
+        if guard is not None:
+            held = found.pop(0)
+            actual = int(held[0].mod_revision) if held else 0
+            if actual != guard.revision:
+                raise guard_lost(guard, actual)
+        for swap, kvs in zip(swaps, found, strict=True):
+            if not kvs:
                 raise KeyNotFoundError(swap.key)
-            if int(found[0].mod_revision) != swap.expect:
-                raise RevisionMismatchError(swap.key, swap.expect, int(found[0].mod_revision))
+            if int(kvs[0].mod_revision) != swap.expect:
+                raise RevisionMismatchError(swap.key, swap.expect, int(kvs[0].mod_revision))
         raise RevisionMismatchError(swaps[0].key, swaps[0].expect, 0)  # changed and back
 
     async def _guarded(self, key: str, expect: int, op: Message, what: str) -> int:
