@@ -23,6 +23,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+def grpc_errors_only() -> None:
+    """gRPC's own C core logs errors only (``GRPC_VERBOSITY=ERROR``) unless the operator set
+    it: its info lines ("skipping fork() handlers" as a prompt process starts, "Got goaway")
+    say nothing an operator can act on. Called first by the servers' entry points, before
+    gRPC is imported, which is when the C core reads it."""
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+
 def configure(level: str = "info", style: str = "auto") -> None:
     """Set up the root logger on stderr (``style``: auto, plain or json)."""
     if style == "auto":

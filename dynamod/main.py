@@ -203,4 +203,7 @@ def demo(
 
 
 def main() -> None:
+    from dynamod.logs import grpc_errors_only
+
+    grpc_errors_only()
     app(prog_name="dynamod")

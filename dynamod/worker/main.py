@@ -300,4 +300,7 @@ def worker(
 
 
 def main() -> None:
+    from dynamod.logs import grpc_errors_only
+
+    grpc_errors_only()
     app(prog_name="dynamo-worker")
