@@ -60,6 +60,7 @@ from dynamod.discovery.registration import new_instance_id, register
 from dynamod.records import WorkerRecord
 from dynamod.store import Store, open_store
 from tests.support.processes import Proc, daemon_argv, dynamoctl, env, running, worker
+from tests.support.scrape import scrape
 
 MODEL = "scale"
 LEASE_TTL = 3600.0
@@ -105,14 +106,7 @@ HEADERS = (
 
 
 async def metrics(http: aiohttp.ClientSession, front: str) -> dict[str, float]:
-    async with http.get(front + "/metrics") as reply:
-        text = await reply.text()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            found[name] = float(value)
-    return found
+    return await scrape(http, front + "/metrics")
 
 
 async def until(

@@ -33,7 +33,8 @@ SHARED_BACKENDS = ["file", "etcd", "nats"]  # the ones several OS processes can 
 SOLO = ("engines", "dynamo", "observe", "chaos", "cluster", "bench")
 """Folders whose tests want the machine to themselves (real engines, a Dynamo fleet,
 Prometheus, faults under load, their time bounds): marked ``solo``, run after the rest and
-one at a time by ``scripts/test``."""
+one at a time by ``scripts/test``. A module elsewhere may mark itself ``solo`` too (the
+streaming fleet of ``tests/daemon/test_fleet_streams.py``)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -54,6 +54,7 @@ from tests.support.processes import (
     started,
     worker_argv,
 )
+from tests.support.scrape import scrape
 from tests.support.web import served
 
 pytestmark = pytest.mark.timeout(180)
@@ -155,14 +156,8 @@ async def marked(fleet: Fleet, worker: str, kind: str) -> str:
 
 
 async def metrics(fleet: Fleet) -> dict[str, float]:
-    async with aiohttp.ClientSession() as http, http.get(fleet.front + "/metrics") as response:
-        text = await response.text()
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            found[name] = float(value)
-    return found
+    async with aiohttp.ClientSession() as http:
+        return await scrape(http, fleet.front + "/metrics")
 
 
 async def assert_serving(fleet: Fleet) -> None:
