@@ -46,7 +46,7 @@ class Term:
         if self.kind == "taint":
             found = self.value in record.taints
         else:
-            found = _field(record, self.kind) == self.value
+            found = field_of(record, self.kind) == self.value
         return found != self.negate
 
 
@@ -181,7 +181,8 @@ def _split(raw: str) -> tuple[str, str, str]:
     return key.strip(), "=", value.strip()
 
 
-def _field(record: WorkerRecord, name: str) -> str:
+def field_of(record: WorkerRecord, name: str) -> str:
+    """A record's value of a selector field (``model``, ``id`` or a record attribute)."""
     if name == "model":
         return record.model
     if name == "id":

@@ -19,7 +19,7 @@ from typing import Final
 
 from dynamod.discovery.view import WorkerView
 from dynamod.records import WorkerRecord
-from dynamod.selectors import FIELDS, Selector
+from dynamod.selectors import FIELDS, Selector, field_of
 
 _ORDER: Final = {name: i for i, name in enumerate(FIELDS)}
 
@@ -34,16 +34,6 @@ def required_field(selector: Selector) -> tuple[str, str] | None:
         if term.kind != "taint" and not term.negate and term.kind in _ORDER
     ]
     return min(found, key=lambda kv: _ORDER[kv[0]]) if found else None
-
-
-def field_of(record: WorkerRecord, name: str) -> str:
-    """A record's value of a selector field (as ``selectors`` reads it)."""
-    if name == "model":
-        return record.model
-    if name == "id":
-        return record.instance_id
-    value: str = getattr(record, name)
-    return value
 
 
 class Owners:

@@ -47,11 +47,7 @@ def drain_killed(cluster: Cluster, *flags: str) -> subprocess.CompletedProcess[s
         env=cli.env(),
     )  # fmt: skip
     try:
-        until(
-            cli,
-            worker,
-            lambda w: w["state"] == "draining" and (w["engine"] or {}).get("running") == 1,
-        )
+        until(cli, worker, busy)
         assert command.poll() is None
         worker_of(cluster, worker).stop(signal.SIGKILL)
         out, err = command.communicate(timeout=WITHIN)

@@ -29,6 +29,21 @@ WORKER_TTL = 2.0
 MODEL = "llama"
 
 
+SOCKET = "d.sock"
+"""A test daemon's socket, in its own directory beside its ``audit.log``."""
+
+
+def pool_daemon(store_url: str, directory: Path, name: str, **settings: str) -> Proc:
+    """A dynamod named ``name``, its socket (``SOCKET``) and audit log in ``directory`` (made
+    here), with these tests' pool lease and store deadline; ``settings``: more ``DYNAMO_*``
+    variables. Not started yet."""
+    directory.mkdir(parents=True)
+    return daemon(
+        store_url, directory / SOCKET, "--replica-id", name,
+        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT), **settings,
+    )  # fmt: skip
+
+
 def policy_text(fast: int, slow: int, name: str = "split") -> str:
     return (
         f"name: {name}\nselector: model={MODEL}\npools:\n  pool=fast: {fast}\n  pool=slow: {slow}\n"
@@ -95,15 +110,9 @@ class Fleet:
     """By instance id."""
 
     async def start_daemon(self, name: str) -> Daemon:
-        directory = self.root / name
-        directory.mkdir(parents=True)
-        socket = directory / "d.sock"
-        proc = daemon(
-            self.store_url, socket, "--replica-id", name,
-            DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
-        )  # fmt: skip
+        proc = pool_daemon(self.store_url, self.root / name, name)
         await proc.start(within=60)
-        started = Daemon(name, proc, socket)
+        started = Daemon(name, proc, self.root / name / SOCKET)
         self.daemons.append(started)
         return started
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import backend_url
-from tests.pools.live import MODEL, POOL_TTL, STORE_TIMEOUT, WORKER_TTL
+from tests.pools.live import MODEL, SOCKET, WORKER_TTL, pool_daemon
 from tests.support.eventually import eventually
-from tests.support.processes import daemon, dynamoctl, env, worker
+from tests.support.processes import dynamoctl, env, worker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,14 +48,8 @@ async def test_a_refused_move_is_tried_once_per_change_and_status_says_why(
     """On etcd the moves go in one transaction (``Store.swap_all``), on the file store one
     by one: refused alike, each with its own audit line."""
     store = backend_url(backend, request, tmp_path)
-    socket = tmp_path / "d" / "d.sock"
-    socket.parent.mkdir()
-    audit_log = socket.parent / "audit.log"
-    proc = daemon(
-        store, socket, "--replica-id", "only",
-        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
-        DYNAMO_MAX_TAINTS="1",
-    )  # fmt: skip
+    socket, audit_log = tmp_path / "d" / SOCKET, tmp_path / "d" / "audit.log"
+    proc = pool_daemon(store, tmp_path / "d", "only", DYNAMO_MAX_TAINTS="1")
     workers = [worker(store, "--lease-ttl", str(WORKER_TTL), "--taint", "team=a") for _ in "ab"]
     await proc.start(within=60)
     try:

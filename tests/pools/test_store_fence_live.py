@@ -16,10 +16,10 @@ import pytest
 
 from dynamod.pools.leader import LEADER_KEY
 from dynamod.store import KEEP, open_store
-from tests.pools.live import MODEL, POOL_TTL, STORE_TIMEOUT, WORKER_TTL
+from tests.pools.live import MODEL, SOCKET, WORKER_TTL, pool_daemon
 from tests.pools.test_pools_refused_live import attempts, ctl
 from tests.support.eventually import eventually
-from tests.support.processes import daemon, worker
+from tests.support.processes import worker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -33,13 +33,8 @@ def policy(pool: str) -> str:
 async def test_a_single_move_after_the_leader_key_moved_is_refused_by_the_store(
     etcd_url: str, tmp_path: Path
 ) -> None:
-    socket = tmp_path / "d" / "d.sock"
-    socket.parent.mkdir()
-    audit_log = socket.parent / "audit.log"
-    proc = daemon(
-        etcd_url, socket, "--replica-id", "only",
-        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
-    )  # fmt: skip
+    socket, audit_log = tmp_path / "d" / SOCKET, tmp_path / "d" / "audit.log"
+    proc = pool_daemon(etcd_url, tmp_path / "d", "only")
     one = worker(etcd_url, "--lease-ttl", str(WORKER_TTL))
     await proc.start(within=60)
     try:
@@ -91,14 +86,8 @@ async def test_a_state_store_of_its_own_fences_by_time_and_still_moves(
     """The leader key on a ``state_store`` apart from the records' store: no transaction
     spans both, so the moves are fenced by time, and made (a guard on the records' store
     would name a key that is not there, and refuse every move)."""
-    socket = tmp_path / "d" / "d.sock"
-    socket.parent.mkdir()
-    audit_log = socket.parent / "audit.log"
-    proc = daemon(
-        etcd_url, socket, "--replica-id", "only",
-        DYNAMO_POOL_LEASE_TTL=str(POOL_TTL), DYNAMO_STORE_TIMEOUT=str(STORE_TIMEOUT),
-        DYNAMO_STATE_STORE=f"{etcd_url}-state",
-    )  # fmt: skip
+    socket, audit_log = tmp_path / "d" / SOCKET, tmp_path / "d" / "audit.log"
+    proc = pool_daemon(etcd_url, tmp_path / "d", "only", DYNAMO_STATE_STORE=f"{etcd_url}-state")
     one = worker(etcd_url, "--lease-ttl", str(WORKER_TTL))
     await proc.start(within=60)
     try:
