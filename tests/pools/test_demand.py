@@ -52,10 +52,11 @@ async def running_view(store: Store) -> AsyncIterator[PolicyView]:
 
 async def test_every_daemon_s_share_is_published_and_added_up(shared_store: Store) -> None:
     wanted = {"a": True, "b": True}
-    publishers = [
-        DemandPublisher(shared_store, lambda r=report: r, lambda d=report.daemon: wanted[d])
-        for report in (A, B)
-    ]
+
+    def publisher(report: DemandReport) -> DemandPublisher:
+        return DemandPublisher(shared_store, lambda: report, lambda: wanted[report.daemon])
+
+    publishers = [publisher(A), publisher(B)]
     async with running_view(shared_store) as view:
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(p.run()) for p in publishers]
