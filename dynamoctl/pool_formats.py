@@ -8,7 +8,7 @@ The JSON shapes are an interface for scripts: keys are only ever added.
   ``retired`` (pool taints of replaced versions, stripped by the leader) and ``policy``
   (the document as stored: what ``pools apply -f`` takes back);
 * a move: ``worker``, ``from`` (null when the worker held none or several of the
-  policy's pools), ``to``, ``why`` (joined, fixup, drift, rebalance, retired) and, once
+  policy's pools), ``to``, ``why`` (joined, fixup, drift, rebalance, demand, retired) and, once
   made, ``time`` (RFC 3339), ``epoch``, ``revision``, ``leader`` (null while pending);
 * ``pools apply``: ``name``, ``outcome`` (created, changed, unchanged), ``revision``,
   ``dry_run``, ``policy`` (a policy object), ``moves`` (planned by the answering daemon);
@@ -54,6 +54,8 @@ POLICY_WIDE_HEADERS = (*POLICY_HEADERS, "OPTIONS", "RETIRED")
 MOVE_HEADERS = ("WORKER", "FROM", "TO", "WHY")
 MADE_HEADERS = ("TIME", "WORKER", "FROM", "TO", "WHY", "EPOCH", "REVISION")
 COUNT_HEADERS = ("POOL", "WEIGHT", "TARGET", "ACTUAL")
+ELASTIC_HEADERS = ("POOL", "WEIGHT", "DEMAND", "WANT", "TARGET", "ACTUAL")
+"""An elastic policy's pools: its demand (in flight plus waiting) and what that wants."""
 DRIFT_HEADERS = ("TIME", "WORKER", "HELD", "ASSIGNED", "REVISION", "ACTION")
 FAILING_HEADERS = ("WORKER", "TO", "ATTEMPTS", "NEXT ATTEMPT", "ERROR")
 REFUSED = "after a change"
@@ -271,13 +273,44 @@ def status_details(status: PoolStatusInfo) -> list[tuple[str, str]]:
         ("Balanced", balanced),
         ("Budget", budget),
     ]
+    elastic = info.document.get("elastic")
+    if isinstance(elastic, dict):
+        pairs.append(("Elastic", elastic_text(elastic)))
+    if status.recent:
+        last = status.recent[-1]
+        pairs.append(("Moved", f"why: {last.why}, {last.worker} {last.from_pool or NONE} "
+                                   f"-> {last.to_pool} at {iso_time(last.time)}"))  # fmt: skip
     if status.conflict:
         pairs.append(("Conflict", status.conflict))
     return pairs
 
 
+def elastic_text(elastic: dict[str, Any]) -> str:
+    """``target_in_flight pool=a:2,pool=b:4; scale down after 60 s; tolerance 0.1``."""
+    targets = elastic.get("target_in_flight")
+    shown = pools_text(targets) if isinstance(targets, dict) else str(targets)
+    return (
+        f"target_in_flight {shown}; scale down after {number(elastic.get('scale_down_after', 0))}"
+        f" s; tolerance {number(elastic.get('tolerance', 0))}"
+    )
+
+
+def count_headers(status: PoolStatusInfo) -> tuple[str, ...]:
+    return ELASTIC_HEADERS if _elastic(status) else COUNT_HEADERS
+
+
 def count_rows(status: PoolStatusInfo) -> list[list[str]]:
-    return [[c.pool, number(c.weight), str(c.wanted), str(c.actual)] for c in status.pools]
+    if not _elastic(status):
+        return [[c.pool, number(c.weight), str(c.wanted), str(c.actual)] for c in status.pools]
+    return [
+        [c.pool, number(c.weight), number(c.demand or 0.0), str(c.want), str(c.wanted),
+         str(c.actual)]
+        for c in status.pools
+    ]  # fmt: skip
+
+
+def _elastic(status: PoolStatusInfo) -> bool:
+    return any(c.want is not None for c in status.pools)
 
 
 def status_object(status: PoolStatusInfo) -> dict[str, Any]:
@@ -291,7 +324,14 @@ def status_object(status: PoolStatusInfo) -> dict[str, Any]:
         "workers": status.workers,
         "balanced": status.balanced,
         "pools": [
-            {"pool": c.pool, "weight": c.weight, "target": c.wanted, "actual": c.actual}
+            {
+                "pool": c.pool,
+                "weight": c.weight,
+                "demand": c.demand,
+                "want": c.want,
+                "target": c.wanted,
+                "actual": c.actual,
+            }
             for c in status.pools
         ],
         "by_domain": {domain: dict(pools) for domain, pools in status.by_domain.items()},

@@ -37,7 +37,7 @@ from dynamod.boundary.dynamo_reach import DynamoReach
 from dynamod.control import BatchItem, Control
 from dynamod.daemon_metrics import DaemonMetrics
 from dynamod.discovery.view import WorkerView
-from dynamod.engine_events import EngineLoad
+from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import ConfigError, DynamoError
 from dynamod.frontend import Frontend
 from dynamod.frontend.dynamo_fleet import FleetFront
@@ -46,6 +46,7 @@ from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
 from dynamod.open_files import OpenFiles
+from dynamod.pools.demand import DemandReport
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.reconciler import BatchWriter as PoolBatchWriter
@@ -409,18 +410,28 @@ class Daemon:
 
     def _pools(self, store: Store, view: WorkerView, control: Control) -> PoolReconciler:
         router = control.router
+        identity = self.settings.replica_id
 
         def observe(key: str) -> Observed:
             engine = router.reported(key)
-            blocks = engine.kv_blocks_used if engine is not None else 0
-            healthy = engine is None or engine.healthy
-            return Observed(healthy, router.load(key).active_requests, blocks)
+            mine = router.load(key).active_requests
+            if engine is None:
+                return Observed(True, mine)
+            if engine.source == REACH:  # no figures of its own: this router's count
+                return Observed(engine.healthy, mine, engine.kv_blocks_used)
+            in_flight = engine.running + engine.waiting
+            return Observed(engine.healthy, in_flight, engine.kv_blocks_used, engine=True)
+
+        def demand() -> DemandReport:
+            waiting = router.waiting_for().items()
+            by_taints = {tuple(sorted(t)): n for t, n in waiting if t}
+            return DemandReport(identity, router.in_flight(), by_taints)
 
         return PoolReconciler(
-            store, view, _pool_writer(control, self.settings.replica_id),
-            identity=self.settings.replica_id, ttl=self.settings.pool_lease_ttl,
-            observe=observe, metrics=PoolMetrics(self.registry),
-            batch=_pool_batches(control, self.settings.replica_id, fenced=control.store is store),
+            store, view, _pool_writer(control, identity),
+            identity=identity, ttl=self.settings.pool_lease_ttl,
+            observe=observe, metrics=PoolMetrics(self.registry), demand=demand,
+            batch=_pool_batches(control, identity, fenced=control.store is store),
         )  # fmt: skip
 
 

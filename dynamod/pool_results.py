@@ -58,8 +58,9 @@ class PolicyInfo:
 class PoolMove:
     """One worker's move between pools: its pool taints of the policy become exactly
     ``to_pool``. ``from_pool`` is the one pool it held ("" when none or several); ``why``:
-    joined, fixup, drift, rebalance, or retired (a replaced version's pool taint
-    stripped). A pending move has no ``time``, ``epoch`` or ``revision`` (0); a move made
+    joined, fixup, drift, rebalance, demand (an elastic policy's counts followed its
+    pools' demand away from the weighted split), or retired (a replaced version's pool
+    taint stripped). A pending move has no ``time``, ``epoch`` or ``revision`` (0); a move made
     carries when, the leader's fencing ``epoch`` and name, and the record's revision
     after it."""
 
@@ -106,12 +107,16 @@ class MoveFailure:
 
 @dataclass(frozen=True)
 class PoolCount:
-    """One pool of a policy: its weight, the routable workers it should have and has."""
+    """One pool of a policy: its weight, the routable workers it should have and has; for
+    an elastic policy also its demand (requests in flight plus waiting) and the workers that
+    demand wants (None otherwise)."""
 
     pool: str
     weight: float
     wanted: int
     actual: int
+    demand: float | None = None
+    want: int | None = None
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ def status(ctx: typer.Context, name: PolicyName) -> None:
             return exits.OK
         for line in details_lines(pool_formats.status_details(info)):
             printer.line(line)
-        _section(printer, "Pools", pool_formats.COUNT_HEADERS, pool_formats.count_rows(info))
+        counts = pool_formats.count_rows(info)
+        _section(printer, "Pools", pool_formats.count_headers(info), counts)
         prefix = await client.id_prefix()
         moves = pool_formats.move_rows(info.pending, prefix)
         _section(printer, "Pending moves", pool_formats.MOVE_HEADERS, moves)

@@ -92,7 +92,7 @@ def status_to_pb(status: PoolStatusInfo) -> pb.PoolStatusResponse:
         epoch=status.epoch,
         leading=status.leading,
         workers=status.workers,
-        pools=[pb.PoolCount(**c.__dict__) for c in status.pools],
+        pools=[count_to_pb(c) for c in status.pools],
         by_domain=[
             pb.DomainCount(domain=domain, pool=pool, wanted=wanted)
             for domain, pools in status.by_domain.items()
@@ -110,6 +110,25 @@ def status_to_pb(status: PoolStatusInfo) -> pb.PoolStatusResponse:
     return message
 
 
+def count_to_pb(count: PoolCount) -> pb.PoolCount:
+    message = pb.PoolCount(
+        pool=count.pool, weight=count.weight, wanted=count.wanted, actual=count.actual
+    )
+    if count.demand is not None:
+        message.demand = count.demand
+    if count.want is not None:
+        message.want = count.want
+    return message
+
+
+def count_from_pb(message: pb.PoolCount) -> PoolCount:
+    return PoolCount(
+        message.pool, message.weight, message.wanted, message.actual,
+        message.demand if message.HasField("demand") else None,
+        message.want if message.HasField("want") else None,
+    )  # fmt: skip
+
+
 def status_from_pb(message: pb.PoolStatusResponse) -> PoolStatusInfo:
     by_domain: dict[str, dict[str, int]] = {}
     for cell in message.by_domain:
@@ -121,7 +140,7 @@ def status_from_pb(message: pb.PoolStatusResponse) -> PoolStatusInfo:
         epoch=message.epoch,
         leading=message.leading,
         workers=message.workers,
-        pools=tuple(PoolCount(c.pool, c.weight, c.wanted, c.actual) for c in message.pools),
+        pools=tuple(count_from_pb(c) for c in message.pools),
         by_domain=by_domain,
         pending=tuple(move_from_pb(m) for m in message.pending),
         excluded=tuple(message.excluded),

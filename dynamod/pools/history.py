@@ -6,7 +6,10 @@ drift; it writes that down at ``v1/pool-history/<policy>`` so that every daemon 
 daemon) and so that it outlives a failover. The value is JSON: ``leader``, ``epoch``,
 ``seq`` (entries ever appended), and the last ``KEEP`` moves and ``KEEP`` drift entries,
 each with its ``seq``. A reader that saw ``seq`` N before reports every entry above N as
-new.
+new. An elastic policy's history also keeps its hysteresis window (``elastic.Window``), so
+a new leader carries on the wants of the last one instead of shrinking pools at once: it
+is written when its wants change, else at most every ``WINDOW_EVERY`` seconds, so the
+window a new leader starts from is at most that old.
 
 Writes are the leader's alone: ``HistoryWriter.flush`` calls the term's ``fence()`` right
 before a compare-and-swap at the revision it last read or wrote, so a deposed leader's
@@ -20,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from dynamod.errors import KeyNotFoundError, RevisionMismatchError
 from dynamod.pool_results import DriftSeen, PoolMove
+from dynamod.pools.elastic import Window
 from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
@@ -36,6 +41,9 @@ KEEP: Final = 100
 FLUSH_EVERY: Final = 100
 """A round that makes more moves than this writes its history every this many entries, so
 that no entry is dropped unseen by the readers."""
+WINDOW_EVERY: Final = 5.0
+"""Seconds between two writes of an elastic policy's window whose wants did not change."""
+NO_WINDOW: Final = Window()
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ class PoolHistory:
     seq: int = 0
     moves: tuple[tuple[int, PoolMove], ...] = ()
     drift: tuple[tuple[int, DriftSeen], ...] = ()
+    window: Window = NO_WINDOW
+    """An elastic policy's hysteresis window as the leader last wrote it."""
     revision: int = 0
 
     def newer(self, seen: int) -> list[tuple[int, PoolMove | DriftSeen]]:
@@ -62,7 +72,7 @@ def history_key(policy: str) -> str:
 
 
 def encode(history: PoolHistory) -> bytes:
-    body = {
+    body: dict[str, Any] = {
         "policy": history.policy,
         "leader": history.leader,
         "epoch": history.epoch,
@@ -70,6 +80,8 @@ def encode(history: PoolHistory) -> bytes:
         "moves": [{"seq": seq, **_move_json(move)} for seq, move in history.moves],
         "drift": [{"seq": seq, **_drift_json(drift)} for seq, drift in history.drift],
     }
+    if history.window != NO_WINDOW:
+        body["window"] = history.window.to_json()
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -84,11 +96,24 @@ def decode(entry: Entry) -> PoolHistory | None:
             seq=int(body["seq"]),
             moves=tuple((int(m["seq"]), _move(m)) for m in body["moves"]),
             drift=tuple((int(d["seq"]), _drift(d)) for d in body["drift"]),
+            window=_window(entry.key, body.get("window")),
             revision=entry.revision,
         )
     except (ValueError, TypeError, KeyError) as exc:
         log.warning("pool history at %r is unreadable and ignored: %r", entry.key, exc)
         return None
+
+
+def _window(key: str, obj: object) -> Window:
+    """The stored window; an unreadable one is logged and the window starts empty (the
+    moves and drift are still read)."""
+    if obj is None:
+        return NO_WINDOW
+    try:
+        return Window.from_json(obj)
+    except (ValueError, TypeError) as exc:
+        log.warning("the elastic window in %r is unreadable; it starts empty: %s", key, exc)
+        return NO_WINDOW
 
 
 class HistoryWriter:
@@ -101,6 +126,9 @@ class HistoryWriter:
         self.epoch = epoch
         self.base = PoolHistory(policy, leader, epoch)
         self.unwritten: list[PoolMove | DriftSeen] = []
+        self.window = NO_WINDOW
+        """The elastic window to write (``keep``); the stored one is ``base.window``."""
+        self._window_written = 0.0
         self._lock = asyncio.Lock()
 
     @property
@@ -114,12 +142,24 @@ class HistoryWriter:
         found = decode(entry) if entry is not None else None
         if found is not None:
             self.base = replace(found, leader=self.leader, epoch=self.epoch)
+            if self.window == NO_WINDOW:  # a first load, not a lost race's
+                self.window = found.window
         else:  # none (revision 0: a create), or unreadable: written over at its revision
             revision = 0 if entry is None else entry.revision
             self.base = PoolHistory(self.policy, self.leader, self.epoch, revision=revision)
 
     def add(self, entry: PoolMove | DriftSeen) -> None:
         self.unwritten.append(entry)
+
+    def keep(self, window: Window) -> None:
+        """The elastic window to write at the next ``flush`` that is due for it."""
+        self.window = window
+
+    def _window_due(self, now: float) -> bool:
+        stored = self.base.window
+        if self.window == stored:
+            return False
+        return _wants(self.window) != _wants(stored) or now - self._window_written >= WINDOW_EVERY
 
     async def flush(self, store: Store, fence: Callable[[], int]) -> None:
         """Write the entries appended so far: ``fence()``, then a compare-and-swap at the
@@ -128,9 +168,10 @@ class HistoryWriter:
         async with self._lock:
             for _ in range(3):
                 count = len(self.unwritten)
-                if not count:
+                now = time.monotonic()
+                if not count and not self._window_due(now):
                     return
-                history = self._with(self.unwritten[:count])
+                history = replace(self._with(self.unwritten[:count]), window=self.window)
                 fence()
                 try:
                     revision = await store.put(
@@ -140,6 +181,7 @@ class HistoryWriter:
                     await self.load(store)
                     continue
                 self.base = replace(history, revision=revision)
+                self._window_written = now
                 del self.unwritten[:count]
                 return
             log.warning("pool history of %r not written yet: it changed under us", self.policy)
@@ -154,6 +196,11 @@ class HistoryWriter:
             else:
                 drift.append((seq, entry))
         return replace(base, seq=seq, moves=tuple(moves[-KEEP:]), drift=tuple(drift[-KEEP:]))
+
+
+def _wants(window: Window) -> dict[str, list[int]]:
+    """A window's wants without their times: what a write of it may not wait for."""
+    return {pool: [want for _, want in entries] for pool, entries in window.wants.items()}
 
 
 def _move_json(move: PoolMove) -> dict[str, Any]:

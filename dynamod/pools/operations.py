@@ -150,7 +150,14 @@ class PoolOperations:
         leader = reconciler.view.leader
         history = reconciler.view.histories.get(name)
         counts = tuple(
-            PoolCount(pool, float(weight), plan.wanted.get(pool, 0), plan.actual.get(pool, 0))
+            PoolCount(
+                pool,
+                float(weight),
+                plan.wanted.get(pool, 0),
+                plan.actual.get(pool, 0),
+                plan.demand.get(pool) if plan.want else None,
+                plan.want.get(pool),
+            )
             for pool, weight in stored.policy.pools.items()
         )
         by_domain = {domain or "": dict(pools) for domain, pools in plan.wanted_by_domain.items()}

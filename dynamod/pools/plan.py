@@ -27,6 +27,15 @@ Not routable
     pool taints stay as they are (a drained worker comes back to its pool) and it is listed
     in ``Plan.excluded``. Its leaving makes room that the same plan refills at once.
 
+Elastic
+    A policy with an ``elastic`` section planned with an ``ElasticInput`` (what routers hold waiting
+    per pool, the hysteresis window, the time) counts by demand instead (``elastic.py``): a
+    pool's demand is the in flight of the workers counted under it plus its waiting
+    requests; its want follows the demand, settled by the window; the counts are the
+    allotment of the routable workers by those wants. The moves are chosen as above, and
+    those that shift workers between pools for demand say ``demand`` (``rebalance`` when
+    the counts are the plain weighted split). ``Plan.window`` is the window to keep.
+
 A ``Move`` means: the worker's pool taints of this policy become exactly ``to_pool``.
 ``Plan.moves`` is in priority order (``first_moves`` takes a budget's worth).
 """
@@ -41,11 +50,13 @@ from itertools import chain, repeat
 from operator import attrgetter
 from typing import Final, Literal, NamedTuple
 
+from dynamod.pools import elastic
 from dynamod.pools.apportion import Domain, apportion, spread
+from dynamod.pools.elastic import Window
 from dynamod.pools.policy import PoolPolicy, spread_refusal
 
-Why = Literal["joined", "fixup", "drift", "rebalance"]
-WHYS: Final[tuple[Why, ...]] = ("joined", "fixup", "drift", "rebalance")
+Why = Literal["joined", "fixup", "drift", "rebalance", "demand"]
+WHYS: Final[tuple[Why, ...]] = ("joined", "fixup", "drift", "rebalance", "demand")
 """Every reason for a move, in priority order: a worker serving no pool first."""
 
 
@@ -63,6 +74,16 @@ class OwnedWorker(NamedTuple):
     cached_blocks: int = 0
     domain: Domain = None
     routable: bool = True
+
+
+class ElasticInput(NamedTuple):
+    """What an elastic policy's counts follow beside its workers' in flight: the requests
+    every router holds waiting for each pool, the hysteresis window as last kept, and the
+    wall-clock time now (the window's entries are wall-clock times)."""
+
+    waiting: Mapping[str, int]
+    window: Window
+    now: float
 
 
 class Move(NamedTuple):
@@ -97,6 +118,12 @@ class Plan:
     refused: str = ""
     """Why nothing is planned: the spread is over ``MAX_SPREAD_CELLS`` (workers of new
     domain values joined since the apply); empty otherwise."""
+    demand: Mapping[str, float] = field(default_factory=dict)
+    """An elastic plan's demand per pool: in flight plus waiting (empty otherwise)."""
+    want: Mapping[str, int] = field(default_factory=dict)
+    """An elastic plan's want per pool, settled by the window (empty otherwise)."""
+    window: Window | None = None
+    """An elastic plan's hysteresis window, with this plan's wants in it."""
 
     @property
     def balanced(self) -> bool:
@@ -113,17 +140,27 @@ def plan(
     workers: Iterable[OwnedWorker],
     *,
     assigned: Mapping[str, str] | None = None,
+    load: ElasticInput | None = None,
 ) -> Plan:
     """The counts and moves for ``policy`` over ``workers`` (those its selector selects).
 
     ``assigned`` is the pool the caller last set on each worker (the leader's memory of
     its own writes; empty on a fresh leader): a worker whose pool taints differ from it is
     drift, and a routable one is counted under its assigned pool and put back. Without it
-    the workers' current taints are the truth.
+    the workers' current taints are the truth. ``load``: an elastic policy's counts follow
+    its demand (the module docstring); without it they are the weighted split.
     """
     fleet = _Fleet(policy, assigned or {})
     fleet.add_all(workers)
-    wanted = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
+    wanted = static = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
+    demand: dict[str, float] = {}
+    want: dict[str, int] = {}
+    window = None
+    if policy.elastic is not None and load is not None:
+        demand = fleet.demand(load.waiting)
+        raw = elastic.want(policy, demand, fleet.counted())
+        want, window = load.window.settle(raw, load.now, policy.elastic.scale_down_after)
+        wanted = elastic.allot(fleet.size, policy, want)
     by_domain: dict[Domain, dict[str, int]] = {}
     targets: Mapping[Domain, Mapping[str, int]] = {None: wanted}
     if policy.spread_by is not None:
@@ -131,7 +168,7 @@ def plan(
         if refused:
             return Plan(policy.name, wanted, fleet.actual(), (), refused=refused)
         targets = by_domain = spread(wanted, fleet.sizes(), fleet.have())
-    moves = _Moves(policy.name)
+    moves = _Moves(policy.name, "rebalance" if wanted == static else "demand")
     for domain, group in fleet.groups.items():
         group.moves(targets[domain], moves)
     return Plan(
@@ -142,6 +179,9 @@ def plan(
         wanted_by_domain=by_domain,
         excluded=tuple(sorted(fleet.excluded)),
         drift=tuple(sorted(fleet.drift)),
+        demand=demand,
+        want=want,
+        window=window,
     )
 
 
@@ -259,8 +299,11 @@ def _least_loaded(workers: list[OwnedWorker], count: int, policy: str) -> list[O
 class _Moves:
     """The moves of one plan by reason, and their final order."""
 
-    def __init__(self, policy: str) -> None:
+    def __init__(self, policy: str, shift: Why = "rebalance") -> None:
         self.policy = policy
+        self.shift = shift
+        """Why a worker leaves a pool over its count: ``rebalance``, or ``demand`` when the
+        counts follow an elastic policy's demand."""
         self.by_why: dict[Why, list[Move]] = {why: [] for why in WHYS}
         self.load: dict[str, tuple[int, int]] = {}
 
@@ -275,8 +318,10 @@ class _Moves:
         held = worker.pools[0] if len(worker.pools) == 1 else None
         if held == to:
             return  # drift that the plan moves back where the worker already is
-        self.by_why[why].append(Move(worker.worker, held, to, why))
         if why == "rebalance":
+            why = self.shift
+        self.by_why[why].append(Move(worker.worker, held, to, why))
+        if why == self.shift:
             self.load[worker.worker] = (worker.in_flight, worker.cached_blocks)
 
     def ordered(self, merge: bool) -> tuple[Move, ...]:
@@ -285,7 +330,7 @@ class _Moves:
         if merge:
             for why in ("joined", "fixup", "drift"):
                 self.by_why[why].sort(key=_worker_id)
-            self.by_why["rebalance"].sort(key=self._rebalance_order)
+            self.by_why[self.shift].sort(key=self._rebalance_order)
         else:
             self.by_why["drift"].sort(key=_worker_id)
         return tuple(chain.from_iterable(self.by_why[why] for why in WHYS))
@@ -354,6 +399,21 @@ class _Fleet:
             group = self.groups[key] = _Group(self.pools)
         return group
 
+    def demand(self, waiting: Mapping[str, int]) -> dict[str, float]:
+        """Each pool's in flight (its routable workers counted under it) plus ``waiting``."""
+        counts = {pool: float(waiting.get(pool, 0)) for pool in self.pools}
+        for group in self.groups.values():
+            for pool, bucket in group.buckets.items():
+                counts[pool] += sum(w.in_flight for w in bucket)
+        return counts
+
+    def counted(self) -> dict[str, int]:
+        """Routable workers counted under each pool (drifted ones under their assigned)."""
+        counts = dict.fromkeys(self.pools, 0)
+        for (_, pool), count in self.have().items():
+            counts[pool] += count
+        return counts
+
     @property
     def size(self) -> int:
         return sum(self.sizes().values())
@@ -370,9 +430,7 @@ class _Fleet:
     def actual(self) -> dict[str, int]:
         """Routable workers holding exactly one pool, by pool: the buckets, less the drifted
         workers counted under their assigned pool, plus the pool they really hold."""
-        counts = dict.fromkeys(self.pools, 0)
-        for (_, pool), count in self.have().items():
-            counts[pool] += count
+        counts = self.counted()
         for assigned, held in self.moved_back:
             counts[assigned] -= 1
             if held is not None:

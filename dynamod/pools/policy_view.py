@@ -1,8 +1,9 @@
 """The pool view: the stored policies, the leader's histories and who leads, kept current.
 
-``PolicyView.run()`` watches three prefixes of the store — ``v1/pools`` (the policies),
-``v1/pool-history`` (the leader's moves and drift) and the leader key — and every daemon
-runs one, leader or not. Each change becomes a pool event (``events.PoolEvents``): a
+``PolicyView.run()`` watches four prefixes of the store — ``v1/pools`` (the policies),
+``v1/pool-history`` (the leader's moves and drift), the leader key and ``v1/pool-demand``
+(each daemon's share of the elastic pools' demand, ``demand.py``) — and every daemon runs
+one, leader or not. Each change becomes a pool event (``events.PoolEvents``): a
 policy APPLIED, CHANGED, PAUSED, RESUMED or REMOVED; each new history entry MOVED or
 DRIFT; a new leader LEADER. The first snapshot of each prefix is the state the daemon
 starts from and makes no events; a later snapshot (a reconnect, or ``run()`` again after
@@ -20,6 +21,8 @@ from dataclasses import replace
 
 from dynamod.errors import PoolPolicyError
 from dynamod.pool_results import DriftSeen, PoolEventInfo, PoolEventKind, PoolMove
+from dynamod.pools.demand import DEMAND_PREFIX, DemandReport
+from dynamod.pools.demand import decode as decode_demand
 from dynamod.pools.history import HISTORY_PREFIX, PoolHistory
 from dynamod.pools.history import decode as decode_history
 from dynamod.pools.leader import LEADER_KEY, LeaderInfo, leader_of
@@ -35,8 +38,8 @@ Apply = Callable[[WatchEvent, bool], None]
 
 class PolicyView:
     """See the module docstring. ``policies`` by name, ``histories`` by policy name,
-    ``leader`` (None while nobody leads); ``ready`` once each prefix's first snapshot is
-    applied."""
+    ``leader`` (None while nobody leads), ``demand`` by daemon; ``ready`` once each prefix's
+    first snapshot is applied."""
 
     def __init__(self, store: Store, events: PoolEvents) -> None:
         self.store = store
@@ -44,8 +47,11 @@ class PolicyView:
         self.policies: dict[str, StoredPolicy] = {}
         self.histories: dict[str, PoolHistory] = {}
         self.leader: LeaderInfo | None = None
+        self.demand: dict[str, DemandReport] = {}
         self.ready = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._unreadable: set[str] = set()
+        """Daemons whose demand record could not be read (logged once until a good one)."""
         self._known: set[str] = set()
         """Prefixes whose first snapshot was applied: later ones are compared with it."""
 
@@ -55,13 +61,14 @@ class PolicyView:
         return lambda: self._listeners.remove(listener)
 
     async def run(self) -> None:
-        """Watch the three prefixes until cancelled (or the store closes)."""
+        """Watch the four prefixes until cancelled (or the store closes)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self._follow(POOLS_PREFIX, self._on_policies), name="pool policies")
             group.create_task(
                 self._follow(HISTORY_PREFIX, self._on_histories), name="pool histories"
             )
             group.create_task(self._follow(LEADER_KEY, self._on_leader), name="pool leader")
+            group.create_task(self._follow(DEMAND_PREFIX, self._on_demand), name="pool demand")
 
     async def _follow(self, prefix: str, apply: Apply) -> None:
         async with self.store.watch(prefix) as watch:
@@ -69,7 +76,7 @@ class PolicyView:
                 apply(event, prefix not in self._known)
                 if prefix not in self._known:
                     self._known.add(prefix)
-                    if len(self._known) == 3:
+                    if len(self._known) == 4:
                         self.ready.set()
 
     # Policies
@@ -126,6 +133,29 @@ class PolicyView:
         for _, entry in history.newer(seen):
             info, revision = _history_event(history.policy, entry)
             self.events.publish(info, revision)
+
+    # Demand
+
+    def _on_demand(self, event: WatchEvent, first: bool) -> None:
+        if isinstance(event, Resync):
+            self.demand = {}
+            for entry in event.entries:
+                self._demand(entry)
+        elif isinstance(event, Put):
+            self._demand(event.entry)
+        else:
+            self.demand.pop(event.key.removeprefix(f"{DEMAND_PREFIX}/"), None)
+
+    def _demand(self, entry: Entry) -> None:
+        daemon = entry.key.removeprefix(f"{DEMAND_PREFIX}/")
+        try:
+            self.demand[daemon] = decode_demand(entry)
+        except ValueError as exc:
+            if self.demand.pop(daemon, None) is not None or daemon not in self._unreadable:
+                log.warning("pool demand of daemon %r is unreadable and ignored: %s", daemon, exc)
+            self._unreadable.add(daemon)
+        else:
+            self._unreadable.discard(daemon)
 
     # The leader
 

@@ -3,7 +3,10 @@
 Every daemon, leader or not, plans each policy from its own view and publishes
 ``dynamod_pool_target_workers{policy,pool}`` (the plan's count), ``dynamod_pool_workers
 {policy,pool}`` (routable workers holding exactly that pool) and
-``dynamod_pool_pending_moves{policy}``. The leader alone counts what it writes:
+``dynamod_pool_pending_moves{policy}``; for an elastic policy also ``dynamod_pool_demand
+{policy,pool}`` (requests in flight plus waiting, every daemon's) and
+``dynamod_pool_wanted_workers{policy,pool}`` (the want that demand makes, settled by the
+hysteresis window; the allotment is the target). The leader alone counts what it writes:
 ``dynamod_pool_moves_total{policy,why}``, ``dynamod_pool_move_failures_total{policy,
 error}`` and ``dynamod_pool_drift_total{policy}`` (pool taints of owned workers changed by
 another writer). ``dynamod_pool_leader`` is 1 while this daemon leads, with its epoch in
@@ -55,6 +58,19 @@ class PoolMetrics:
             ["policy"],
             registry=registry,
         )
+        self.demand = Gauge(
+            "dynamod_pool_demand",
+            "Requests in flight on an elastic pool's workers plus those waiting for one.",
+            ["policy", "pool"],
+            registry=registry,
+        )
+        self.want = Gauge(
+            "dynamod_pool_wanted_workers",
+            "Workers an elastic pool's demand wants (ceil(demand / target_in_flight), at "
+            "least min_per_pool, settled by scale_down_after).",
+            ["policy", "pool"],
+            registry=registry,
+        )
         self.leading = Gauge(
             "dynamod_pool_leader", "1 while this daemon leads the pools.", registry=registry
         )
@@ -64,6 +80,7 @@ class PoolMetrics:
             registry=registry,
         )
         self._pools: dict[str, tuple[str, ...]] = {}
+        self._elastic: dict[str, tuple[str, ...]] = {}
 
     def planned(self, plan: Plan) -> None:
         """Publish the counts of ``plan``."""
@@ -77,6 +94,17 @@ class PoolMetrics:
             self.actual.labels(name, pool).set(plan.actual.get(pool, 0))
         self.pending.labels(name).set(len(plan.moves))
         self._pools[name] = tuple(plan.wanted)
+        self._forget_elastic(name, set(plan.want))
+        for pool, want in plan.want.items():
+            self.demand.labels(name, pool).set(plan.demand.get(pool, 0.0))
+            self.want.labels(name, pool).set(want)
+        if plan.want:
+            self._elastic[name] = tuple(plan.want)
+
+    def _forget_elastic(self, name: str, keep: set[str]) -> None:
+        for pool in set(self._elastic.pop(name, ())) - keep:
+            self.demand.remove(name, pool)
+            self.want.remove(name, pool)
 
     @property
     def policies(self) -> set[str]:
@@ -86,6 +114,7 @@ class PoolMetrics:
     def forget(self, policy: str) -> None:
         """A removed policy's gauges go away (its counters stay: they only ever grow)."""
         pools = self._pools.pop(policy, None)
+        self._forget_elastic(policy, set())
         if pools is None:
             return
         for pool in pools:

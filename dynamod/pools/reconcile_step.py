@@ -38,12 +38,14 @@ from typing import Final, NamedTuple, Protocol
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import DynamoError, NotLeaderError, RevisionMismatchError, WorkerNotFoundError
 from dynamod.pool_results import DriftSeen, PoolMove
+from dynamod.pools.demand import DEMAND_EVERY, Demand
+from dynamod.pools.elastic import Window
 from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
 from dynamod.pools.leader import Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.move_failures import Basis, MoveFailures
 from dynamod.pools.owners import Owners
-from dynamod.pools.plan import OwnedWorker, Plan, held_pools, plan
+from dynamod.pools.plan import ElasticInput, OwnedWorker, Plan, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.pool_metrics import PoolMetrics
 from dynamod.pools.stored import StoredPolicy
@@ -122,11 +124,14 @@ class Owned(NamedTuple):
 
 
 class Observed(NamedTuple):
-    """What the daemon knows of a worker beside its record."""
+    """What the daemon knows of a worker beside its record. ``in_flight`` is the engine's
+    own count (``engine``: every request on the worker, whichever daemon routed it) where
+    the engine reports one, else this daemon's router's."""
 
     healthy: bool = True
     in_flight: int = 0
     cached_blocks: int = 0
+    engine: bool = False
 
 
 def nothing_observed(key: str) -> Observed:
@@ -143,6 +148,12 @@ class PolicyTerm:
     """Worker -> the pool the leader last set or confirmed on it in this term."""
     reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Drift already reported: worker -> the pool taints it held then."""
+
+    @property
+    def window(self) -> Window:
+        """An elastic policy's hysteresis window: kept in the history, so a new leader
+        carries it on."""
+        return self.history.window
 
 
 class LeaderTerm:
@@ -178,12 +189,15 @@ def owned(
     policy: PoolPolicy,
     assigned: Mapping[str, str],
     own: Mapping[str, int],
+    routed: Mapping[str, int] | None = None,
 ) -> tuple[list[OwnedWorker], dict[str, Owned]]:
     """The workers ``policy`` owns now, as the plan sees them, and their records (with the
     revision seen) by id. A worker whose record the view has not yet seen at the revision
     of the leader's own last write to it (``own``) holds, for the plan, the pool that write
-    set (``assigned``). ``owners`` finds the policy's records without a scan of the fleet. A
-    read: nothing is changed."""
+    set (``assigned``). ``routed``: every daemon's requests in flight by worker key
+    (``demand.Snapshot.routed``), the in flight of a worker whose engine reports none.
+    ``owners`` finds the policy's records without a scan of the fleet. A read: nothing is
+    changed."""
     found: list[OwnedWorker] = []
     records: dict[str, Owned] = {}
     for record in owners.of(policy.match):
@@ -197,8 +211,11 @@ def owned(
         written = own.get(record.key)
         if written is not None and revision < written and record.instance_id in assigned:
             held = (assigned[record.instance_id],)
+        in_flight = seen.in_flight
+        if routed is not None and not seen.engine:
+            in_flight = routed.get(record.key, 0)
         worker = OwnedWorker(
-            record.instance_id, held, seen.in_flight, seen.cached_blocks, domain, routable
+            record.instance_id, held, in_flight, seen.cached_blocks, domain, routable
         )
         found.append(worker)
         records[record.instance_id] = Owned(record, revision)
@@ -216,9 +233,11 @@ class Leading:
         identity: str,
         observe: Callable[[str], Observed],
         metrics: PoolMetrics,
+        demand: Demand,
         batch: BatchWriter | None = None,
     ) -> None:
         self.store = store
+        self.demand = demand
         self.workers = workers
         self.owners = Owners(workers)
         """The workers each policy selects, indexed (no scan of the fleet per policy)."""
@@ -246,27 +265,43 @@ class Leading:
         del self.own[key]
         return revision == written
 
+    def plan_of(
+        self, policy: PoolPolicy, assigned: Mapping[str, str] | None, window: Window
+    ) -> tuple[Plan, list[OwnedWorker], dict[str, Owned]]:
+        """The plan of ``policy`` from the observed state now, and what it was made of: the
+        owned workers and their records. An elastic policy's counts follow every daemon's
+        demand now (``demand.Demand``), settled by ``window``. A read."""
+        routed, load = None, None
+        if policy.elastic is not None:
+            snapshot = self.demand.snapshot()
+            routed = snapshot.routed
+            load = ElasticInput(snapshot.waiting(policy.pools), window, time.time())
+        workers, records = owned(
+            self.workers, self.owners, self.observe, policy, assigned or {}, self.own, routed
+        )
+        return plan(policy, workers, assigned=assigned, load=load), workers, records
+
     async def step(
         self, term: LeaderTerm, stored: StoredPolicy, memory: PolicyTerm
     ) -> float | None:
         """Reconcile one policy once; the loop time it wants to run again (None: at the
-        next change)."""
+        next change; an elastic policy at least every ``DEMAND_EVERY``)."""
         policy = stored.policy
-        workers, records = owned(
-            self.workers, self.owners, self.observe, policy, memory.assigned, self.own
-        )
+        result, workers, records = self.plan_of(policy, memory.assigned, memory.window)
+        if result.window is not None:
+            memory.history.keep(result.window)
         for key in [k for k, r in self.own.items() if self.workers.revision_of(k) >= r]:
             del self.own[key]
         for gone in set(memory.assigned) - set(records):
             del memory.assigned[gone]
         term.failures.keep_only(policy.name, set(records))
-        result = plan(policy, workers, assigned=memory.assigned)
         self.metrics.planned(result)
         self._note_drift(stored, result, records, memory)
-        if policy.paused:
-            return None
         loop = asyncio.get_running_loop()
         now = loop.time()
+        paced = now + DEMAND_EVERY if policy.elastic is not None else None
+        if policy.paused:
+            return paced
 
         def basis(worker: str) -> Basis:
             return Basis(stored.revision, records[worker].revision, self.settings)
@@ -284,7 +319,7 @@ class Leading:
         moved = await self._write_all(term, stored, memory, steps, records)
         if moved:
             return loop.time()  # plan again once: the gauges and the next moves see these
-        return _earliest(wake, term.failures.due())
+        return _earliest(_earliest(wake, term.failures.due()), paced)
 
     def _note_drift(
         self,

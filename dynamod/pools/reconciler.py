@@ -16,7 +16,12 @@ A round, for each policy in force (``stored.in_force``), by name:
    taint marking a worker as draining), with this daemon's in-flight requests and the
    engine's KV blocks in use as load.
 2. ``plan.plan`` with ``assigned``: the pool the leader last set or confirmed on each
-   worker in this term.
+   worker in this term. An elastic policy's counts follow its pools' demand: every
+   daemon's requests in flight and waiting (``demand.Demand``: this daemon's own, the
+   others' records in the pool view), settled by the hysteresis window the history keeps
+   (``elastic.py``); its step runs at least every ``DEMAND_EVERY``, and every daemon
+   publishes its share (``demand.DemandPublisher``, a task of ``run``) while a stored
+   policy is elastic.
 3. Drift: a worker whose pool taints differ from ``assigned`` was changed by another writer
    (the leader's own writes update ``assigned`` as they commit, and a round never plans
    while its writes are in flight). It is reported once per change — a history entry
@@ -56,10 +61,11 @@ from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
 from dynamod.errors import NotLeaderError, StoreError
 from dynamod.pool_results import MoveFailure
-from dynamod.pools.history import HistoryWriter
+from dynamod.pools.demand import DEMAND_EVERY, Demand, DemandPublisher, DemandReport
+from dynamod.pools.history import NO_WINDOW, HistoryWriter
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
 from dynamod.pools.move_budget import MoveBudget
-from dynamod.pools.plan import Plan, plan
+from dynamod.pools.plan import Plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.policy_view import PolicyView
 from dynamod.pools.pool_events import PoolEvents
@@ -74,7 +80,6 @@ from dynamod.pools.reconcile_step import (
     TaintWriter,
     Write,
     nothing_observed,
-    owned,
 )
 from dynamod.pools.stored import StoredPolicy, in_force
 from dynamod.store import Store
@@ -106,6 +111,7 @@ class PoolReconciler:
         events: PoolEvents | None = None,
         metrics: PoolMetrics | None = None,
         batch: BatchWriter | None = None,
+        demand: Callable[[], DemandReport] | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
@@ -119,7 +125,12 @@ class PoolReconciler:
         """Stored policies not reconciled, and why (``stored.in_force``)."""
         self._dirty = asyncio.Event()
         self._healthy: dict[str, bool] = {}
-        self._leading = Leading(store, workers, writer, identity, observe, self.metrics, batch)
+        own = demand or (lambda: DemandReport(identity))
+        self._publisher = DemandPublisher(store, own, self._elastic)
+        self._leading = Leading(
+            store, workers, writer, identity, observe, self.metrics,
+            Demand(own, lambda: self.view.demand), batch,
+        )  # fmt: skip
         self.owners = self._leading.owners
         self._term: LeaderTerm | None = None
         self._election: LeaderElection | None = None
@@ -160,13 +171,15 @@ class PoolReconciler:
 
     def plan_of(self, stored: StoredPolicy) -> Plan:
         """The plan of ``stored`` from this daemon's view now (with what the leader
-        assigned, when this daemon leads)."""
+        assigned and its elastic window, when this daemon leads; a follower's window is the
+        one the leader last wrote in the history)."""
         memory = self._memory_of(stored.name)
-        assigned = memory.assigned if memory is not None else {}
-        workers, _ = owned(
-            self.workers, self.owners, self.observe, stored.policy, assigned, self._leading.own
-        )
-        return plan(stored.policy, workers, assigned=assigned if memory else None)
+        if memory is not None:
+            assigned, window = memory.assigned, memory.window
+        else:
+            history = self.view.histories.get(stored.name)
+            assigned, window = None, history.window if history is not None else NO_WINDOW
+        return self._leading.plan_of(stored.policy, assigned, window)[0]
 
     def budget_left(self, name: str) -> int | None:
         memory = self._memory_of(name)
@@ -178,6 +191,10 @@ class PoolReconciler:
         """The workers whose moves of policy ``name`` failed in this term (the leader's)."""
         term = self._term
         return term.failures.of(name) if term is not None else ()
+
+    def _elastic(self) -> bool:
+        """Whether any stored policy is elastic (this daemon publishes its demand then)."""
+        return any(s.policy.elastic is not None for s in self.view.policies.values())
 
     def _memory_of(self, name: str) -> PolicyTerm | None:
         term = self._term
@@ -207,6 +224,7 @@ class PoolReconciler:
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as group:
             watching = group.create_task(self.view.run(), name="pool view")
+            publishing = group.create_task(self._publisher.run(), name="pool demand")
             unlisten = self.view.listen(self._dirty.set)
             try:
                 await wait_any(self.view.ready)
@@ -222,6 +240,7 @@ class PoolReconciler:
                 unlisten()
                 self._election = None
                 watching.cancel()
+                publishing.cancel()
 
     async def _until_policies(self) -> None:
         """Wait for a stored policy: with none, this daemon does not campaign (and writes
@@ -245,9 +264,12 @@ class PoolReconciler:
     async def _paced(self) -> None:
         """A follower plans again at the next change, at most every ``FOLLOWER_PACE``: its
         plans only feed the gauges (``status`` plans afresh), and a burst of thousands of
-        moves must not cost it a plan per event."""
+        moves must not cost it a plan per event. With an elastic policy it plans at least
+        every ``DEMAND_EVERY`` too (demand changes without an event)."""
         await asyncio.sleep(FOLLOWER_PACE)
-        await self._dirty.wait()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DEMAND_EVERY if self._elastic() else None):
+                await self._dirty.wait()
 
     def _observe(self) -> None:
         """A follower's round: plans for the gauges and status, no writes."""

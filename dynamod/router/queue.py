@@ -169,6 +169,14 @@ class PendingQueue:
         """The cases of ``model`` (a snapshot: safe to change the queue meanwhile)."""
         return list(self._by_model.get(model, {}).values())
 
+    def required(self) -> dict[frozenset[str], int]:
+        """Waiters by the taints they require, over every model."""
+        counts: dict[frozenset[str], int] = {}
+        for cases in self._by_model.values():
+            for case in cases.values():
+                counts[case.required] = counts.get(case.required, 0) + len(case)
+        return counts
+
     def waiting(self, model: str) -> list[Waiter]:
         """The waiters of ``model`` in arrival order (a snapshot)."""
         waiters = [w for case in self.cases(model) for w in case.waiters.values()]

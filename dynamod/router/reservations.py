@@ -45,6 +45,10 @@ class Reservations:
         """What this router has in flight on the worker ``key``."""
         return self._loads.get(key, IDLE)
 
+    def in_flight(self) -> dict[str, int]:
+        """Requests in flight here by worker key, those with any (the pools' demand)."""
+        return {k: load.active_requests for k, load in self._loads.items() if load.active_requests}
+
     def hold(self, worker: WorkerRecord, prompt_tokens: int, terms: CostTerms) -> int:
         """Reserve a request's load on ``worker``; the ticket that names it."""
         # The cached prefix is not prefilled again (Dynamo's assume-kv-reuse).

@@ -161,6 +161,14 @@ class Router:
         """What this router has in flight on the worker ``key``."""
         return self._reservations.load(key)
 
+    def in_flight(self) -> dict[str, int]:
+        """What this router has in flight, by worker key (workers with none left out)."""
+        return self._reservations.in_flight()
+
+    def waiting_for(self) -> dict[frozenset[str], int]:
+        """Requests waiting in this router's queue, by the taints they require."""
+        return self._waiting.queue.required()
+
     def reported(self, key: str) -> EngineLoad | None:
         """What the worker ``key``'s engine last reported, if anything is known."""
         return self._reported.get(key)

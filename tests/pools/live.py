@@ -116,8 +116,11 @@ class Fleet:
         self.daemons.append(started)
         return started
 
-    async def start_workers(self, count: int) -> list[str]:
-        procs = [worker(self.store_url, "--lease-ttl", str(WORKER_TTL)) for _ in range(count)]
+    async def start_workers(self, count: int, *args: str) -> list[str]:
+        """``count`` mocker workers; ``args``: more ``dynamo-worker`` options."""
+        procs = [
+            worker(self.store_url, "--lease-ttl", str(WORKER_TTL), *args) for _ in range(count)
+        ]
         await asyncio.gather(*(p.start(within=60) for p in procs))
         for proc in procs:
             self.workers[proc.field("id")] = proc

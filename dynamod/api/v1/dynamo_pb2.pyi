@@ -1041,7 +1041,7 @@ class PoolEvent(_message.Message):
     to_pool: _builtins.str
     """MOVED: the new pool; DRIFT: the pool assigned"""
     why: _builtins.str
-    """MOVED: joined, fixup, drift, rebalance, retired;"""
+    """MOVED: joined, fixup, drift, rebalance, demand, retired;"""
     epoch: _builtins.int
     """DRIFT: what the leader did about it
     MOVED, LEADER: the leader's fencing epoch
@@ -1130,7 +1130,7 @@ class PoolMove(_message.Message):
     """"" when it held none or several"""
     to_pool: _builtins.str
     why: _builtins.str
-    """joined, fixup, drift, rebalance, retired"""
+    """joined, fixup, drift, rebalance, demand, retired"""
     time: _builtins.float
     """made: unix seconds; pending: 0"""
     epoch: _builtins.int
@@ -1208,12 +1208,18 @@ class PoolCount(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     WANTED_FIELD_NUMBER: _builtins.int
     ACTUAL_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
+    WANT_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     weight: _builtins.float
     wanted: _builtins.int
     """routable workers it should have (largest remainder)"""
     actual: _builtins.int
     """routable workers holding exactly this pool"""
+    demand: _builtins.float
+    """an elastic pool's requests in flight plus waiting"""
+    want: _builtins.int
+    """the workers that demand wants (after hysteresis)"""
     def __init__(
         self,
         *,
@@ -1221,12 +1227,21 @@ class PoolCount(_message.Message):
         weight: _builtins.float = ...,
         wanted: _builtins.int = ...,
         actual: _builtins.int = ...,
+        demand: _builtins.float | None = ...,
+        want: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_demand", b"_demand", "_want", b"_want", "demand", b"demand", "want", b"want"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual", b"actual", "pool", b"pool", "wanted", b"wanted", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_demand", b"_demand", "_want", b"_want", "actual", b"actual", "demand", b"demand", "pool", b"pool", "want", b"want", "wanted", b"wanted", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__demand: _TypeAlias = _typing.Literal["demand"]  # noqa: Y015
+    _WhichOneofArgType__demand: _TypeAlias = _typing.Literal["_demand", b"_demand"]  # noqa: Y015
+    _WhichOneofReturnType__want: _TypeAlias = _typing.Literal["want"]  # noqa: Y015
+    _WhichOneofArgType__want: _TypeAlias = _typing.Literal["_want", b"_want"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__demand) -> _WhichOneofReturnType__demand | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__want) -> _WhichOneofReturnType__want | None: ...
 
 Global___PoolCount: _TypeAlias = PoolCount  # noqa: Y015
 
@@ -1669,12 +1684,18 @@ class PoolStats(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     TARGET_FIELD_NUMBER: _builtins.int
     ACTUAL_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
+    WANT_FIELD_NUMBER: _builtins.int
     policy: _builtins.str
     pool: _builtins.str
     target: _builtins.int
     """routable workers it should have, by this daemon's plan"""
     actual: _builtins.int
     """routable workers holding exactly this pool"""
+    demand: _builtins.float
+    """an elastic pool's requests in flight plus waiting"""
+    want: _builtins.int
+    """the workers that demand wants (after hysteresis)"""
     def __init__(
         self,
         *,
@@ -1682,12 +1703,21 @@ class PoolStats(_message.Message):
         pool: _builtins.str = ...,
         target: _builtins.int = ...,
         actual: _builtins.int = ...,
+        demand: _builtins.float | None = ...,
+        want: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_demand", b"_demand", "_want", b"_want", "demand", b"demand", "want", b"want"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actual", b"actual", "policy", b"policy", "pool", b"pool", "target", b"target"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_demand", b"_demand", "_want", b"_want", "actual", b"actual", "demand", b"demand", "policy", b"policy", "pool", b"pool", "target", b"target", "want", b"want"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__demand: _TypeAlias = _typing.Literal["demand"]  # noqa: Y015
+    _WhichOneofArgType__demand: _TypeAlias = _typing.Literal["_demand", b"_demand"]  # noqa: Y015
+    _WhichOneofReturnType__want: _TypeAlias = _typing.Literal["want"]  # noqa: Y015
+    _WhichOneofArgType__want: _TypeAlias = _typing.Literal["_want", b"_want"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__demand) -> _WhichOneofReturnType__demand | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__want) -> _WhichOneofReturnType__want | None: ...
 
 Global___PoolStats: _TypeAlias = PoolStats  # noqa: Y015
 
