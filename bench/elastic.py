@@ -69,7 +69,7 @@ import shlex
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -185,10 +185,13 @@ class Sample:
 
 @dataclass(frozen=True)
 class Sizes:
-    """The policy's pools at one moment: routable workers per pool (``pools status``)."""
+    """The policy's pools at one moment (``pools status``): routable workers per pool and,
+    for an elastic policy, each pool's demand and the workers it wants (empty otherwise)."""
 
     t: float
     pools: dict[str, int]
+    demand: dict[str, float] = field(default_factory=dict)
+    want: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -296,8 +299,15 @@ async def _until(moment: float) -> None:
 async def watch_sizes(client: AsyncClient, started: float, into: list[Sizes]) -> None:
     """The policy's pool sizes every ``SAMPLE_EVERY`` s, into ``into``."""
     while True:
-        status = await client.pool_status(POLICY)
-        into.append(Sizes(time.monotonic() - started, {c.pool: c.actual for c in status.pools}))
+        counts = (await client.pool_status(POLICY)).pools
+        into.append(
+            Sizes(
+                time.monotonic() - started,
+                {c.pool: c.actual for c in counts},
+                {c.pool: c.demand for c in counts if c.demand is not None},
+                {c.pool: c.want for c in counts if c.want is not None},
+            )
+        )
         await asyncio.sleep(SAMPLE_EVERY)
 
 

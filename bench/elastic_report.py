@@ -159,9 +159,15 @@ def timeline(arm: Arm) -> list[str]:
     """The premium pool's size each time it changed, and the moves, in words."""
     out, last = [], None
     for sizes in arm.sizes:
-        now = (sizes.pools.get(PREMIUM, 0), sizes.pools.get(BATCH, 0))
+        now = tuple((sizes.pools.get(p, 0), sizes.want.get(p)) for p in (PREMIUM, BATCH))
         if now != last:
-            out.append(f"t {sizes.t:6.1f} s: premium {now[0]}, batch {now[1]}")
+            shown = ", ".join(
+                f"{name} {held}" + ("" if want is None else f" (wants {want}, demand "
+                                    f"{sizes.demand.get(pool, 0):g})")
+                for name, pool, (held, want) in zip(("premium", "batch"), (PREMIUM, BATCH), now,
+                                                    strict=True)
+            )  # fmt: skip
+            out.append(f"t {sizes.t:6.1f} s: {shown}")
             last = now
     out += [
         f"t {m.t:6.1f} s: moved {m.worker[:8]} {m.from_pool or '(none)'} -> {m.to_pool} "
