@@ -64,6 +64,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import os
 import random
 import shlex
 import sys
@@ -480,14 +481,17 @@ def run(args: argparse.Namespace, command: str) -> int:
         f"{setup.slo_s:g} s"
     )
     print(header("elastic pools", found, detail))
+    before = os.getloadavg()[0]
     with places(["etcd"], bucket="elastic") as where:
         url = where.urls["etcd"]
         arms = asyncio.run(measure(args, url, where.scratch, setup))
+    print(f"# load average {before:.1f} before, {os.getloadavg()[0]:.1f} after\n")
     document: dict[str, Any] = {
         "benchmark": "elastic",
         "command": command,
         "versions": found,
         "setup": asdict(setup),
+        "load": [before, os.getloadavg()[0]],
         "arms": [asdict(arm) for arm in arms],
     }
     status = report(document, arms, setup, args.results)

@@ -210,7 +210,9 @@ def section(document: dict[str, Any], arms: Sequence[Arm], setup: Setup) -> list
         "time: a premium request waits for at most one ahead of it); a failed request is a "
         "miss. *step* = premium requests sent during the step; *steady moves* = moves "
         f"made more than {setup.react_s:g} s after a rise or "
-        f"{setup.scale_down_after + setup.react_s:g} s after a fall. See `bench/elastic.py`.",
+        f"{setup.scale_down_after + setup.react_s:g} s after a fall. Load average "
+        f"{document['load'][0]:.1f} before the run, {document['load'][1]:.1f} after "
+        f"(2 shared cores). See `bench/elastic.py`.",
         "",
         f"`{document['command']}`:",
         "",
@@ -264,6 +266,11 @@ def plot(arms: Sequence[Arm], setup: Setup, path: Path) -> None:
         xs = [z.t for z in arm.sizes]
         ys = [z.pools.get(PREMIUM, 0) for z in arm.sizes]
         bottom.step(xs, ys, where="post", color=color, label=f"{arm.name}: premium workers")
+        wants = [(z.t, z.want[PREMIUM]) for z in arm.sizes if PREMIUM in z.want]
+        if wants:
+            label = f"{arm.name}: premium wants"
+            bottom.step([x for x, _ in wants], [y for _, y in wants], where="post", color=color,
+                        linestyle="--", linewidth=1, label=label)  # fmt: skip
     for axes in (top, bottom):
         axes.axvspan(t.step_start, t.step_end, color="0.9", zorder=0)
         axes.grid(True, alpha=0.3)
