@@ -155,6 +155,22 @@ _BATCH_GOAL = "batch throughput over the whole trace, elastic >= 0.9x static"
 _STEADY_GOAL = "no elastic move while load is steady"
 
 
+def misses(arm: Arm, setup: Setup) -> str:
+    """Where the step's SLO misses fall: before the arm's first move of the step (the
+    pools had not followed yet) or after it."""
+    t = setup.trace
+    step = [s for s in arm.samples if s.kind == "premium" and t.step_start <= s.sent < t.step_end]
+    missed = [s for s in step if s.ttft is None or s.ttft > setup.slo_s]
+    first = min((m.t for m in arm.moves if t.step_start <= m.t < t.step_end), default=None)
+    if first is None:
+        return f"{arm.name}: {len(missed)} of {len(step)} step requests missed the SLO; no move"
+    early = sum(s.sent < first for s in missed)
+    return (
+        f"{arm.name}: {len(missed)} of {len(step)} step requests missed the SLO, {early} of "
+        f"them sent before the first move ({first - t.step_start:.1f} s into the step)"
+    )
+
+
 def timeline(arm: Arm) -> list[str]:
     """The premium pool's size each time it changed, and the moves, in words."""
     out, last = [], None
@@ -187,7 +203,7 @@ def text(summaries: Sequence[Summary], judged: Sequence[Goal], arms: Sequence[Ar
               f"{setup.trace.step_end:g} s"]  # fmt: skip
     for arm in arms:
         if arm.name == "elastic" and not arm.refused:
-            lines += ["", "elastic: the pools over time", *timeline(arm)]
+            lines += ["", misses(arm, setup), "", "elastic: the pools over time", *timeline(arm)]
     return "\n".join(lines)
 
 
@@ -224,7 +240,8 @@ def section(document: dict[str, Any], arms: Sequence[Arm], setup: Setup) -> list
     ]
     for arm in arms:
         if arm.name == "elastic" and not arm.refused:
-            out += ["The elastic arm's pools over time (sampled every 0.5 s) and its moves:",
+            out += [misses(arm, setup) + ".", "",
+                    "The elastic arm's pools over time (sampled every 0.5 s) and its moves:",
                     "", "```", *timeline(arm), "```", ""]  # fmt: skip
     return out
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.elastic import ARMS, FULL, Arm, Move, Sample, Setup, Sizes
-from bench.elastic_report import BATCH, HEADERS, PREMIUM, goals, summarize, within
+from bench.elastic_report import BATCH, HEADERS, PREMIUM, goals, misses, summarize, within
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = Setup(
@@ -78,6 +78,19 @@ def test_goals_are_judged_on_the_figures() -> None:
     assert [g.met for g in missed] == [False, True, False], [g.line() for g in missed]
     alone = goals([static])
     assert [g.met for g in alone] == [None, None, None]
+
+
+def test_the_misses_are_placed_before_or_after_the_first_move_of_the_step() -> None:
+    t = FULL
+    arm = elastic_arm([t.step_start + 1, t.step_end + 11], 0.2)
+    for sent, ttft in ((0.5, 0.7), (0.6, None), (9, 0.8), (t.step_s + 1, 0.9)):
+        arm.samples.append(sample("premium", t.step_start + sent, ttft))
+    said = misses(arm, SETUP)
+    assert said == (
+        "elastic: 3 of 103 step requests missed the SLO, 2 of them sent before the first move "
+        "(1.0 s into the step)"
+    )
+    assert misses(Arm("static", arm.samples, [], []), SETUP).endswith("missed the SLO; no move")
 
 
 @pytest.mark.etcd
