@@ -1,8 +1,9 @@
 """Elastic pools against a static split and against no pools: one SLA, one trace, three arms.
 
-    python -m bench.elastic                           # ~7 min: three arms of ~115 s each
-    python -m bench.elastic --quick                   # ~2 min: the same shape, shorter phases
-    python -m bench.elastic --results bench/RESULTS.md    # also its section and plots/elastic.png
+    python -m bench.elastic                     # ~6 min: three arms of 115 s, a fleet each
+    python -m bench.elastic --quick             # ~2 min: the same shape, shorter phases
+    python -m bench.elastic --results bench/RESULTS.md   # + its section, plots/elastic.png
+    python -m bench.elastic --from run.json     # report a run saved with --json
 
 **The fleet**, new for each arm: ``--workers`` (6) mocker workers on etcd, each serving at
 most ``--max-num-seqs`` (2) requests at once (``dynamo-worker --max-num-seqs``): a third
