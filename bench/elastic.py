@@ -21,22 +21,23 @@ measures the machine, not the pools.
 pool=batch: 66`` with ``min_per_pool: 1`` over ``model=elastic``: 2 and 4 of 6 workers.
 
 **The trace**, the same for every arm: closed-loop clients (each sends its next request as
-soon as the last one ends; prompts drawn from ``--seed``). Batch: ``--batch-clients`` (4)
+soon as the last one ends; prompts drawn from ``--seed``). Batch: ``--batch-clients`` (2)
 for the whole run. Premium: ``--premium-low`` (2) clients, which its static 2 workers
-hold with a slot to spare; then ``--premium-step`` (10) from the end of the low phase for
-the step, and back to the low count (the extra clients finish the request they have and
-stop). Ten clients on 2 workers' 4 slots queue: each request waits about 1.5 service times
-(~0.8 s) before its first token. Fourteen clients in all fit the fleet's 12 slots but two,
-which is what lets a policy that follows demand win.
+hold with two slots to spare; then ``--premium-step`` (10) from the end of the low phase
+for the step, and back to the low count (the extra clients finish the request they have
+and stop). Ten clients on 2 workers' 4 slots queue: each request waits about 1.5 service
+times (~0.8 s) before its first token. Twelve clients in all are the fleet's 12 slots: the
+load fits the fleet, only not the static split, which is the case a policy that follows
+demand can win (with more than the fleet holds, premium's gain is batch's loss).
 
 **The arms**:
 
 * ``static``: the policy as above.
 * ``elastic``: the same plus ``elastic: {target_in_flight: 2, scale_down_after:
   --scale-down-after}``: a pool wants ``ceil(demand / 2)`` workers; premium at 10 clients
-  wants 5, batch at 4 wants 2: 7 wanted of 6, so the leader apportions 4 and 2.
+  wants 5, batch at 2 wants 1: 6 wanted of 6, each gets what it wants.
 * ``no-pools``: no policy, no required taint: both classes on every worker, one FCFS
-  queue (utilisation without isolation: 14 clients on 12 slots).
+  queue (utilisation without isolation: 12 clients on 12 slots).
 
 **The SLO**: premium time to first token <= ``--slo`` (0.5 s), about one request's service
 time: a premium request may wait for at most about one request ahead of it; a pool short
@@ -167,7 +168,7 @@ class Setup:
         return [(a, b) for a, b in windows if a < b]
 
 
-FULL = Trace(low_s=20, step_s=60, after_s=35, premium_low=2, premium_step=10, batch=4, seed=30)
+FULL = Trace(low_s=20, step_s=60, after_s=35, premium_low=2, premium_step=10, batch=2, seed=30)
 QUICK = replace(FULL, low_s=6, step_s=15, after_s=12)
 
 
