@@ -39,9 +39,12 @@ demand can win (with more than the fleet holds, premium's gain is batch's loss).
 * ``no-pools``: no policy, no required taint: both classes on every worker, one FCFS
   queue (utilisation without isolation: 12 clients on 12 slots).
 
-**The SLO**: premium time to first token <= ``--slo`` (0.5 s), about one request's service
-time: a premium request may wait for at most about one request ahead of it; a pool short
-of workers makes requests wait whole service times. A request that fails counts as a miss.
+**The SLO**: premium time to first token <= ``--slo`` (0.5 s), just under one request's
+service time (~0.53 s). A request that finds a free slot has its first token in one or two
+mocker steps (60-110 ms); one that must wait for a request ahead of it to finish waits
+part of a service time and, in a pool short of workers, whole ones. So the share within
+the SLO is about the share of premium requests that found a slot in their pool, with room
+for a loaded machine's slower steps. A request that fails counts as a miss.
 
 **Measured**, per arm: premium TTFT p50 / p99 and the fraction within the SLO, for the
 requests *sent during the step* and for all; batch requests completed per second over the
