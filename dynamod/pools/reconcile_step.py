@@ -289,7 +289,7 @@ class Leading:
         policy = stored.policy
         result, workers, records = self.plan_of(policy, memory.assigned, memory.window)
         if result.window is not None:
-            memory.history.keep(result.window)
+            memory.history.keep_window(result.window)
         for key in [k for k, r in self.own.items() if self.workers.revision_of(k) >= r]:
             del self.own[key]
         for gone in set(memory.assigned) - set(records):
