@@ -31,10 +31,13 @@ def apportion(n: int, weights: Mapping[str, Weight], *, minimum: int = 0) -> dic
     minimum when the fleet allows it, else as much of it as every pool can have alike. A
     pool whose count falls short is held at that floor and the rest is apportioned again
     among the others by largest remainder, until none falls short.
+
+    A weight may be 0 when another is positive (``elastic.allot`` splits by wants, and a
+    pool may want none): such a pool gets the floor and never a remainder seat.
     """
     if n < 0 or minimum < 0 or not weights:
         raise ValueError(f"apportion needs n >= 0, minimum >= 0 and pools: {n}, {minimum}")
-    exact = {taint: _exact(weight) for taint, weight in sorted(weights.items())}
+    exact = {taint: exact_decimal(weight) for taint, weight in sorted(weights.items())}
     floor = min(minimum, n // len(exact))
     held: dict[str, int] = {}
     while True:
@@ -58,7 +61,7 @@ def _largest_remainder(n: int, weights: Mapping[str, Fraction]) -> dict[str, int
     return counts
 
 
-def _exact(weight: Weight | Fraction) -> Fraction:
+def exact_decimal(weight: Weight | Fraction) -> Fraction:
     """A weight as the decimal it was written as: ``0.1`` is exactly one tenth."""
     return Fraction(repr(weight)) if isinstance(weight, float) else Fraction(weight)
 

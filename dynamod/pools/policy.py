@@ -13,6 +13,11 @@ at ``v1/pools/<name>`` beside the workers::
     move_interval: 60             # ... per this many seconds (60 when max_moves is set)
     spread_by: zone               # split each pool across dynamo.topology/zone= values
     paused: false                 # compute and report, write nothing, put no drift back
+    elastic:                      # shares that follow demand (``elastic.py`` has the rules)
+      target_in_flight: 2         # requests in flight per worker, for every pool; or a
+                                  # map pool taint -> number (pools not named are not elastic)
+      scale_down_after: 60        # seconds a pool's lower want must last before it shrinks (60)
+      tolerance: 0.1              # a demand within this fraction of capacity moves nothing (0.1)
 
 Every owned worker carries exactly one of the pool taints; the policy owns those taints on
 those workers and nothing else (``plan.py`` turns weights into counts and moves).
@@ -28,11 +33,17 @@ reserved prefix and its look-alikes, padding, control characters, length) or tha
 operator taint (the cordon); a weight that is not a positive finite number (booleans are
 not numbers); ``min_per_pool`` not a whole number >= 0; ``max_moves`` not a whole number
 >= 1; ``move_interval`` not a positive finite number of seconds, or given without
-``max_moves``; ``spread_by`` not a topology domain name; ``paused`` not a boolean. Every
-refusal is a ``PoolPolicyError`` whose message starts with the field, then the rule and
-the offending value. At apply, a ``spread_by`` over more than ``MAX_SPREAD_CELLS`` pools
-times domain values (among the workers selected then) is refused too (``spread_refusal``);
-a plan that meets more later moves nothing and says why (``plan.Plan.refused``).
+``max_moves``; ``spread_by`` not a topology domain name; ``paused`` not a boolean;
+``elastic`` not a mapping, with an unknown key or without ``target_in_flight``, a target
+that is not a positive finite number, a map of targets that is empty or names a pool the
+policy does not have, ``scale_down_after`` not a finite number of seconds >= 0,
+``tolerance`` not a number from 0 up to (not including) 1, or ``elastic`` beside
+``spread_by`` (elastic pools do not support it). Every refusal is a ``PoolPolicyError``
+whose message starts with the field (``elastic.tolerance`` inside the section), then the
+rule and the offending value. At apply, a ``spread_by`` over more than
+``MAX_SPREAD_CELLS`` pools times domain values (among the workers selected then) is
+refused too (``spread_refusal``); a plan that meets more later moves nothing and says why
+(``plan.Plan.refused``).
 
 Two policies conflict (``overlaps``) when they share a pool taint and their selectors
 could both select one worker. Selectors are conjunctions of terms, and two are treated as
@@ -47,7 +58,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from dynamod import jsoncodec
 from dynamod.errors import PoolPolicyError, SelectorError, TaintError, shown
@@ -76,11 +87,50 @@ KNOWN_KEYS: Final = (
     "move_interval",
     "spread_by",
     "paused",
+    "elastic",
 )
+ELASTIC_KEYS: Final = ("target_in_flight", "scale_down_after", "tolerance")
 REQUIRED_KEYS: Final = ("name", "selector", "pools")
 _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 Weight = int | float
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """A policy's ``elastic`` section: the pools whose shares follow their demand
+    (``elastic.py`` turns demand into wanted workers and those into an allotment).
+
+    ``target_in_flight`` maps each elastic pool's taint to the requests in flight per
+    worker that pool should hold, sorted and read-only; a pool it does not name is not
+    elastic and takes what the elastic pools leave, by weight. ``__post_init__`` checks
+    the numbers; the pool names are checked against the policy by ``PoolPolicy`` (a
+    document's single number becomes this map there)."""
+
+    target_in_flight: Mapping[str, float] = field(hash=False)
+    scale_down_after: float = 60.0
+    """Seconds a pool's lower want must last before the pool shrinks."""
+    tolerance: float = 0.1
+    """Like an HPA's: a demand within this fraction of what the current size holds moves
+    nothing."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "target_in_flight", _check_targets(self.target_in_flight))
+        object.__setattr__(self, "scale_down_after", _check_scale_down(self.scale_down_after))
+        object.__setattr__(self, "tolerance", _check_tolerance(self.tolerance))
+
+    def target(self, pool: str) -> float | None:
+        """``pool``'s requests in flight per worker; None: the pool is not elastic (it
+        takes what is left, by weight)."""
+        return self.target_in_flight.get(pool)
+
+    def to_dict(self) -> dict[str, object]:
+        """The canonical section: always the map, with both numbers."""
+        return {
+            "target_in_flight": dict(self.target_in_flight),
+            "scale_down_after": self.scale_down_after,
+            "tolerance": self.tolerance,
+        }
 
 
 @dataclass(frozen=True)
@@ -98,6 +148,8 @@ class PoolPolicy:
     move_interval: float | None = None
     spread_by: str | None = None
     paused: bool = False
+    elastic: Elastic | None = None
+    """Shares that follow demand; None: the weights alone decide."""
     match: Selector = field(init=False, repr=False, compare=False)
     """``selector``, parsed."""
 
@@ -115,6 +167,8 @@ class PoolPolicy:
             _check_domain(self.spread_by)
         if not isinstance(self.paused, bool):
             raise PoolPolicyError(f"paused: must be true or false, got {_show(self.paused)}")
+        if self.elastic is not None:
+            object.__setattr__(self, "elastic", _check_elastic(self))
 
     @classmethod
     def parse(cls, text: str | bytes) -> PoolPolicy:
@@ -173,6 +227,7 @@ class PoolPolicy:
             "move_interval": self.move_interval,
             "spread_by": self.spread_by,
             "paused": self.paused or None,
+            "elastic": None if self.elastic is None else self.elastic.to_dict(),
         }
         doc.update((key, value) for key, value in optional.items() if value is not None)
         return doc
@@ -380,6 +435,101 @@ def _check_interval(policy: PoolPolicy) -> Weight:
     return _whole_if_integral(seconds)
 
 
+def _check_elastic(policy: PoolPolicy) -> Elastic:
+    """The ``elastic`` section as an ``Elastic`` over the policy's pools: a document's
+    mapping is read here (a single target becomes one per pool), an ``Elastic`` built in
+    code is checked alike."""
+    section: object = policy.elastic
+    if isinstance(section, Elastic):
+        section = section.to_dict()
+    if not isinstance(section, Mapping):
+        raise PoolPolicyError(
+            f"elastic: must be a mapping of keys ({', '.join(ELASTIC_KEYS)}), got {_show(section)}"
+        )
+    unknown = [key for key in section if key not in ELASTIC_KEYS]
+    if unknown:
+        raise PoolPolicyError(
+            f"elastic: unknown key {_show(unknown[0])} (known: {', '.join(ELASTIC_KEYS)})"
+        )
+    if "target_in_flight" not in section:
+        raise PoolPolicyError(
+            "elastic: missing key 'target_in_flight' (the requests in flight per worker a "
+            "pool should hold: one number for every pool, or a map pool taint -> number)"
+        )
+    if policy.spread_by is not None:
+        raise PoolPolicyError(
+            f"elastic: elastic pools do not support spread_by (spread_by is "
+            f"{_show(policy.spread_by)}); remove spread_by or elastic"
+        )
+    fields = dict(section)
+    fields["target_in_flight"] = _targets_of(fields["target_in_flight"], policy.pools)
+    return Elastic(**fields)
+
+
+def _targets_of(targets: object, pools: Mapping[str, Weight]) -> object:
+    """A document's ``target_in_flight``: one number for every pool, or a map whose taints
+    are all the policy's (its numbers are checked by ``Elastic``)."""
+    if not isinstance(targets, Mapping):
+        if not _positive(targets):
+            raise PoolPolicyError(
+                "elastic.target_in_flight: must be a positive number of requests in flight "
+                f"per worker, or a map of pool taint to one, got {_show(targets)}"
+            )
+        return dict.fromkeys(pools, targets)
+    for taint in targets:
+        if taint not in pools:
+            raise PoolPolicyError(
+                f"elastic.target_in_flight: names {_show(taint, 100)}, which is not a pool of "
+                f"this policy (pools: {', '.join(repr(p) for p in pools)})"
+            )
+    return targets
+
+
+def _check_targets(targets: object) -> Mapping[str, Weight]:
+    if not isinstance(targets, Mapping):
+        raise PoolPolicyError(
+            "elastic.target_in_flight: must be a map of pool taint to requests in flight per "
+            f"worker, got {_show(targets)}"
+        )
+    if not targets:
+        raise PoolPolicyError(
+            "elastic.target_in_flight: the map names no pool; name at least one pool taint, "
+            "or give one number for every pool"
+        )
+    checked: dict[str, Weight] = {}
+    for taint, target in targets.items():
+        if not isinstance(taint, str):
+            raise PoolPolicyError(
+                f"elastic.target_in_flight: taint {_show(taint)} must be a string"
+            )
+        if not _positive(target):
+            raise PoolPolicyError(
+                f"elastic.target_in_flight: target of {shown(taint, 100)} must be a positive "
+                f"number of requests in flight per worker, got {_show(target)}"
+            )
+        assert isinstance(target, int | float)  # _positive said so
+        checked[taint] = _whole_if_integral(target)
+    return MappingProxyType(dict(sorted(checked.items())))
+
+
+def _check_scale_down(seconds: object) -> Weight:
+    if not _finite(seconds) or seconds < 0:
+        raise PoolPolicyError(
+            f"elastic.scale_down_after: must be a number of seconds, 0 or more, got "
+            f"{_show(seconds)}"
+        )
+    return _whole_if_integral(seconds)
+
+
+def _check_tolerance(fraction: object) -> Weight:
+    if not _finite(fraction) or not 0 <= fraction < 1:
+        raise PoolPolicyError(
+            "elastic.tolerance: must be a fraction from 0 up to (not including) 1, got "
+            f"{_show(fraction)}"
+        )
+    return _whole_if_integral(fraction)
+
+
 def _check_domain(domain: object) -> None:
     """A topology domain name as workers hold it: ``dynamo.topology/<domain>=<value>``."""
     rule = (
@@ -396,11 +546,14 @@ def _check_domain(domain: object) -> None:
 
 def _positive(number: object) -> bool:
     """A positive finite int or float; a bool is not a number here, an int of any size is."""
+    return _finite(number) and number > 0
+
+
+def _finite(number: object) -> TypeGuard[int | float]:
+    """A finite int or float; a bool is not a number here, an int of any size is."""
     if isinstance(number, bool) or not isinstance(number, int | float):
         return False
-    if isinstance(number, float) and not math.isfinite(number):
-        return False
-    return number > 0
+    return not isinstance(number, float) or math.isfinite(number)
 
 
 def _whole_if_integral(number: int | float) -> Weight:

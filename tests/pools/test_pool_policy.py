@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamod.errors import InvalidInputError, PoolPolicyError
-from dynamod.pools.policy import MAX_POLICY_BYTES, PoolPolicy, disjoint, overlaps, refuse_overlaps
+from dynamod.pools.policy import (
+    MAX_POLICY_BYTES,
+    Elastic,
+    PoolPolicy,
+    disjoint,
+    overlaps,
+    refuse_overlaps,
+)
 from dynamod.selectors import parse
 from tests.support.factories import make_record
 
@@ -22,7 +29,16 @@ pools:                          # pool taint -> weight; each owned worker carrie
   pool=fast: 40
   pool=slow: 60
 """
-KNOWN = "name, selector, pools, min_per_pool, max_moves, move_interval, spread_by, paused"
+KNOWN = "name, selector, pools, min_per_pool, max_moves, move_interval, spread_by, paused, elastic"
+ELASTIC_KNOWN = "target_in_flight, scale_down_after, tolerance"
+NOT_A_TARGET = [
+    (-1, "-1"),
+    (0, "0"),
+    (True, "True"),
+    ("2", "'2'"),
+    (math.nan, "nan"),
+    (math.inf, "inf"),
+]
 
 
 def doc(**changes: object) -> dict[str, object]:
@@ -137,6 +153,81 @@ REFUSED = [
     ),
     (doc(paused="yes"), "paused: must be true or false, got 'yes'"),
     (doc(paused=1), "paused: must be true or false, got 1"),
+    *(
+        (
+            doc(elastic=bad),
+            f"elastic: must be a mapping of keys ({ELASTIC_KNOWN}), got {shown}",
+        )
+        for bad, shown in ((2, "2"), ([2], "[2]"), ("on", "'on'"))
+    ),
+    (
+        doc(elastic={"target_in_flight": 2, "window": 10}),
+        f"elastic: unknown key 'window' (known: {ELASTIC_KNOWN})",
+    ),
+    (
+        doc(elastic={"scale_down_after": 10}),
+        "elastic: missing key 'target_in_flight' (the requests in flight per worker a pool "
+        "should hold: one number for every pool, or a map pool taint -> number)",
+    ),
+    *(
+        (
+            doc(elastic={"target_in_flight": bad}),
+            "elastic.target_in_flight: must be a positive number of requests in flight per "
+            f"worker, or a map of pool taint to one, got {shown}",
+        )
+        for bad, shown in [*NOT_A_TARGET, (None, "None"), ([2], "[2]")]
+    ),
+    *(
+        (
+            doc(elastic={"target_in_flight": {"pool=fast": bad}}),
+            "elastic.target_in_flight: target of 'pool=fast' must be a positive number of "
+            f"requests in flight per worker, got {shown}",
+        )
+        for bad, shown in NOT_A_TARGET
+    ),
+    (
+        doc(elastic={"target_in_flight": {"pool=fast": 2, "pool=premium": 2}}),
+        "elastic.target_in_flight: names 'pool=premium', which is not a pool of this policy "
+        "(pools: 'pool=fast', 'pool=slow')",
+    ),
+    (
+        doc(elastic={"target_in_flight": {}}),
+        "elastic.target_in_flight: the map names no pool; name at least one pool taint, or "
+        "give one number for every pool",
+    ),
+    *(
+        (
+            doc(elastic={"target_in_flight": 2, "scale_down_after": bad}),
+            f"elastic.scale_down_after: must be a number of seconds, 0 or more, got {shown}",
+        )
+        for bad, shown in (
+            (-1, "-1"),
+            (-0.5, "-0.5"),
+            (math.inf, "inf"),
+            (math.nan, "nan"),
+            ("60", "'60'"),
+            (False, "False"),
+            (None, "None"),
+        )
+    ),
+    *(
+        (
+            doc(elastic={"target_in_flight": 2, "tolerance": bad}),
+            f"elastic.tolerance: must be a fraction from 0 up to (not including) 1, got {shown}",
+        )
+        for bad, shown in (
+            (1, "1"),
+            (1.5, "1.5"),
+            (-0.1, "-0.1"),
+            (math.nan, "nan"),
+            (True, "True"),
+        )
+    ),
+    (
+        doc(spread_by="zone", elastic={"target_in_flight": 2}),
+        "elastic: elastic pools do not support spread_by (spread_by is 'zone'); remove "
+        "spread_by or elastic",
+    ),
 ]
 
 ACCEPTED = [
@@ -157,6 +248,10 @@ ACCEPTED = [
     doc(spread_by="zone"),
     doc(spread_by="topology.kubernetes.io/zone"),
     doc(paused=True),
+    doc(elastic={"target_in_flight": 2}),
+    doc(elastic={"target_in_flight": 0.5, "scale_down_after": 0, "tolerance": 0}),
+    doc(elastic={"target_in_flight": {"pool=fast": 1.5}, "scale_down_after": 12.5}),
+    doc(elastic={"target_in_flight": {"pool=fast": 2, "pool=slow": 10**6}, "tolerance": 0.99}),
 ]
 
 
@@ -269,6 +364,51 @@ def test_optional_keys_are_stored_only_when_set() -> None:
         "paused": True,
     }
     assert policy.interval == 60.0
+
+
+def test_one_target_applies_to_every_pool_and_is_stored_as_the_map() -> None:
+    """A single number and the map naming every pool are one policy, stored alike; the
+    section's defaults are written out, whole floats as ints (as the weights are)."""
+    one = PoolPolicy.from_dict(doc(elastic={"target_in_flight": 2.0}))
+    every = PoolPolicy.from_dict(
+        doc(elastic={"target_in_flight": {"pool=slow": 2, "pool=fast": 2}, "scale_down_after": 60})
+    )
+    assert one == every
+    assert one.to_json() == every.to_json()
+    assert json.loads(one.to_json())["elastic"] == {
+        "target_in_flight": {"pool=fast": 2, "pool=slow": 2},
+        "scale_down_after": 60,
+        "tolerance": 0.1,
+    }
+    assert one.elastic is not None
+    assert (one.elastic.target("pool=fast"), one.elastic.target("pool=slow")) == (2, 2)
+
+
+def test_a_pool_the_map_does_not_name_is_not_elastic() -> None:
+    policy = PoolPolicy.from_dict(doc(elastic={"target_in_flight": {"pool=fast": 1.5}}))
+    assert policy.elastic is not None
+    assert policy.elastic.target("pool=fast") == 1.5
+    assert policy.elastic.target("pool=slow") is None
+    assert dict(policy.elastic.target_in_flight) == {"pool=fast": 1.5}
+
+
+def test_an_elastic_section_built_in_code_is_held_to_the_same_rules() -> None:
+    section = Elastic({"pool=fast": 2}, scale_down_after=10.0)
+    policy = PoolPolicy(
+        name="x", selector="model=m", pools={"pool=fast": 1, "pool=slow": 1}, elastic=section
+    )
+    assert policy.elastic == section
+    assert PoolPolicy.parse(policy.to_json()) == policy
+    with pytest.raises(PoolPolicyError, match=r"^elastic.target_in_flight: names 'pool=fast'"):
+        PoolPolicy(name="x", selector="model=m", pools={"a": 1, "b": 1}, elastic=section)
+    with pytest.raises(PoolPolicyError, match=r"^elastic.tolerance: must be a fraction"):
+        Elastic({"pool=fast": 2}, tolerance=1.0)
+
+
+def test_a_policy_without_elastic_stores_no_section() -> None:
+    policy = PoolPolicy.from_dict(doc())
+    assert policy.elastic is None
+    assert "elastic" not in json.loads(policy.to_json())
 
 
 def policy(name: str, selector: str, *pools: str) -> PoolPolicy:
