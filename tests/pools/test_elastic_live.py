@@ -29,6 +29,9 @@ from tests.pools.live import Daemon, Fleet, counted, fleet, held_now, until_coun
 from tests.support.eventually import eventually
 from tests.support.scrape import scrape
 
+pytestmark = [pytest.mark.solo, pytest.mark.timeout(300)]
+"""Alone on the machine: the issue's time bounds and a latency ratio between two arms."""
+
 MOCKER = ("--speedup-ratio", "1", "--max-num-seqs", "2")
 """Real time per token, two requests at once: a worker holds two requests in flight."""
 TOKENS = 80
