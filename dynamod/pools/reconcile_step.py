@@ -371,7 +371,8 @@ class Leading:
         async def writing() -> None:
             nonlocal moved
             for batch in batches:
-                moved += await self._write(term, stored, memory, batch, records)
+                done = await self._write(term, stored, memory, batch, records)
+                moved += done  # after the await: ``moved += await`` would lose the others
                 if len(memory.history.unwritten) >= FLUSH_EVERY:
                     await memory.history.flush(self.store, term.fence)
 
