@@ -158,7 +158,7 @@ def plan(
     window = None
     if policy.elastic is not None and load is not None:
         demand = fleet.demand(load.waiting)
-        raw = elastic.want(policy, demand, fleet.counted())
+        raw = elastic.want(policy, demand, load.window.latest)
         want, window = load.window.settle(raw, load.now, policy.elastic.scale_down_after)
         wanted = elastic.allot(fleet.size, policy, want)
     by_domain: dict[Domain, dict[str, int]] = {}
@@ -407,13 +407,6 @@ class _Fleet:
                 counts[pool] += sum(w.in_flight for w in bucket)
         return counts
 
-    def counted(self) -> dict[str, int]:
-        """Routable workers counted under each pool (drifted ones under their assigned)."""
-        counts = dict.fromkeys(self.pools, 0)
-        for (_, pool), count in self.have().items():
-            counts[pool] += count
-        return counts
-
     @property
     def size(self) -> int:
         return sum(self.sizes().values())
@@ -430,7 +423,9 @@ class _Fleet:
     def actual(self) -> dict[str, int]:
         """Routable workers holding exactly one pool, by pool: the buckets, less the drifted
         workers counted under their assigned pool, plus the pool they really hold."""
-        counts = self.counted()
+        counts = dict.fromkeys(self.pools, 0)
+        for (_, pool), count in self.have().items():
+            counts[pool] += count
         for assigned, held in self.moved_back:
             counts[assigned] -= 1
             if held is not None:
