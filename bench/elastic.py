@@ -249,7 +249,7 @@ async def request(
     return (ttft if outcome == "200" else None), outcome, served
 
 
-async def client(
+async def closed_loop(
     http: aiohttp.ClientSession,
     front: str,
     kind: str,
@@ -281,7 +281,7 @@ async def drive(front: str, setup: Setup, pooled: bool, started: float) -> list[
 
         def start(kind: str, index: int, stop: asyncio.Event) -> None:
             rng = random.Random(f"{trace.seed}/{kind}/{index}")
-            run = client(http, front, kind, rng, stop, started, setup, pooled, out)
+            run = closed_loop(http, front, kind, rng, stop, started, setup, pooled, out)
             group.create_task(run, name=f"{kind}-{index}")
 
         for index in range(trace.batch):
@@ -302,10 +302,10 @@ async def _until(moment: float) -> None:
     await asyncio.sleep(max(0.0, moment - time.monotonic()))
 
 
-async def watch_sizes(client: AsyncClient, started: float, into: list[Sizes]) -> None:
+async def watch_sizes(control: AsyncClient, started: float, into: list[Sizes]) -> None:
     """The policy's pool sizes every ``SAMPLE_EVERY`` s, into ``into``."""
     while True:
-        counts = (await client.pool_status(POLICY)).pools
+        counts = (await control.pool_status(POLICY)).pools
         into.append(
             Sizes(
                 time.monotonic() - started,
