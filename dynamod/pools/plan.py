@@ -33,8 +33,9 @@ Elastic
     pool's demand is the in flight of the workers counted under it plus its waiting
     requests; its want follows the demand, settled by the window; the counts are the
     allotment of the routable workers by those wants. The moves are chosen as above, and
-    those that shift workers between pools for demand say ``demand`` (``rebalance`` when
-    the counts are the plain weighted split). ``Plan.window`` is the window to keep.
+    those that shift workers between pools say ``demand``: the counts are the demand's
+    allotment (an idle fleet's is the weighted split). ``Plan.window`` is the window to
+    keep.
 
 A ``Move`` means: the worker's pool taints of this policy become exactly ``to_pool``.
 ``Plan.moves`` is in priority order (``first_moves`` takes a budget's worth).
@@ -152,7 +153,7 @@ def plan(
     """
     fleet = _Fleet(policy, assigned or {})
     fleet.add_all(workers)
-    wanted = static = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
+    wanted = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
     demand: dict[str, float] = {}
     want: dict[str, int] = {}
     window = None
@@ -168,7 +169,7 @@ def plan(
         if refused:
             return Plan(policy.name, wanted, fleet.actual(), (), refused=refused)
         targets = by_domain = spread(wanted, fleet.sizes(), fleet.have())
-    moves = _Moves(policy.name, "rebalance" if wanted == static else "demand")
+    moves = _Moves(policy.name, "demand" if want else "rebalance")
     for domain, group in fleet.groups.items():
         group.moves(targets[domain], moves)
     return Plan(
