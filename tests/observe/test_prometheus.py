@@ -1,5 +1,5 @@
 """A real Prometheus (Debian's ``prometheus`` and ``promtool``) scraping a real fleet under
-load: two dynamod daemons on one file store, mocker workers (two in a pool policy, one
+load: two dynamod daemons on one file store, mocker workers (two in an elastic pool policy, one
 cordoned, one reading requests otherwise than the rest), a worker whose record stayed
 after it died (unreachable: retries, failures; at the daemons' taint limit: a move the
 leader cannot make), a hostile worker breaking the events boundary, requests that wait
@@ -48,7 +48,12 @@ pytestmark = pytest.mark.timeout(600)
 
 LEASE_TTL = 60
 """The pool leader's lease in this fleet: no failover can hide the no-leader alert."""
-POLICY = "name: split\nselector: role=pooled\npools:\n  pool=a: 1\n  pool=b: 1\n"
+POLICY = (
+    "name: split\nselector: role=pooled\npools:\n  pool=a: 1\n  pool=b: 1\n"
+    "elastic:\n  target_in_flight: 1000\n"
+)
+"""Elastic, so the dashboard's elastic panel has data; a target no load here reaches, so
+demand never moves a worker (the drift below is the only change of a pool taint)."""
 RATE_INTERVAL = "1m"
 """``$__rate_interval`` for the dashboard's queries: the whole of the load, at 1 s scrapes."""
 SETTINGS = {"DYNAMO_POOL_LEASE_TTL": str(LEASE_TTL), "DYNAMO_MAX_TAINTS": "3"}
