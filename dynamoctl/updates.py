@@ -22,6 +22,7 @@ from dynamod.errors import InvalidInputError
 if TYPE_CHECKING:
     import typer
 
+    from dynamoctl.session import Body
     from dynamod.client import AsyncClient
     from dynamod.results import UpdateOutcome
     from dynamod.taints import TaintUpdate, UpdateAction
@@ -92,10 +93,27 @@ def run(
 ) -> None:
     """The whole command: check, apply, show (``taints *``, ``workers cordon``)."""
     from dynamoctl.session import execute
-    from dynamoctl.targets import check_selector
-    from dynamod.taints import TaintUpdate
+
+    execute(ctx, command(action, target, taints, keys=keys, dry_run=dry_run, yes=yes,
+                         describe=describe))  # fmt: skip
+
+
+def command(
+    action: UpdateAction,
+    target: Target,
+    taints: Iterable[str] = (),
+    *,
+    keys: Iterable[str] = (),
+    dry_run: bool = False,
+    yes: bool = False,
+    describe: Describe = describe_outcome,
+) -> Body:
+    """``run``'s session body, which ``direct.py`` runs without typer."""
 
     async def body(client: AsyncClient, printer: Printer) -> int:
+        from dynamoctl.selection import check_selector
+        from dynamod.taints import TaintUpdate
+
         update = TaintUpdate(action, tuple(taints), tuple(keys))  # the taint rules, once
         check_selector(target.selector)
         done = await apply(
@@ -105,7 +123,7 @@ def run(
             printer.id_prefix = await client.id_prefix()
         return show(printer, done, target, dry_run=dry_run, describe=describe)
 
-    execute(ctx, body)
+    return body
 
 
 def show(
