@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from dynamoctl import exits, formats
 from dynamoctl.output import Printer
-from dynamod.errors import InvalidInputError
+from dynamod.errors import DynamoError, InvalidInputError
 
 if TYPE_CHECKING:
     import typer
@@ -121,9 +121,43 @@ def command(
         )
         if done:
             printer.id_prefix = await client.id_prefix()
-        return show(printer, done, target, dry_run=dry_run, describe=describe)
+        code = show(printer, done, target, dry_run=dry_run, describe=describe)
+        if action != "add":
+            for hint in await put_back(client, done):
+                printer.note(hint)
+        return code
 
     return body
+
+
+async def put_back(client: AsyncClient, changes: Sequence[UpdateOutcome]) -> list[str]:
+    """A line for each pool taint removed here that a running pool policy owns on that
+    worker: its leader puts it back within moments, so the removal that returned ok would
+    not last. Nothing when no taint was removed, or the policies cannot be read (the
+    update itself is done and reported)."""
+    removed = {(c.worker, t) for c in changes if c.error is None for t in c.removed}
+    if not removed:
+        return []
+    try:
+        policies = await client.list_policies()
+        hints = []
+        for policy in policies:
+            taken = sorted((w, t) for w, t in removed if t in policy.pools)
+            if policy.paused or not taken:
+                continue
+            selected, _ = await client.list_workers(selector=policy.selector, fields=["id"])
+            owned = {w.id for w in selected}
+            hints += [_owned(policy.name, w, t) for w, t in taken if w in owned]
+    except DynamoError:  # no pools to read here (or the daemon went): nothing to add
+        return []
+    return hints
+
+
+def _owned(policy: str, worker: str, taint: str) -> str:
+    return (
+        f"policy {policy} owns {formats.shown_taint(taint)} on worker {worker} and will put it "
+        f"back; to keep it off, pause the policy first: dynamoctl pools pause {policy}"
+    )
 
 
 def show(
