@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 from dynamoctl import exits, formats
 from dynamoctl.output import Printer
-from dynamoctl.watch import Columns
 
 if TYPE_CHECKING:
     from dynamoctl.jsonpath import Path
@@ -145,6 +144,8 @@ class _Writer:
 
 class _Table(_Writer):
     def __init__(self, printer: Printer) -> None:
+        from dynamoctl.watch import Columns  # with pool_formats: a table's, not JSON's
+
         super().__init__(printer)
         headers = formats.WORKER_WIDE_HEADERS if printer.wide else formats.WORKER_HEADERS
         self.columns = Columns(printer, headers, event_column=-1)
