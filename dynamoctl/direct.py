@@ -13,12 +13,13 @@ what they should be — returns None, and the live CLI parses it and says what i
 ``tests/cli/test_direct.py`` runs a matrix of command lines both ways and compares stdout,
 stderr and the exit status.
 
-Only ``os`` and ``sys`` are imported until the command line is read: the command's own
+Only ``gc``, ``os`` and ``sys`` are imported until the command line is read: the command's own
 modules are imported when it runs.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -77,6 +78,8 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int | None:
     from dynamoctl.session import run_body
 
     options, body, stream = found
+    if stream:
+        gc.enable()  # it may run for days (main turns the collector off for start-up)
     return run_body(options, body, stream=stream)
 
 
