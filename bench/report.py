@@ -37,7 +37,7 @@ matplotlib.use("Agg")  # files only; before pyplot is imported
 import matplotlib.pyplot as plt
 from matplotlib import ticker
 
-from bench import pools_report
+from bench import elastic_report, pools_report
 from bench.common import markdown_table as table
 from bench.peer import report as peer_report
 from bench.prefix import report as prefix_report
@@ -437,7 +437,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot_routing(scale, plots / "routing_vs_fleet.png")
     text = document(runs, chaos, args.quick)
     # None of these is rerun here: their sections are kept as they are.
-    for title in (peer_report.TITLE, prefix_report.TITLE, pools_report.TITLE, DYNAMO_FLEETS):
+    kept_titles = (
+        peer_report.TITLE, prefix_report.TITLE, pools_report.TITLE, elastic_report.TITLE,
+        DYNAMO_FLEETS,
+    )  # fmt: skip
+    for title in kept_titles:
         kept = kept_section(previous, title)
         text = text if kept is None else splice(text, title, kept)
     args.out.write_text(text)

@@ -74,6 +74,9 @@ def pools_text(pools: dict[str, float]) -> str:
 
 def options_text(info: PolicyInfo) -> str:
     shown = [f"{key}={info.document[key]}" for key in OPTIONS if key in info.document]
+    elastic = info.document.get("elastic")
+    if isinstance(elastic, dict):
+        shown.append(f"elastic=({elastic_text(elastic)})")
     return ",".join(shown) or NONE
 
 

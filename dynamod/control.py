@@ -67,11 +67,11 @@ from dynamod.store import Guard, Store, Swap
 from dynamod.store.dynamo import DynamoStore
 from dynamod.taints import DYNAMO_MAX_WEIGHT, RoutingConstraints, TaintLimits, TaintUpdate
 from dynamod.targets import Target
+from dynamod.tasks import FAN_OUT, each
 from dynamod.tokenizers.bundle import Tokenizers
 
 log = logging.getLogger(__name__)
 
-BULK_CONCURRENCY = 16
 DEFAULT_BLOCK_SIZE = 16
 """The block size ``explain`` hashes a prompt with when the model has no worker."""
 MAX_EXPLAIN_PROMPT = MAX_BODY
@@ -257,28 +257,23 @@ class Control:
             raise
         records = self.targets(target)
         single = target.worker is not None
-        gate = asyncio.Semaphore(BULK_CONCURRENCY)
 
         async def one(record: WorkerRecord) -> UpdateOutcome:
-            async with gate:
-                try:
-                    change = await self._update_one(
-                        record, update, caller, target, dry_run, check, audit
-                    )
-                except DynamoError as exc:
-                    if single:
-                        raise
-                    change = _failed(record, exc)
+            try:
+                change = await self._update_one(
+                    record, update, caller, target, dry_run, check, audit
+                )
+            except DynamoError as exc:
+                if single:
+                    raise
+                change = _failed(record, exc)
             if progress is not None:
                 await progress(change)
             return change
 
         if single:
             return [await one(records[0])]
-
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(r)) for r in records]
-        return [t.result() for t in tasks]
+        return await each(records, FAN_OUT, one)
 
     async def _update_one(
         self,

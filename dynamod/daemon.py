@@ -217,7 +217,7 @@ class Daemon:
             dog = self._start_watchdog(group)
             reconciler = group.create_task(pools.run(), name="pool reconciler")
             await signals.stopping.wait()
-            code = await self._drain(control, grpc, front, signals)
+            code = await self._shut_down(control, grpc, front, signals)
             pools.events.close()
             for task in (reconciler, watcher, followers, reaching, sampler, dog):
                 if task is not None:
@@ -332,7 +332,7 @@ class Daemon:
         log.info("systemd watchdog: pinging every %.1fs", interval)
         return group.create_task(systemd.watchdog(interval), name="systemd watchdog")
 
-    async def _drain(
+    async def _shut_down(
         self, control: Control, grpc: grpc_server.GrpcServer, front: Frontend, signals: Signals
     ) -> int:
         grace = self.settings.grace

@@ -58,8 +58,8 @@ class PolicyInfo:
 class PoolMove:
     """One worker's move between pools: its pool taints of the policy become exactly
     ``to_pool``. ``from_pool`` is the one pool it held ("" when none or several); ``why``:
-    joined, fixup, drift, rebalance, demand (an elastic policy's counts followed its
-    pools' demand away from the weighted split), or retired (a replaced version's pool
+    joined, fixup, drift, rebalance, demand (a shift between an elastic policy's pools:
+    its counts follow their demand), or retired (a replaced version's pool
     taint stripped). A pending move has no ``time``, ``epoch`` or ``revision`` (0); a move made
     carries when, the leader's fencing ``epoch`` and name, and the record's revision
     after it."""

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+FAN_OUT: Final = 16
+"""Workers written at once, one by one: a bulk taint update (``Control.update_taints``) and
+the pool leader's moves where the store has no transactions."""
 
 
 async def race(*coros: Coroutine[Any, Any, object]) -> None:
@@ -55,6 +62,22 @@ async def together(*coros: Coroutine[Any, Any, object]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def each(items: Iterable[T], width: int, work: Callable[[T], Awaitable[R]]) -> list[R]:
+    """``work(item)`` for every item, at most ``width`` at once, in the items' order as
+    slots free up; the results in the items' order. The first failure cancels the rest and
+    propagates (``together``)."""
+    indexed = list(enumerate(items))
+    results: dict[int, R] = {}
+    queue = iter(indexed)
+
+    async def slot() -> None:
+        for index, item in queue:
+            results[index] = await work(item)
+
+    await together(*(slot() for _ in range(min(width, len(indexed)))))
+    return [results[index] for index in range(len(indexed))]
 
 
 async def wait_any(*events: asyncio.Event) -> None:

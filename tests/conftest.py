@@ -34,7 +34,8 @@ SOLO = ("engines", "dynamo", "observe", "chaos", "cluster", "bench")
 """Folders whose tests want the machine to themselves (real engines, a Dynamo fleet,
 Prometheus, faults under load, their time bounds): marked ``solo``, run after the rest and
 one at a time by ``scripts/test``. A module elsewhere may mark itself ``solo`` too (the
-streaming fleet of ``tests/daemon/test_fleet_streams.py``)."""
+streaming fleet of ``tests/daemon/test_fleet_streams.py``, the elastic pools of
+``tests/pools/test_elastic_live.py``)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -93,7 +93,7 @@ def ls(ctx: typer.Context) -> None:
     """List the policies.
 
     Columns: NAME, SELECTOR, POOLS (taint:weight), PAUSED, REVISION; -o wide adds OPTIONS
-    (min_per_pool, max_moves, move_interval, spread_by) and RETIRED."""
+    (min_per_pool, max_moves, move_interval, spread_by, elastic) and RETIRED."""
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
@@ -138,8 +138,9 @@ def get(ctx: typer.Context, name: PolicyName) -> None:
 def status(ctx: typer.Context, name: PolicyName) -> None:
     """Show what a policy wants and has, and what the leader did.
 
-    The target and actual routable workers per pool, the moves still pending (and those
-    failing: each worker's error, attempts and next attempt), the recent
+    The target and actual routable workers per pool (an elastic policy's also its demand,
+    requests in flight plus waiting, and the workers that demand wants), the moves still
+    pending (and those failing: each worker's error, attempts and next attempt), the recent
     moves the leader made (time, epoch, revision), the drift it saw and what it did, and
     which daemon leads. Counts and pending moves are the answering daemon's plan; recent
     moves and drift come from the leader's history, so any daemon can answer."""

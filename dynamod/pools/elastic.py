@@ -1,25 +1,27 @@
 """Elastic pools: from each pool's demand to the workers it is allotted, with hysteresis.
 
-Pure and exact, like ``apportion.py``: the caller brings the demand, the current counts and
-the clock; nothing here reads a store or a clock. Three steps, in this order:
+Pure and exact, like ``apportion.py``: the caller brings the demand, the last wants and the
+clock; nothing here reads a store or a clock. Three steps, in this order:
 
 Want (``want``)
     An elastic pool (``Elastic.target``: ``t`` requests in flight per worker) with demand
     ``d`` wants ``ceil(d / t)`` workers, read as the decimals they were written as (``0.3 /
     0.1`` is 3, not 4) and less a billionth of a worker, so float noise in a summed demand
     adds none. Like a Kubernetes HPA, a demand within ``tolerance`` of what the current
-    size holds (``abs(d / (current * t) - 1) <= tolerance``) wants the current size: noise
-    moves nothing. No pool wants fewer than ``min_per_pool``; a pool that is not elastic
-    wants exactly that, and takes what the elastic ones leave, by weight.
+    want holds (``abs(d / (current * t) - 1) <= tolerance``, with the same billionth to
+    spare) keeps that want: noise moves nothing. The current want is the one last
+    recommended, not the pool's allotted size (see ``want``). No pool wants fewer than
+    ``min_per_pool``; a pool that is not elastic wants exactly that, and takes what the
+    elastic ones leave, by weight.
 
 Hysteresis (``Window``)
     A pool's effective want is the largest in force within the last ``scale_down_after``
     seconds (a want is in force from one recommendation to the next): it grows as soon as
     it wants more, and shrinks only once its lower want has lasted that long (an HPA's
     scale-down stabilisation window; between two samples the older want is assumed to
-    hold, which only delays a shrink). The window is a value the
-    leader stores (``to_json``), so a new leader carries it on instead of shrinking every
-    pool to its current want.
+    hold, which only delays a shrink). The window is a value the leader stores
+    (``to_json``), so a new leader carries it on instead of shrinking every pool to its
+    current want.
 
 Allotment (``allot``)
     When the wants fit in the routable workers, each pool gets what it wants and the rest
@@ -46,7 +48,7 @@ from types import MappingProxyType
 
 from dynamod.pools.apportion import apportion, exact_decimal
 from dynamod.pools.document import brief
-from dynamod.pools.policy import PoolPolicy
+from dynamod.pools.policy import Elastic, PoolPolicy
 
 NOISE = Fraction(1, 10**9)
 """Workers of a want ignored before rounding up: float noise, never a request."""
@@ -56,35 +58,42 @@ def want(
     policy: PoolPolicy, demand: Mapping[str, float], current: Mapping[str, int]
 ) -> dict[str, int]:
     """The workers each pool of ``policy`` wants (sorted by taint) for ``demand``, its
-    requests in flight (0 when missing), given the routable workers it holds now."""
+    requests in flight (0 when missing). ``current`` is the want each pool was recommended
+    last (``Window.latest``; empty on a fresh start), against which the tolerance is
+    measured. Not the workers it is allotted: when the wants do not fit, a pool holds
+    fewer than it wants, a demand near that smaller size would want only it, the next
+    allotment shrinks it further, and the pools flap."""
     return {
         pool: max(
-            _elastic_want(policy, pool, demand.get(pool, 0), current.get(pool, 0)),
+            _elastic_want(policy.elastic, pool, demand.get(pool, 0), current.get(pool, 0)),
             policy.min_per_pool,
         )
         for pool in sorted(policy.pools)
     }
 
 
-def _elastic_want(policy: PoolPolicy, pool: str, demand: float, current: int) -> int:
+def _elastic_want(elastic: Elastic | None, pool: str, demand: float, current: int) -> int:
     """``ceil(demand / target)``, or ``current`` within the tolerance; 0 when not elastic
     (the minimum then decides)."""
-    target = None if policy.elastic is None else policy.elastic.target(pool)
-    if target is None:
+    target = None if elastic is None else elastic.target(pool)
+    if elastic is None or target is None:
         return 0
     workers = exact_decimal(demand) / exact_decimal(target)
-    assert policy.elastic is not None  # a target came from it
-    if current > 0 and abs(workers / current - 1) <= exact_decimal(policy.elastic.tolerance):
+    band = current * exact_decimal(elastic.tolerance)
+    if current > 0 and abs(workers - current) <= band + NOISE:
         return current
     return max(math.ceil(workers - NOISE), 0)
 
 
 def allot(n: int, policy: PoolPolicy, wants: Mapping[str, int]) -> dict[str, int]:
     """``n`` routable workers over the pools of ``policy`` for ``wants`` (sorted by taint;
-    the counts sum to ``n``). A want below ``min(min_per_pool, n // pools)``, or missing,
-    counts as that floor: the plain split guarantees it anyway."""
+    the counts sum to ``n``). A want of ``min_per_pool`` or less, or none, counts as
+    ``min(min_per_pool, n // pools)``: all of the minimum the fleet allows, which the plain
+    split guarantees anyway, so a fleet too small for every minimum still gets the plain
+    split when nothing is in demand."""
     floor = min(policy.min_per_pool, n // len(policy.pools))
-    wanted = {pool: max(wants.get(pool, 0), floor) for pool in sorted(policy.pools)}
+    asked = {pool: wants.get(pool, 0) for pool in sorted(policy.pools)}
+    wanted = {pool: w if w > policy.min_per_pool else floor for pool, w in asked.items()}
     if sum(wanted.values()) > n:
         return apportion(n, wanted, minimum=policy.min_per_pool)
     return _fitting(n, policy, wanted)
@@ -139,6 +148,11 @@ class Window:
             queue = _push(self.wants.get(pool, ()), now, raw[pool], now - scale_down_after)
             settled[pool], kept[pool] = queue[0][1], queue
         return settled, Window(MappingProxyType(kept))
+
+    @property
+    def latest(self) -> dict[str, int]:
+        """The want each pool was recommended last: ``want``'s ``current``."""
+        return {pool: queue[-1][1] for pool, queue in self.wants.items() if queue}
 
     def to_json(self) -> dict[str, list[list[float | int]]]:
         """The window as JSON: pool -> [[time, want], ...], oldest first."""

@@ -9,7 +9,10 @@ each with its ``seq``. A reader that saw ``seq`` N before reports every entry ab
 new. An elastic policy's history also keeps its hysteresis window (``elastic.Window``), so
 a new leader carries on the wants of the last one instead of shrinking pools at once: it
 is written when its wants change, else at most every ``WINDOW_EVERY`` seconds, so the
-window a new leader starts from is at most that old.
+window a new leader starts from is at most that old. The workers whose moves are failing
+(``MoveFailure``: the last error, the attempts, the next one) are kept too, at most
+``KEEP``, written at the next flush after they change, so ``pools status`` on a follower
+shows why a move is pending, as the leader's does.
 
 Writes are the leader's alone: ``HistoryWriter.flush`` calls the term's ``fence()`` right
 before a compare-and-swap at the revision it last read or wrote, so a deposed leader's
@@ -29,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from dynamod.errors import KeyNotFoundError, RevisionMismatchError
-from dynamod.pool_results import DriftSeen, PoolMove
+from dynamod.pool_results import DriftSeen, MoveFailure, PoolMove
 from dynamod.pools.elastic import Window
 from dynamod.store import Entry, Store
 
@@ -59,6 +62,8 @@ class PoolHistory:
     drift: tuple[tuple[int, DriftSeen], ...] = ()
     window: Window = NO_WINDOW
     """An elastic policy's hysteresis window as the leader last wrote it."""
+    failing: tuple[MoveFailure, ...] = ()
+    """The workers whose moves were failing when the leader last wrote."""
     revision: int = 0
 
     def newer(self, seen: int) -> list[tuple[int, PoolMove | DriftSeen]]:
@@ -82,6 +87,8 @@ def encode(history: PoolHistory) -> bytes:
     }
     if history.window != NO_WINDOW:
         body["window"] = history.window.to_json()
+    if history.failing:
+        body["failing"] = [_failure_json(f) for f in history.failing]
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -97,6 +104,7 @@ def decode(entry: Entry) -> PoolHistory | None:
             moves=tuple((int(m["seq"]), _move(m)) for m in body["moves"]),
             drift=tuple((int(d["seq"]), _drift(d)) for d in body["drift"]),
             window=_window(entry.key, body.get("window")),
+            failing=tuple(_failure(f) for f in body.get("failing", ())[:KEEP]),
             revision=entry.revision,
         )
     except (ValueError, TypeError, KeyError) as exc:
@@ -128,6 +136,8 @@ class HistoryWriter:
         self.unwritten: list[PoolMove | DriftSeen] = []
         self.window = NO_WINDOW
         """The elastic window to write (``keep``); the stored one is ``base.window``."""
+        self.failing: tuple[MoveFailure, ...] = ()
+        """The failing moves to write (``keep``); the stored ones are ``base.failing``."""
         self._window_written = 0.0
         self._lock = asyncio.Lock()
 
@@ -151,11 +161,18 @@ class HistoryWriter:
     def add(self, entry: PoolMove | DriftSeen) -> None:
         self.unwritten.append(entry)
 
-    def keep(self, window: Window) -> None:
-        """The elastic window to write at the next ``flush`` that is due for it."""
+    def keep_window(self, window: Window) -> None:
+        """The elastic window the next ``flush`` writes, when it is due (module docstring)."""
         self.window = window
 
-    def _window_due(self, now: float) -> bool:
+    def keep_failing(self, failing: tuple[MoveFailure, ...]) -> None:
+        """The failing moves the next ``flush`` writes, when they changed."""
+        self.failing = failing[:KEEP]
+
+    def _due(self, now: float) -> bool:
+        """Whether the window or the failing moves need a write without new entries."""
+        if self.failing != self.base.failing:
+            return True
         stored = self.base.window
         if self.window == stored:
             return False
@@ -169,9 +186,11 @@ class HistoryWriter:
             for _ in range(3):
                 count = len(self.unwritten)
                 now = time.monotonic()
-                if not count and not self._window_due(now):
+                if not count and not self._due(now):
                     return
-                history = replace(self._with(self.unwritten[:count]), window=self.window)
+                history = replace(
+                    self._with(self.unwritten[:count]), window=self.window, failing=self.failing
+                )
                 fence()
                 try:
                     revision = await store.put(
@@ -201,6 +220,20 @@ class HistoryWriter:
 def _wants(window: Window) -> dict[str, list[int]]:
     """A window's wants without their times: what a write of it may not wait for."""
     return {pool: [want for _, want in entries] for pool, entries in window.wants.items()}
+
+
+def _failure_json(failure: MoveFailure) -> dict[str, Any]:
+    return {
+        "worker": failure.worker, "to": failure.to_pool, "error": failure.error,
+        "attempts": failure.attempts, "next_time": failure.next_time, "refused": failure.refused,
+    }  # fmt: skip
+
+
+def _failure(obj: dict[str, Any]) -> MoveFailure:
+    return MoveFailure(
+        str(obj["worker"]), str(obj["to"]), str(obj["error"]), int(obj["attempts"]),
+        float(obj["next_time"]), bool(obj["refused"]),
+    )  # fmt: skip
 
 
 def _move_json(move: PoolMove) -> dict[str, Any]:

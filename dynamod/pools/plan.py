@@ -33,8 +33,9 @@ Elastic
     pool's demand is the in flight of the workers counted under it plus its waiting
     requests; its want follows the demand, settled by the window; the counts are the
     allotment of the routable workers by those wants. The moves are chosen as above, and
-    those that shift workers between pools for demand say ``demand`` (``rebalance`` when
-    the counts are the plain weighted split). ``Plan.window`` is the window to keep.
+    those that shift workers between pools say ``demand``: the counts are the demand's
+    allotment (an idle fleet's is the weighted split). ``Plan.window`` is the window to
+    keep.
 
 A ``Move`` means: the worker's pool taints of this policy become exactly ``to_pool``.
 ``Plan.moves`` is in priority order (``first_moves`` takes a budget's worth).
@@ -152,13 +153,13 @@ def plan(
     """
     fleet = _Fleet(policy, assigned or {})
     fleet.add_all(workers)
-    wanted = static = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
+    wanted = apportion(fleet.size, policy.pools, minimum=policy.min_per_pool)
     demand: dict[str, float] = {}
     want: dict[str, int] = {}
     window = None
     if policy.elastic is not None and load is not None:
         demand = fleet.demand(load.waiting)
-        raw = elastic.want(policy, demand, fleet.counted())
+        raw = elastic.want(policy, demand, load.window.latest)
         want, window = load.window.settle(raw, load.now, policy.elastic.scale_down_after)
         wanted = elastic.allot(fleet.size, policy, want)
     by_domain: dict[Domain, dict[str, int]] = {}
@@ -168,7 +169,7 @@ def plan(
         if refused:
             return Plan(policy.name, wanted, fleet.actual(), (), refused=refused)
         targets = by_domain = spread(wanted, fleet.sizes(), fleet.have())
-    moves = _Moves(policy.name, "rebalance" if wanted == static else "demand")
+    moves = _Moves(policy.name, "demand" if want else "rebalance")
     for domain, group in fleet.groups.items():
         group.moves(targets[domain], moves)
     return Plan(
@@ -407,13 +408,6 @@ class _Fleet:
                 counts[pool] += sum(w.in_flight for w in bucket)
         return counts
 
-    def counted(self) -> dict[str, int]:
-        """Routable workers counted under each pool (drifted ones under their assigned)."""
-        counts = dict.fromkeys(self.pools, 0)
-        for (_, pool), count in self.have().items():
-            counts[pool] += count
-        return counts
-
     @property
     def size(self) -> int:
         return sum(self.sizes().values())
@@ -430,7 +424,9 @@ class _Fleet:
     def actual(self) -> dict[str, int]:
         """Routable workers holding exactly one pool, by pool: the buckets, less the drifted
         workers counted under their assigned pool, plus the pool they really hold."""
-        counts = self.counted()
+        counts = dict.fromkeys(self.pools, 0)
+        for (_, pool), count in self.have().items():
+            counts[pool] += count
         for assigned, held in self.moved_back:
             counts[assigned] -= 1
             if held is not None:

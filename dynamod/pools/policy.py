@@ -184,11 +184,7 @@ class PoolPolicy:
                 f"policy: the document must be a mapping of keys ({', '.join(REQUIRED_KEYS)}, "
                 f"...), got {_show(doc)}"
             )
-        unknown = [key for key in doc if key not in KNOWN_KEYS]
-        if unknown:
-            raise PoolPolicyError(
-                f"policy: unknown key {_show(unknown[0])} (known: {', '.join(KNOWN_KEYS)})"
-            )
+        _refuse_unknown("policy", doc, KNOWN_KEYS)
         missing = [key for key in REQUIRED_KEYS if key not in doc]
         if missing:
             raise PoolPolicyError(
@@ -341,6 +337,13 @@ def name_in(doc: object) -> str:
     return name if isinstance(name, str) and _NAME.fullmatch(name) else ""
 
 
+def _refuse_unknown(where: str, keys: Iterable[object], known: tuple[str, ...]) -> None:
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        listed = ", ".join(known)
+        raise PoolPolicyError(f"{where}: unknown key {_show(unknown[0])} (known: {listed})")
+
+
 def _check_name(name: object) -> None:
     if not isinstance(name, str):
         raise PoolPolicyError(f"name: must be a string, got {_show(name)}")
@@ -446,11 +449,7 @@ def _check_elastic(policy: PoolPolicy) -> Elastic:
         raise PoolPolicyError(
             f"elastic: must be a mapping of keys ({', '.join(ELASTIC_KEYS)}), got {_show(section)}"
         )
-    unknown = [key for key in section if key not in ELASTIC_KEYS]
-    if unknown:
-        raise PoolPolicyError(
-            f"elastic: unknown key {_show(unknown[0])} (known: {', '.join(ELASTIC_KEYS)})"
-        )
+    _refuse_unknown("elastic", section, ELASTIC_KEYS)
     if "target_in_flight" not in section:
         raise PoolPolicyError(
             "elastic: missing key 'target_in_flight' (the requests in flight per worker a "

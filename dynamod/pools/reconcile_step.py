@@ -53,12 +53,10 @@ from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
 from dynamod.store import Guard, Store
 from dynamod.taints import OPERATOR_TAINTS, TaintUpdate, caller_taints
-from dynamod.tasks import together
+from dynamod.tasks import FAN_OUT, each
 
 log = logging.getLogger(__name__)
 
-CONCURRENCY: Final = 16
-"""Moves written at once one by one (as ``Control``'s bulk updates)."""
 BATCH: Final = 64
 """Moves in one transaction, where the store has them (``Store.swap_all``: etcd)."""
 BATCHES: Final = 4
@@ -289,7 +287,7 @@ class Leading:
         policy = stored.policy
         result, workers, records = self.plan_of(policy, memory.assigned, memory.window)
         if result.window is not None:
-            memory.history.keep(result.window)
+            memory.history.keep_window(result.window)
         for key in [k for k, r in self.own.items() if self.workers.revision_of(k) >= r]:
             del self.own[key]
         for gone in set(memory.assigned) - set(records):
@@ -358,24 +356,21 @@ class Leading:
         records: Mapping[str, Owned],
     ) -> int:
         """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
-        writer batches, else ``CONCURRENCY`` one by one at a time; how many committed."""
-        moved = 0
+        writer batches, else ``FAN_OUT`` one by one at a time; how many committed."""
         self.log_each = len(steps) <= LOG_EACH
         if self.batch is not None and (len(steps) > 1 or self.fenced):
-            batches = iter([steps[i : i + BATCH] for i in range(0, len(steps), BATCH)])
-            width = min(BATCHES, -(-len(steps) // BATCH))
+            batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
+            width = BATCHES
         else:
-            batches = iter([[step] for step in steps])
-            width = min(CONCURRENCY, len(steps))
+            batches, width = [[step] for step in steps], FAN_OUT
 
-        async def writing() -> None:
-            nonlocal moved
-            for batch in batches:
-                moved += await self._write(term, stored, memory, batch, records)
-                if len(memory.history.unwritten) >= FLUSH_EVERY:
-                    await memory.history.flush(self.store, term.fence)
+        async def write(batch: list[Step]) -> int:
+            done = await self._write(term, stored, memory, batch, records)
+            if len(memory.history.unwritten) >= FLUSH_EVERY:
+                await memory.history.flush(self.store, term.fence)
+            return done
 
-        await together(*(writing() for _ in range(width)))
+        moved = sum(await each(batches, width, write))
         if moved and len(steps) > LOG_EACH:
             log.info(
                 "pool policy %s: %d of %d workers moved (epoch %d; each in the audit log), "

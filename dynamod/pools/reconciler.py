@@ -188,9 +188,13 @@ class PoolReconciler:
         return memory.budget.allowed(asyncio.get_running_loop().time())
 
     def failing(self, name: str) -> tuple[MoveFailure, ...]:
-        """The workers whose moves of policy ``name`` failed in this term (the leader's)."""
+        """The workers whose moves of policy ``name`` are failing: the leader's own, else as
+        the leader last wrote them in the history."""
         term = self._term
-        return term.failures.of(name) if term is not None else ()
+        if term is not None:
+            return term.failures.of(name)
+        history = self.view.histories.get(name)
+        return history.failing if history is not None else ()
 
     def _elastic(self) -> bool:
         """Whether any stored policy is elastic (this daemon publishes its demand then)."""
@@ -328,7 +332,8 @@ class PoolReconciler:
         for stored in chosen:
             memory = await self._memory(term, stored.policy)
             term.wake(await self._leading.step(term, stored, memory))
-        for memory in term.policies.values():
+        for name, memory in term.policies.items():
+            memory.history.keep_failing(term.failures.of(name))
             await memory.history.flush(self.store, term.fence)
 
     async def _memory(self, term: LeaderTerm, policy: PoolPolicy) -> PolicyTerm:

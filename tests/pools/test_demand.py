@@ -23,6 +23,7 @@ from dynamod.pools.demand import (
 from dynamod.pools.policy_view import PolicyView
 from dynamod.pools.pool_events import PoolEvents
 from dynamod.store import Entry, Store
+from dynamod.store.base import validate_key
 from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(60)
@@ -109,3 +110,13 @@ async def test_an_unreadable_record_counts_nothing_and_is_logged_once(
         assert len(warned) == 1
         await shared_store.put(demand_key("a"), encode(A))
         await shown(view, {"a", "b"})
+
+
+def test_any_replica_id_has_a_key_of_its_own() -> None:
+    """A replica id is any printable word; a key segment is not: odd ids get a safe key
+    with a hash of the id, so two never share one, and the plain ones keep theirs."""
+    assert demand_key("vm-1.a_b") == "v1/pool-demand/vm-1.a_b"
+    odd = [demand_key(d) for d in ("h:1/é", "h:1/e", "..", "h_1_é")]
+    assert len(set(odd)) == len(odd)
+    for key in odd:
+        assert validate_key(key) == key

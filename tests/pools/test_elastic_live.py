@@ -25,9 +25,12 @@ import pytest
 
 from dynamod.client import AsyncClient
 from dynamod.pools.policy import PoolPolicy
-from tests.pools.live import Daemon, counted, fleet, held_now, until_counts
+from tests.pools.live import Daemon, Fleet, counted, fleet, held_now, until_counts
 from tests.support.eventually import eventually
 from tests.support.scrape import scrape
+
+pytestmark = [pytest.mark.solo, pytest.mark.timeout(300)]
+"""Alone on the machine: the issue's time bounds and a latency ratio between two arms."""
 
 MOCKER = ("--speedup-ratio", "1", "--max-num-seqs", "2")
 """Real time per token, two requests at once: a worker holds two requests in flight."""
@@ -148,22 +151,27 @@ async def test_an_elastic_pool_grows_with_demand_and_gives_workers_back(
         await until_counts(client, POLICY, IDLE, workers=6, within=35)
 
 
+async def leader_and_follower(pools: Fleet, scale_down_after: float) -> tuple[Daemon, Daemon]:
+    """Two daemons, six mockers, the elastic policy applied and idle: (leader, follower)."""
+    first = await pools.start_daemon("a")
+    second = await pools.start_daemon("b")
+    await pools.start_workers(6, *MOCKER)
+    client = first.client()
+    await client.apply_policy(sla_text(scale_down_after))
+    await until_counts(client, POLICY, IDLE, workers=6)
+    leads = (await client.pool_status("sla")).leader == first.name
+    return (first, second) if leads else (second, first)
+
+
 async def test_a_follower_s_demand_grows_the_leader_s_pool(etcd_url: str, tmp_path: Path) -> None:
     """The premium clients reach the follower only; the leader still grows the pool."""
     async with fleet(etcd_url, tmp_path) as pools:
-        first = await pools.start_daemon("a")
-        second = await pools.start_daemon("b")
-        await pools.start_workers(6, *MOCKER)
-        client = first.client()
-        await client.apply_policy(sla_text(10))
-        await until_counts(client, POLICY, IDLE, workers=6)
-        status = await client.pool_status("sla")
-        follower = second if status.leader == first.name else first
+        leader, follower = await leader_and_follower(pools, 10)
+        client = leader.client()
         async with premium_load(follower):
             await eventually(
                 lambda: premium_set(client), lambda s: len(s) >= 4, within=20, what="premium >= 4"
             )
-        leader = next(d for d in (first, second) if d is not follower)
         assert any(m["move"]["why"] == "demand" for m in leader.moves())
         assert not follower.moves()
 
@@ -174,15 +182,7 @@ async def test_a_new_leader_carries_the_elastic_window_on(etcd_url: str, tmp_pat
     pool for ``scale_down_after`` (the window in the history), not shrinking it at once as a
     leader without history would, then gives the workers back."""
     async with fleet(etcd_url, tmp_path) as pools:
-        first = await pools.start_daemon("a")
-        second = await pools.start_daemon("b")
-        await pools.start_workers(6, *MOCKER)
-        client = first.client()
-        await client.apply_policy(sla_text(30))
-        await until_counts(client, POLICY, IDLE, workers=6)
-        leader_name = (await client.pool_status("sla")).leader
-        leader = first if leader_name == first.name else second
-        survivor = second if leader is first else first
+        leader, survivor = await leader_and_follower(pools, 30)
         watcher = survivor.client()
         async with premium_load(survivor):
             await eventually(

@@ -3,7 +3,7 @@ started with ``max_taints = 1`` and two workers that already hold one taint each
 move (their taint plus a pool taint) is over the limit. The leader tries each worker once
 and then waits for a change, where it used to try thousands of times; ``dynamoctl pools
 status`` (table and ``-o json``) says which workers fail, why, and when the next attempt
-is."""
+is, on the leader and on a follower alike (from the leader's history)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ async def test_a_refused_move_is_tried_once_per_change_and_status_says_why(
     store = backend_url(backend, request, tmp_path)
     socket, audit_log = tmp_path / "d" / SOCKET, tmp_path / "d" / "audit.log"
     proc = pool_daemon(store, tmp_path / "d", "only", DYNAMO_MAX_TAINTS="1")
+    follower = pool_daemon(store, tmp_path / "f", "follower")
     workers = [worker(store, "--lease-ttl", str(WORKER_TTL), "--taint", "team=a") for _ in "ab"]
     await proc.start(within=60)
     try:
@@ -79,6 +80,17 @@ async def test_a_refused_move_is_tried_once_per_change_and_status_says_why(
         table = await asyncio.to_thread(ctl, socket, "pools", "status", "split")
         assert "Failing moves:" in table.stdout and "after a change" in table.stdout
         assert "TaintLimitError" in table.stdout
+        await follower.start(within=60)
+
+        async def follower_failing() -> set[str]:
+            answer = await asyncio.to_thread(
+                ctl, tmp_path / "f" / SOCKET, "pools", "status", "split", "-o", "json"
+            )
+            shown = json.loads(answer.stdout)
+            assert not shown["leading"]
+            return {f["worker"] for f in shown["failing"] if f["refused"]}
+
+        await eventually(follower_failing, lambda found: found == ids, what="the follower")
     finally:
-        await asyncio.gather(*(w.kill() for w in workers), proc.kill())
+        await asyncio.gather(*(w.kill() for w in workers), proc.kill(), follower.kill())
     assert "Traceback" not in proc.stderr, proc.stderr

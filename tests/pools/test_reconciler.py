@@ -7,6 +7,7 @@ Real dynamod processes and mocker workers on etcd, NATS and the file store are i
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -233,3 +234,19 @@ async def test_one_writer_among_three_and_the_next_leader_carries_on(memory: Sto
         epochs = {line["daemon"]: line["epoch"] for line in writes.lines}
         assert epochs[second.name] > epochs[first.name]
         assert {line["daemon"] for line in writes.lines[6:]} == {second.name}
+
+
+async def test_a_large_round_counts_every_move_its_concurrent_writers_made(
+    etcd_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writers of one round run at once on a store that answers over the network; the
+    round's count (its log line, and whether it plans again) must hold each one's moves."""
+    caplog.set_level(logging.INFO, "dynamod.pools.reconcile_step")
+    async with await open_store(etcd_url) as etcd:
+        await add_workers(etcd, 40)
+        async with daemons(etcd) as ([daemon], writes):
+            await apply_policy(etcd, split(40, 60))
+            await until_counts(daemon.view, split(40, 60), {"pool=fast": 16, "pool=slow": 24})
+            assert len(writes.lines) == 40
+            lines = [r.getMessage() for r in caplog.records if "workers moved" in r.getMessage()]
+            assert lines and "40 of 40 workers moved" in lines[0], lines
