@@ -105,7 +105,9 @@ def leave(code: int) -> None:
     after ``run``: the exit handlers run and stdout and stderr are flushed, but the
     interpreter's teardown of every module is skipped, which for gRPC's alone costs about
     as much as Python's start-up. Nothing is left to tear down by then: the session's loop
-    drained every task and thread, and the client closed its channel."""
+    drained every task and thread, and the client closed its channel. (``dynamod.lifecycle``
+    ends a process whose threads outlived its drain the same way, without the exit
+    handlers.)"""
     import atexit
 
     atexit._run_exitfuncs()
