@@ -23,7 +23,12 @@ and then dynamoctl:
   file store, and the output (alternating two values, so every run writes);
   ``taints add ID TAINT`` the same with a new taint each run (the fleet of 3).
 
-``x python`` is each row's p50 over ``python -c pass``'s, against ``GOAL`` (8x).
+``x python`` is each row's p50 over ``python -c pass``'s, against ``GOAL`` (8x). ``cpu
+ms`` is the p50 of the CPU time each run took (user + system, all its threads: the
+kernel's account of the child, ``RUSAGE_CHILDREN``), and ``cpu x python`` its ratio: on a
+shared machine the wall clock also counts the time a run waited for a core, the CPU time
+does not, so it is what the run would take on a quiet one (a little more where gRPC's
+threads overlap).
 
 ``rpc`` rows are the same ``ListWorkers`` / ``UpdateTaints`` calls from an already warm
 client in this process: the part of a run the daemon and the wire account for.
@@ -35,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import resource
 import select
 import subprocess
 import sys
@@ -67,6 +73,7 @@ RPC = "rpc:"  # rows timed in-process, not as a process
 class Row:
     name: str
     stats: Stats
+    cpu: Stats | None = None  # None for the rows timed in this process
 
 
 def fleet(size: int) -> list[WorkerRecord]:
@@ -145,8 +152,11 @@ class Case:
     first_line: bool = False
 
 
-def run_once(case: Case) -> int:
-    """Nanoseconds from spawn to exit (or to the first line), raising on a failure."""
+def run_once(case: Case) -> tuple[int, int]:
+    """Nanoseconds from spawn to exit (or to the first line), and of CPU the run took,
+    raising on a failure. Only finished children count in ``RUSAGE_CHILDREN``: the
+    daemons run on until the end, so the difference is this run's alone."""
+    before = _children_cpu()
     started = time.perf_counter_ns()
     proc = subprocess.Popen(
         case.argv(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=case.environ
@@ -161,19 +171,26 @@ def run_once(case: Case) -> int:
         elapsed = time.perf_counter_ns() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{case.name} exited {proc.returncode}: {err.decode()}")
-    return elapsed
+    return elapsed, _children_cpu() - before
+
+
+def _children_cpu() -> int:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return round((used.ru_utime + used.ru_stime) * 1e9)
 
 
 def interleaved(cases: Sequence[Case], runs: int) -> list[Row]:
     """Every case once per round, ``WARMUP + runs`` rounds: whatever else loads the machine
     meanwhile falls on every row alike, the floors included."""
     samples: dict[str, list[int]] = {c.name: [] for c in cases}
+    cpu: dict[str, list[int]] = {c.name: [] for c in cases}
     for index in range(WARMUP + runs):
         for case in cases:
-            elapsed = run_once(case)
+            elapsed, used = run_once(case)
             if index >= WARMUP:
                 samples[case.name].append(elapsed)
-    return [Row(c.name, Stats.of(samples[c.name])) for c in cases]
+                cpu[case.name].append(used)
+    return [Row(c.name, Stats.of(samples[c.name]), Stats.of(cpu[c.name])) for c in cases]
 
 
 def timed_calls(call: Callable[[AsyncClient], Any], endpoint: str, runs: int) -> Stats:
@@ -271,14 +288,20 @@ def rpc_rows(endpoints: dict[int, str], runs: int) -> list[Row]:
 
 
 def table(rows: Sequence[Row]) -> str:
-    python = rows[0].stats.p50_ms
-    headers = ["command", "runs", "p50 ms", "p99 ms", "min ms", "p50 - python", "x python"]
-    cells = [
-        [r.name, str(r.stats.n), ms(r.stats.p50_ms), ms(r.stats.p99_ms), ms(r.stats.min_ms),
-         "—" if r is rows[0] or RPC in r.name else f"{r.stats.p50_ms - python:+.1f}",
-         "—" if r is rows[0] or RPC in r.name else f"{r.stats.p50_ms / python:.1f}x"]
-        for r in rows
-    ]  # fmt: skip
+    python, floor = rows[0].stats.p50_ms, rows[0].cpu
+    headers = ["command", "runs", "p50 ms", "p99 ms", "min ms", "p50 - python", "x python",
+               "cpu ms", "cpu x python"]  # fmt: skip
+    cells = []
+    for r in rows:
+        timed = r is not rows[0] and RPC not in r.name
+        cpu = "—" if r.cpu is None else ms(r.cpu.p50_ms)
+        cells.append([
+            r.name, str(r.stats.n), ms(r.stats.p50_ms), ms(r.stats.p99_ms), ms(r.stats.min_ms),
+            f"{r.stats.p50_ms - python:+.1f}" if timed else "—",
+            f"{r.stats.p50_ms / python:.1f}x" if timed else "—",
+            cpu,
+            f"{r.cpu.p50_ms / floor.p50_ms:.1f}x" if timed and r.cpu and floor else "—",
+        ])  # fmt: skip
     return render_table(headers, cells)
 
 
@@ -311,7 +334,8 @@ def main() -> int:
     print(header("dynamoctl", found, detail))
     print(table(rows))
     print(f"goal: workers ls (3 workers) and taints add within {GOAL:g}x python -c pass")
-    write_json(args.json, {"runs": args.runs, "rows": {r.name: stats_json(r.stats) for r in rows}})
+    write_json(args.json, {"runs": args.runs, "rows": {r.name: stats_json(r.stats) for r in rows},
+                           "cpu": {r.name: stats_json(r.cpu) for r in rows if r.cpu}})  # fmt: skip
     return 0
 
 

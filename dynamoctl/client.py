@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dynamoctl.options import Options
+from dynamoctl.invocation import Options
 from dynamod.client.endpoint import connection
 
 if TYPE_CHECKING:

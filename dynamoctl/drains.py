@@ -36,8 +36,8 @@ def run(
     allow_gone: bool = False,
 ) -> None:
     """The whole command: check, cordon, wait, show."""
+    from dynamoctl.selection import check_selector
     from dynamoctl.session import execute
-    from dynamoctl.targets import check_selector
 
     async def body(client: AsyncClient, printer: Printer) -> int:
         check_selector(target.selector)

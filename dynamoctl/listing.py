@@ -1,4 +1,5 @@
-"""``workers ls``: the listing printed page by page as the daemon streams it.
+"""``workers ls``: the listing printed page by page as the daemon streams it (``command``:
+the whole command, ``--watch`` included, for the typer command and ``direct.py`` alike).
 
 The daemon sends a large fleet in pages, by model then id, all from one snapshot
 (``AsyncClient.stream_workers``), so the first rows are on the screen long before the last
@@ -23,13 +24,14 @@ from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING, Any
 
-from dynamoctl import formats
+from dynamoctl import exits, formats
 from dynamoctl.output import Printer
-from dynamoctl.watch import Columns
 
 if TYPE_CHECKING:
     from dynamoctl.jsonpath import Path
-    from dynamod.results import WorkerInfo, WorkerPage
+    from dynamoctl.session import Body
+    from dynamod.client import AsyncClient
+    from dynamod.results import EventInfo, WorkerInfo, WorkerPage
 
 # LOAD shows both load and engine.
 _TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")
@@ -47,6 +49,51 @@ FIELDS: dict[str, tuple[str, ...]] = {
 """The worker fields each output format shows (the model card gives the mdcsum)."""
 WARNINGS = 10
 """How many workers' warnings (``WorkerInfo.warning``) a listing prints after its rows."""
+
+
+def command(selector: str | None, model: str | None, watch: bool, sort_by: str | None) -> Body:
+    """The whole of ``workers ls`` with these flags (``sort_by`` already parses), as a
+    session body: the typer command and ``direct.py`` run this one."""
+
+    async def body(client: AsyncClient, printer: Printer) -> int:
+        from dynamoctl.selection import check_selector
+
+        check_selector(selector)
+        if watch:
+            return await _watch(client, printer, _with_model(selector, model))
+        fields = FIELDS["json" if sort_by else printer.output]
+        pages: AsyncIterator[WorkerPage] = client.stream_workers(
+            model=model or "", selector=selector or "", fields=fields
+        )
+        if sort_by:
+            from dynamoctl.jsonpath import parse_path
+
+            pages = sorted_by(parse_path(sort_by), pages)
+        await show(printer, pages, filtered=bool(selector or model))
+        return exits.OK
+
+    return body
+
+
+def _with_model(selector: str | None, model: str | None) -> str:
+    terms = [t for t in (selector, f"model={model}" if model else None) if t]
+    return ",".join(terms)
+
+
+async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
+    from dynamoctl.resume import following
+    from dynamoctl.watch import WorkerWatch
+
+    if printer.output in ("table", "wide"):
+        printer.id_prefix = await client.id_prefix()
+    watch = WorkerWatch(printer)
+
+    def tail(after: int | None) -> AsyncIterator[EventInfo]:
+        return client.tail_events(since=after, selector=selector, follow=True)
+
+    async for event in following(printer, tail, None):
+        watch.feed(event)
+    return exits.FAILED  # not reached: following() ends only with the command
 
 
 async def show(printer: Printer, pages: AsyncIterator[WorkerPage], filtered: bool) -> int:
@@ -97,6 +144,8 @@ class _Writer:
 
 class _Table(_Writer):
     def __init__(self, printer: Printer) -> None:
+        from dynamoctl.watch import Columns  # with pool_formats: a table's, not JSON's
+
         super().__init__(printer)
         headers = formats.WORKER_WIDE_HEADERS if printer.wide else formats.WORKER_HEADERS
         self.columns = Columns(printer, headers, event_column=-1)

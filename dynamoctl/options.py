@@ -18,47 +18,24 @@ json``); a value given there wins over one given before the command.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dynamod.client.endpoint import DEFAULT_TIMEOUT, default_endpoint, load_config
+from dynamoctl.invocation import FIELDS, OUTPUTS, Options
+from dynamod.client.endpoint import DEFAULT_TIMEOUT, load_config
 
-__all__ = ["DEFAULT_TIMEOUT", "load_config"]  # the root command uses these
+# The root command and the commands use these from here.
+__all__ = ["DEFAULT_TIMEOUT", "FIELDS", "OUTPUTS", "Options", "load_config"]
 
-OUTPUTS = ("table", "wide", "json", "yaml", "name")
 OVERRIDES = "dynamoctl.overrides"  # ctx.meta key: global options given after the command
 ENDPOINT_HELP = (
     "dynamod's gRPC endpoint: unix:///PATH (or /PATH) or HOST:PORT. Default: the daemon's "
     "unix socket, $RUNTIME_DIRECTORY/dynamod.sock, else /run/dynamod/dynamod.sock when "
     "writable, else $XDG_RUNTIME_DIR/dynamod/dynamod.sock, else /tmp/dynamod-UID/dynamod.sock."
 )
-
-
-@dataclass(frozen=True)
-class Options:
-    """Everything a command needs to know besides its own arguments."""
-
-    endpoint: str | None = None
-    token_file: Path | None = None
-    tls: bool = False
-    cacert: Path | None = None
-    cert: Path | None = None
-    cert_key: Path | None = None
-    timeout: float = DEFAULT_TIMEOUT
-    output: str = "table"
-    no_headers: bool = False
-    debug: bool = False
-    context: str | None = None
-
-    def target(self) -> str:
-        """The endpoint to dial: the flag, else the daemon's default unix socket."""
-        return self.endpoint or default_endpoint()
-
-
-FIELDS = tuple(Options.__dataclass_fields__)
 
 
 class UsageError(typer.BadParameter):

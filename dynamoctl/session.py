@@ -1,6 +1,7 @@
 """Running one command: its event loop, its signals, and the one error boundary.
 
-``execute(ctx, body)`` runs ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
+``execute(ctx, body)`` (a typer command) and ``run_body(options, body)`` (the typer-free
+commands of ``direct.py``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
 bounded drain, so no task or thread outlives the loop) and turns whatever happens into an
 exit status (``dynamoctl.exits``):
 
@@ -28,16 +29,16 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-import typer
-
 from dynamoctl import exits
-from dynamoctl.options import OUTPUTS, Options, UsageError, from_context
+from dynamoctl.invocation import OUTPUTS, Options
 from dynamoctl.output import Printer
 from dynamod.errors import ConfigError, DynamoError, UnreachableError
 from dynamod.lifecycle import run
 from dynamod.tasks import wait_any
 
 if TYPE_CHECKING:
+    import typer
+
     from dynamod.client import AsyncClient
 
 Body = Callable[["AsyncClient", Printer], Awaitable[int]]
@@ -52,20 +53,30 @@ def execute(
 ) -> None:
     """Run ``body`` against the daemon and exit with its status (see the module docstring).
     ``formats``: the ``-o`` values this command supports; another one is a usage error."""
+    import typer
+
+    from dynamoctl.options import UsageError, from_context
+
     options = from_context(ctx)
     shaped = options.output.partition("=")[0] in ("jsonpath", "custom-columns")
     if options.output not in formats and not (shaped and "json" in formats):
         raise UsageError(
             f"{options.output!r} is not supported by '{ctx.command_path}'; use {', '.join(formats)}"
         )
+    code = run_body(options, body, stream=stream)
+    if code != exits.OK:
+        raise typer.Exit(code)
+
+
+def run_body(options: Options, body: Body, *, stream: bool = False) -> int:
+    """``execute`` without typer, for options already checked: the exit status."""
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
     on_signal = exits.OK if stream else exits.INTERRUPTED
     code = run(lambda: supervise(options, printer, body, on_signal))
     # Only exiting is left; a Ctrl-C now must not turn into a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if code != exits.OK:
-        raise typer.Exit(code)
+    return code
 
 
 def configure_logging(debug: bool) -> None:

@@ -1,8 +1,8 @@
 """Which workers a command acts on: one id (a unique prefix is enough), the workers a
 selector matches (``-l``), or all of them (``--all``). The options are declared here once
 and shared by every command that takes them; ``target()`` checks the combination (a usage
-error) and ``check_selector()`` the selector itself, both before anything is sent: the
-CLI side's one check of each (the daemon checks its own side).
+error) and ``selection.check_selector()`` the selector itself, both before anything is
+sent: the CLI side's one check of each (the daemon checks its own side).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def target(
     if_revision: int | None = None,
 ) -> Target:
     """The one ``Target`` named on the command line, or a usage error saying what to
-    name. The selector itself is checked where the command runs (``check_selector``)."""
+    name. The selector itself is checked where the command runs (``selection.check_selector``)."""
     named = [worker is not None, selector is not None, all_workers]
     if named.count(True) != 1:
         what = "both" if named.count(True) > 1 else "none"
@@ -85,15 +85,6 @@ def target(
     if if_revision is not None and worker is None:
         raise UsageError("--if-revision needs a single worker ID, not -l or --all")
     return Target(worker, selector, all_workers, if_revision)
-
-
-def check_selector(text: str | None) -> None:
-    """The daemon's own parser, run before any call: a bad selector never reaches the wire
-    and fails with the daemon's very message (``SelectorError``)."""
-    if text:
-        from dynamod.selectors import parse
-
-        parse(text)
 
 
 def check_all(chosen: Target, dry_run: bool, yes: bool) -> None:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 from dynamoctl import exits, formats
 from dynamoctl.output import Printer
-from dynamod.errors import InvalidInputError
+from dynamod.errors import DynamoError, InvalidInputError
 
 if TYPE_CHECKING:
     import typer
 
+    from dynamoctl.session import Body
     from dynamod.client import AsyncClient
     from dynamod.results import UpdateOutcome
     from dynamod.taints import TaintUpdate, UpdateAction
@@ -92,10 +93,27 @@ def run(
 ) -> None:
     """The whole command: check, apply, show (``taints *``, ``workers cordon``)."""
     from dynamoctl.session import execute
-    from dynamoctl.targets import check_selector
-    from dynamod.taints import TaintUpdate
+
+    execute(ctx, command(action, target, taints, keys=keys, dry_run=dry_run, yes=yes,
+                         describe=describe))  # fmt: skip
+
+
+def command(
+    action: UpdateAction,
+    target: Target,
+    taints: Iterable[str] = (),
+    *,
+    keys: Iterable[str] = (),
+    dry_run: bool = False,
+    yes: bool = False,
+    describe: Describe = describe_outcome,
+) -> Body:
+    """``run``'s session body, which ``direct.py`` runs without typer."""
 
     async def body(client: AsyncClient, printer: Printer) -> int:
+        from dynamoctl.selection import check_selector
+        from dynamod.taints import TaintUpdate
+
         update = TaintUpdate(action, tuple(taints), tuple(keys))  # the taint rules, once
         check_selector(target.selector)
         done = await apply(
@@ -103,9 +121,43 @@ def run(
         )
         if done:
             printer.id_prefix = await client.id_prefix()
-        return show(printer, done, target, dry_run=dry_run, describe=describe)
+        code = show(printer, done, target, dry_run=dry_run, describe=describe)
+        if action != "add":
+            for hint in await put_back(client, done):
+                printer.note(hint)
+        return code
 
-    execute(ctx, body)
+    return body
+
+
+async def put_back(client: AsyncClient, changes: Sequence[UpdateOutcome]) -> list[str]:
+    """A line for each pool taint removed here that a running pool policy owns on that
+    worker: its leader puts it back within moments, so the removal that returned ok would
+    not last. Nothing when no taint was removed, or the policies cannot be read (the
+    update itself is done and reported)."""
+    removed = {(c.worker, t) for c in changes if c.error is None for t in c.removed}
+    if not removed:
+        return []
+    try:
+        policies = await client.list_policies()
+        hints = []
+        for policy in policies:
+            taken = sorted((w, t) for w, t in removed if t in policy.pools)
+            if policy.paused or not taken:
+                continue
+            selected, _ = await client.list_workers(selector=policy.selector, fields=["id"])
+            owned = {w.id for w in selected}
+            hints += [_owned(policy.name, w, t) for w, t in taken if w in owned]
+    except DynamoError:  # no pools to read here (or the daemon went): nothing to add
+        return []
+    return hints
+
+
+def _owned(policy: str, worker: str, taint: str) -> str:
+    return (
+        f"policy {policy} owns {formats.shown_taint(taint)} on worker {worker} and will put it "
+        f"back; to keep it off, pause the policy first: dynamoctl pools pause {policy}"
+    )
 
 
 def show(

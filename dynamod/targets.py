@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dynamod.errors import InvalidInputError
-from dynamod.selectors import Selector, parse
+
+if TYPE_CHECKING:
+    from dynamod.selectors import Selector
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,10 @@ class Target:
 
     @functools.cached_property
     def matcher(self) -> Selector:
+        # Imported here: a client builds and sends targets without parsing them, and
+        # ``dynamoctl taints add ID ...`` need not load the selector grammar at all.
+        from dynamod.selectors import parse
+
         return parse(self.selector or "")
 
     @property

@@ -60,7 +60,7 @@ def tail(
     from dynamoctl.session import execute
 
     async def body(client: AsyncClient, printer: Printer) -> int:
-        from dynamoctl.targets import check_selector
+        from dynamoctl.selection import check_selector
         from dynamoctl.watch import EventTail
 
         check_selector(selector)

@@ -147,7 +147,9 @@ def rm(
 ) -> None:
     """Remove taints from workers.
 
-    Exactly TAINT..., and with --key every taint of that key (the part before '=')."""
+    Exactly TAINT..., and with --key every taint of that key (the part before '='). A pool
+    taint that a running pool policy owns on the worker is put back by the pool leader
+    within moments: the answer says which policy (pause it first to keep it off)."""
     chosen, named = _split(worker, taints, selector, all_workers, if_revision)
     _change(ctx, "remove", chosen, named, keys=keys, dry_run=dry_run, yes=yes)
 

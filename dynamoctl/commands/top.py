@@ -75,7 +75,7 @@ def top(
         raise UsageError(f"--sort {sort!r} is not one of {', '.join(top_frames.ORDERS)}")
 
     async def body(client: AsyncClient, printer: Printer) -> int:
-        from dynamoctl.targets import check_selector
+        from dynamoctl.selection import check_selector
         from dynamod.stats_results import StatsQuery
 
         check_selector(selector)

@@ -12,11 +12,9 @@ from dynamoctl import exits, formats, shells
 from dynamoctl.targets import AllWorkers, DryRun, SelectorOption, Yes, check_all, target
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import EventInfo, UpdateOutcome, WorkerPage
+    from dynamod.results import UpdateOutcome
     from dynamod.taints import UpdateAction
 
 app = typer.Typer(
@@ -87,32 +85,10 @@ def ls(
     page is printed as it arrives (with --sort-by, once all have). --watch then prints each
     change as it happens, with an EVENT column (ADDED, TAINTS, REMOVED), like kubectl get
     -w, across dynamod's restarts (said on stderr)."""
+    from dynamoctl import listing
     from dynamoctl.session import execute
 
-    async def body(client: AsyncClient, printer: Printer) -> int:
-        from dynamoctl import listing
-        from dynamoctl.targets import check_selector
-
-        check_selector(selector)
-        if watch:
-            return await _watch(client, printer, _with_model(selector, model))
-        fields = listing.FIELDS["json" if sort_by else printer.output]
-        pages: AsyncIterator[WorkerPage] = client.stream_workers(
-            model=model or "", selector=selector or "", fields=fields
-        )
-        if sort_by:
-            from dynamoctl.jsonpath import parse_path
-
-            pages = listing.sorted_by(parse_path(sort_by), pages)
-        await listing.show(printer, pages, filtered=bool(selector or model))
-        return exits.OK
-
-    execute(ctx, body, stream=watch)
-
-
-def _with_model(selector: str | None, model: str | None) -> str:
-    terms = [t for t in (selector, f"model={model}" if model else None) if t]
-    return ",".join(terms)
+    execute(ctx, listing.command(selector, model, watch, sort_by), stream=watch)
 
 
 def _structured(printer: Printer, obj: object) -> None:
@@ -120,22 +96,6 @@ def _structured(printer: Printer, obj: object) -> None:
         printer.json(obj)
     else:
         printer.yaml(obj)
-
-
-async def _watch(client: AsyncClient, printer: Printer, selector: str) -> int:
-    from dynamoctl.resume import following
-    from dynamoctl.watch import WorkerWatch
-
-    if printer.output in ("table", "wide"):
-        printer.id_prefix = await client.id_prefix()
-    watch = WorkerWatch(printer)
-
-    def tail(after: int | None) -> AsyncIterator[EventInfo]:
-        return client.tail_events(since=after, selector=selector, follow=True)
-
-    async for event in following(printer, tail, None):
-        watch.feed(event)
-    return exits.FAILED  # not reached: following() ends only with the command
 
 
 @app.command()

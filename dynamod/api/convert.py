@@ -31,10 +31,10 @@ from dynamod.results import (
     record_state,
 )
 from dynamod.taints import UpdateAction
-from dynamod.targets import Target
 
 if TYPE_CHECKING:
     from dynamod.pool_results import PoolEventInfo
+    from dynamod.targets import Target
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
     "replace": pb.TAINT_ACTION_REPLACE,
@@ -319,6 +319,8 @@ def target_to_pb(target: Target, request: pb.UpdateTaintsRequest | pb.WaitDraine
 
 def target_from_pb(request: pb.UpdateTaintsRequest | pb.WaitDrainedRequest) -> Target:
     """The ``Target`` of ``request``; ``InvalidInputError`` when it names none."""
+    from dynamod.targets import Target  # the server's; a client only sends targets
+
     which = request.WhichOneof("target")
     expect = None
     if isinstance(request, pb.UpdateTaintsRequest) and request.HasField("expect_revision"):

@@ -38,6 +38,7 @@ from dynamod.errors import (
     shown,
 )
 from dynamod.http.bounded import read_body
+from dynamod.http.failures import described
 
 ROUTE: Final = "/engine/update/model_taints"
 MAX_ANSWER: Final = 64 * 1024
@@ -68,7 +69,7 @@ async def post_taints(
             body = await read_body(response, MAX_ANSWER, f"worker {worker}'s taint route answer")
             status = response.status
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        reason = str(exc) or f"no answer within {within:g} s"
+        reason = described(exc) if str(exc) else f"no answer within {within:g} s"
         raise WorkerUnavailableError(
             worker, f"worker {worker}'s taint route at {url} did not answer: {reason}"
         ) from None

@@ -51,11 +51,11 @@ from dynamod.results import (
     WorkerPage,
 )
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
-from dynamod.targets import Target
 
-if TYPE_CHECKING:  # pools' and stats' types, imported by the calls that return them
+if TYPE_CHECKING:  # pools', stats' and targets' types: imported by the calls that use them
     from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
     from dynamod.stats_results import FleetStats, StatsQuery
+    from dynamod.targets import Target
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]

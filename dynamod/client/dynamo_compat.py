@@ -17,11 +17,13 @@ a ``Target``, ``tail_events``), which is the client's one vocabulary.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dynamod.results import EventInfo, UpdateOutcome, WorkerInfo
 from dynamod.taints import TaintUpdate
-from dynamod.targets import Target
+
+if TYPE_CHECKING:
+    from dynamod.targets import Target
 
 T = TypeVar("T")
 
@@ -102,6 +104,8 @@ class AsyncDynamoHelpers:
 
 
 async def _one(client: OperatorApi, worker: Worker, update: TaintUpdate) -> tuple[str, ...]:
+    from dynamod.targets import Target  # a listing's client never builds one
+
     (outcome,) = await client.update_taints(update, Target(worker=_ref(worker)))
     return outcome.after
 

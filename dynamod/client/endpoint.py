@@ -22,7 +22,6 @@ Precedence: an explicit argument (a flag) > the environment > the config file > 
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +117,8 @@ def read_config(path: Path) -> ConfigFile:
         return ConfigFile(path, {}, {}, None)
     except OSError as exc:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {exc.strerror}") from None
+    import tomllib  # only when there is a file: its regular expressions cost a CLI run ~4 ms
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -209,12 +210,10 @@ def connection(
     timeout: float | None,
 ) -> Connection:
     """A ``Connection`` from settled values (None: the default); reads the files named."""
-    from dynamod.auth import read_token_file  # the daemon's token rules, when a file is named
-
     if (cert is None) != (cert_key is None):
         raise ConfigError("--cert and --cert-key must be given together (mutual TLS)")
     credentials = Credentials(
-        token=read_token_file(Path(token_file)) if token_file else None,
+        token=_token(Path(token_file)) if token_file else None,
         tls=bool(tls),
         ca=read_file(Path(cacert), "--cacert") if cacert else None,
         cert=read_file(Path(cert), "--cert") if cert else None,
@@ -224,6 +223,12 @@ def connection(
     if not seconds > 0:
         raise ConfigError(f"timeout {seconds:g} is not a number of seconds above 0")
     return Connection(endpoint or default_endpoint(), credentials, seconds)
+
+
+def _token(path: Path) -> str:
+    from dynamod.auth import read_token_file  # the daemon's token rules, when a file is named
+
+    return read_token_file(path)
 
 
 def read_file(path: Path, flag: str) -> bytes:

@@ -41,6 +41,7 @@ from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError, OversizeError
 from dynamod.frontend.replies import passed_headers
 from dynamod.http.bounded import EncodingError, inflate, read_body
+from dynamod.http.failures import described
 from dynamod.http.limits import AnswerLimits
 from dynamod.http.openai import error_event, error_response
 from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
@@ -107,7 +108,9 @@ async def send(
         said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
         return UpstreamFailure(worker, "timeout", 504, said)
     except aiohttp.ClientError as exc:
-        return UpstreamFailure(worker, "unreachable", 502, f"{name} is unreachable: {_why(exc)}")
+        return UpstreamFailure(
+            worker, "unreachable", 502, f"{name} is unreachable: {described(exc)}"
+        )
     if upstream.status < 500:
         return upstream
     async with upstream:
@@ -133,7 +136,7 @@ async def _error_text(upstream: aiohttp.ClientResponse) -> str:
     except OversizeError as exc:
         return f"({exc})"
     except _READ_FAILURES as exc:
-        return f"(its body could not be read: {_why(exc)})"
+        return f"(its body could not be read: {described(exc)})"
     try:
         message = jsoncodec.read(raw, "its error answer")["error"]["message"]  # type: ignore[index]
     except (InvalidInputError, KeyError, TypeError):
@@ -145,10 +148,6 @@ def _timeout(limits: aiohttp.ClientTimeout, exc: TimeoutError) -> str:
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return f"connecting took longer than {limits.sock_connect:g} s"
     return f"it was silent for {limits.sock_read:g} s"
-
-
-def _why(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
 
 
 def _name(worker: WorkerRecord) -> str:
@@ -171,7 +170,7 @@ async def relay_whole(
     except EncodingError as exc:
         return UpstreamFailure(worker, "broken", 502, f"{name} sent an answer unread: {exc}")
     except _READ_FAILURES as exc:
-        said = f"{name} failed while sending its answer: {_why(exc)}"
+        said = f"{name} failed while sending its answer: {described(exc)}"
         return UpstreamFailure(worker, _reason(exc), _status(exc), said)
     if 200 <= upstream.status < 300:
         wrong = _not_an_answer(body)
@@ -255,7 +254,7 @@ async def _next(
     except OversizeError as exc:
         return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an event: {exc}")
     except _READ_FAILURES as exc:
-        said = f"{name} failed mid-stream: {_why(exc)}"
+        said = f"{name} failed mid-stream: {described(exc)}"
         return UpstreamFailure(worker, _reason(exc), _status(exc), said)
     if event is not None and stream.cut is None:
         return event

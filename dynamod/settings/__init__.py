@@ -44,8 +44,9 @@ model_gone_window  30                                          seconds after a m
                                                                worker left during which
                                                                its requests get a
                                                                retryable 503, not 404
-replica_id         <host>-<pid>                                this replica's name
-                                                               (printable, no spaces)
+replica_id         <host>-<suffix>: the suffix made once and   this replica's name
+                   kept in <audit log>.replica-id (no audit    (printable, no spaces)
+                   log: <state dir>/replica-id)
 max_answer_mb      64                                          MiB of a worker's whole
                                                                answer the front reads
 max_event_mb       16                                          MiB of one SSE event of a
@@ -112,7 +113,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import socket
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -125,6 +125,7 @@ from dynamod.http.limits import AnswerLimits, HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
 from dynamod.router import RouterKnobs
+from dynamod.settings.replica import default_replica_id
 from dynamod.store import DEFAULT_TIMEOUT
 from dynamod.store.dynamo.addresses import SystemAddresses
 from dynamod.store.dynamo.url import is_dynamo
@@ -167,7 +168,7 @@ class DaemonSettings:
     http_body_timeout: float = HttpLimits.body_timeout
     http_idle_timeout: float = HttpLimits.idle_timeout
     model_gone_window: float = 30.0
-    replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    replica_id: str = ""  # "": <host>-<suffix kept beside the audit log> (settings.replica)
     router: RouterKnobs = field(default_factory=RouterKnobs)
     max_answer_mb: float = AnswerLimits.whole / 1024 / 1024
     max_event_mb: float = AnswerLimits.event / 1024 / 1024
@@ -207,6 +208,8 @@ class DaemonSettings:
                 f"event_history_mb must be above 0 (megabytes), got {self.event_history_mb!r}"
             )
         self._check_streams()
+        if not self.replica_id:  # frozen: set once, here, from the audit log's place
+            object.__setattr__(self, "replica_id", default_replica_id(self.audit_log))
         _check_replica_id(self.replica_id)
         try:
             self.http_limits  # noqa: B018 - built to check the three timeouts

@@ -155,3 +155,27 @@ def test_events_tail_shows_pool_events_unless_told_not_to(
     assert "POOL" in table and "MOVED split: worker" in table
     plain = cli.ok("events", "tail", "--since", "0", "--no-follow", "--no-pools", "-o", "json")
     assert '"POOL"' not in plain.out
+
+
+def test_removing_a_pool_taint_by_hand_says_the_policy_puts_it_back(
+    pooled: Cluster, policy_file: Path
+) -> None:
+    """``taints rm W pool=fast`` succeeds, and the leader puts the taint back within
+    moments: the answer says so, and how to keep it off. A paused policy puts nothing back,
+    and nothing is said."""
+    cli = pooled.cli
+    cli.ok("pools", "apply", "-f", str(policy_file))
+    cli.run("pools", "resume", "split")
+    until_status(cli, lambda s: s["balanced"])
+    fast = cli.ok("workers", "ls", "-l", "pool=fast", "-o", "name").lines[0]
+    removed = cli.ok("taints", "rm", fast, "pool=fast")
+    assert removed.err == (
+        f"dynamoctl: policy split owns pool=fast on worker {fast} and will put it back; to "
+        "keep it off, pause the policy first: dynamoctl pools pause split\n"
+    )
+    until_status(cli, lambda s: s["balanced"])
+    cli.ok("pools", "pause", "split")
+    slow = cli.ok("workers", "ls", "-l", "pool=slow", "-o", "name").lines[0]
+    assert cli.ok("taints", "rm", slow, "pool=slow").err == ""
+    cli.ok("pools", "resume", "split")
+    until_status(cli, lambda s: s["balanced"])

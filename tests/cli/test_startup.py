@@ -1,6 +1,8 @@
 """Start-up is a feature: shell completion runs dynamoctl on every Tab. ``--help`` and
 completion of commands and options import neither gRPC nor rich (nor pydantic, which typer
-would pull in to convert parameters); piped output never imports rich."""
+would pull in to convert parameters); piped output never imports rich; ``workers ls`` and
+``taints add``, which scripts run in loops, import neither typer nor click (``direct``),
+nor the selector grammar when no selector is given."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from tests.support.processes import ROOT
 HEAVY = ("grpc", "rich", "pydantic")
 
 
-def imported(args: list[str], home: Path, **env: str) -> set[str]:
-    """Top-level packages ``python -X importtime -m dynamoctl.main ARGS`` imported."""
+def imported(args: list[str], home: Path, *, full: bool = False, **env: str) -> set[str]:
+    """Top-level packages ``python -X importtime -m dynamoctl.main ARGS`` imported (with
+    ``full``, every module by its dotted name)."""
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "dynamoctl.main", *args],
         capture_output=True,
@@ -30,7 +33,8 @@ def imported(args: list[str], home: Path, **env: str) -> set[str]:
     names = set()
     for line in done.stderr.splitlines():
         if line.startswith("import time:") and "|" in line:
-            names.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+            name = line.rsplit("|", 1)[1].strip()
+            names.add(name if full else name.split(".")[0])
     assert names, f"no -X importtime output:\n{done.stderr}"
     return names
 
@@ -75,3 +79,14 @@ def test_piped_output_does_not_import_rich(cluster: Cluster) -> None:
     loaded = imported(["workers", "ls"], cluster.cli.home, DYNAMO_ENDPOINT=cluster.cli.endpoint)
     assert "grpc" in loaded  # it did talk to the daemon
     assert not loaded & {"rich", "pydantic"}
+
+
+@pytest.mark.parametrize(
+    "args", [["workers", "ls"], ["workers", "ls", "-o", "json"], ["taints", "add", "nobody", "a/b"]]
+)
+def test_the_commands_scripts_loop_on_import_no_typer(cluster: Cluster, args: list[str]) -> None:
+    loaded = imported(args, cluster.cli.home, full=True, DYNAMO_ENDPOINT=cluster.cli.endpoint)
+    assert "grpc" in loaded  # it did talk to the daemon
+    top = {name.split(".")[0] for name in loaded}
+    assert not top & {"typer", "click", "rich", "pydantic"}
+    assert "dynamod.selectors" not in loaded

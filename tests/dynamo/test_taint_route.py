@@ -101,10 +101,24 @@ async def test_an_answer_over_its_budget_is_not_read(route: Replay) -> None:
 
 async def test_no_answer_is_retryable_and_names_the_url() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(
-        WorkerUnavailableError, match=f"at {url}/engine/update/model_taints did not answer"
-    ):
+    with pytest.raises(WorkerUnavailableError) as raised:
         await post_taints(url, ["x"], worker="w0")
+    assert str(raised.value) == (
+        f"worker w0's taint route at {url}/engine/update/model_taints did not answer: "
+        "could not connect (Connection refused)"
+    )
+
+
+async def test_an_unknown_host_says_so_without_aiohttps_words() -> None:
+    """aiohttp's text names its TLS context ("ssl:default") and repeats the address as a
+    Python tuple; the message says what happened instead."""
+    url = "http://no-such-host.invalid:9090"
+    with pytest.raises(WorkerUnavailableError) as raised:
+        await post_taints(url, ["x"], worker="w0")
+    said = str(raised.value)
+    assert re.fullmatch(rf"worker w0's taint route at {url}/\S+ did not answer: could not "
+                        r"connect \([A-Z][^()]+\)", said), said  # fmt: skip
+    assert "ssl:" not in said and "Cannot connect to host" not in said
 
 
 async def test_a_worker_that_never_answers_is_given_up_within_the_deadline() -> None:

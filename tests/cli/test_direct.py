@@ -1,0 +1,213 @@
+"""``workers ls`` and ``taints add`` run without typer (``dynamoctl.direct``) must do exactly
+what the live CLI does: the same stdout, stderr and exit status, for a matrix of command
+lines run both ways against a real dynamod with three mocker workers. The matrix holds
+the lines ``direct`` runs itself (each case says so, and that is checked, so a case cannot
+silently compare the live CLI with itself) and the ones it must leave to the live CLI:
+usage errors, odd spellings, options it does not know, a config file it cannot vouch for.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dynamoctl import direct
+from tests.cli.conftest import Cli, Cluster, Result, assert_clean, start_cluster
+from tests.support.processes import ROOT
+
+pytestmark = pytest.mark.timeout(600)
+
+LIVE = "import sys; from dynamoctl.main import live; sys.exit(live(sys.argv[1:]))"
+GONE = "unix:///nonexistent/dynamod.sock"
+AGE = re.compile(r"\S+$")  # AGE, the last column of worker tables: the one cell that moves
+LOOP = re.compile(r"id\(loop\)=\d+")  # --debug: gRPC logs its event loop's address
+
+
+@dataclass
+class Fleet:
+    cluster: Cluster
+    a: str
+    b: str
+    c: str
+    configs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def cli(self) -> Cli:
+        return self.cluster.cli
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("direct")
+    cluster = start_cluster(root)
+    try:
+        a, b, c = cluster.start_workers(
+            ("alpha", ["--taint", "pool=a"]), ("alpha", ["--taint", "pool=b"]), ("beta", [])
+        )
+        ids = [w.field("id") for w in (a, b, c)]
+        cluster.seen(ids)
+        found = Fleet(cluster, ids[0], ids[1], ids[2])
+        # Every later "taints add ... keep/x" is then unchanged, and compares alike.
+        found.cli.ok("taints", "add", "--all", "--yes", "keep/x")
+        found.configs = _configs(root, cluster.cli.endpoint)
+        yield found
+    finally:
+        cluster.stop()
+
+
+def _configs(root: Path, endpoint: str) -> dict[str, Path]:
+    texts = {
+        "plain": f'endpoint = "{endpoint}"\noutput = "wide"\ntimeout = 7\nno_headers = true\n',
+        "context": f'current_context = "here"\n[contexts.here]\nendpoint = "{endpoint}"\n',
+        "text-timeout": 'timeout = "5"\n',
+        "bad-output": 'output = "bogus"\n',
+        "not-toml": "endpoint = \n",
+        "unknown-key": "colour = true\n",
+    }
+    paths = {}
+    for name, text in texts.items():
+        paths[name] = root / f"{name}.toml"
+        paths[name].write_text(text)
+    return paths
+
+
+def live(cli: Cli, args: list[str], extra: dict[str, str]) -> Result:
+    """The same command line through the live CLI (typer), in the same environment."""
+    done = subprocess.run(
+        [sys.executable, "-c", LIVE, *args], input="", capture_output=True, text=True,
+        env=cli.env(**extra), cwd=ROOT, timeout=60, check=False,
+    )  # fmt: skip
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+def comparable(result: Result) -> tuple[int, str, str]:
+    """The result with the AGE cell of each worker table row (a line of many columns,
+    with or without headers) made constant: a second may pass between the two runs."""
+    lines = result.out.splitlines(keepends=True)
+    out = "".join(AGE.sub("<age>", ln) if ln.count("   ") >= 5 else ln for ln in lines)
+    return result.code, out, LOOP.sub("id(loop)=<id>", result.err)
+
+
+# (arguments, extra environment, config file, whether direct runs it: None when that
+# depends on the test's own terminal). "{a}" stands for a worker's id.
+Case = tuple[list[str], dict[str, str], str | None, bool | None]
+LS: list[Case] = [
+    (["workers", "ls"], {}, None, True),
+    (["workers", "ls", "-o", "json"], {}, None, True),
+    (["-o", "yaml", "workers", "ls"], {}, None, True),
+    (["workers", "ls", "-o", "name", "--no-headers"], {}, None, True),
+    (["workers", "ls", "--output=wide"], {}, None, True),
+    (["-o", "json", "workers", "ls", "-o", "name"], {}, None, True),
+    (["workers", "ls", "--no-headers"], {}, None, True),
+    (["workers", "ls", "-l", "pool=a"], {}, None, True),
+    (["workers", "ls", "--selector", "model=alpha,!pool=b", "-o", "name"], {}, None, True),
+    (["workers", "ls", "--model", "beta"], {}, None, True),
+    (["workers", "ls", "--model", "nothing"], {}, None, True),
+    (["workers", "ls", "-l", "pool=a,,"], {}, None, True),
+    (["workers", "ls", "-o", "jsonpath={.items[*].id}"], {}, None, True),
+    (["workers", "ls", "-o", "custom-columns=ID:.id,MODEL:.model"], {}, None, True),
+    (["workers", "ls", "--sort-by", ".model", "-o", "name"], {}, None, True),
+    (["--timeout", "5", "workers", "ls", "--debug"], {}, None, True),
+    (["workers", "ls"], {"DYNAMO_TIMEOUT": "4.5"}, None, True),
+    (["workers", "ls"], {"DYNAMO_TIMEOUT": ""}, None, True),
+    (["workers", "ls"], {"DYNAMO_TLS": "0"}, None, True),
+    (["workers", "ls"], {}, "plain", True),
+    (["workers", "ls", "-o", "table"], {}, "plain", True),
+    (["workers", "ls"], {}, "context", True),
+    (["--endpoint", GONE, "workers", "ls"], {}, None, True),
+    (["workers", "ls", "-e", GONE, "-o", "json"], {}, None, True),
+    (["--token-file", "/nonexistent/token", "workers", "ls"], {}, None, True),
+    (["--cert", "/nonexistent/cert", "workers", "ls"], {}, None, True),
+    # Left to the live CLI.
+    (["workers", "ls", "-ojson"], {}, None, False),
+    (["workers", "ls", "-o", "bogus"], {}, None, False),
+    (["workers", "ls", "-o", "jsonpath={.items["], {}, None, False),
+    (["workers", "ls", "-o"], {}, None, False),
+    (["workers", "ls", "-o", "--no-headers"], {}, None, False),
+    (["workers", "ls", "--sort-by", "{.a"], {}, None, False),
+    (["workers", "ls", "extra"], {}, None, False),
+    (["workers", "ls", "--timeout", "0"], {}, None, False),
+    (["workers", "ls", "--watch=1"], {}, None, False),
+    (["workers", "ls", "--mod", "beta"], {}, None, False),
+    (["workers", "ls", "--help", "-o", "json"], {}, None, False),
+    (["workers", "ls", "--"], {}, None, False),
+    (["workers", "-o", "json", "ls"], {}, None, False),
+    (["--version", "workers", "ls"], {}, None, False),
+    (["--context", "nowhere", "workers", "ls"], {}, None, False),
+    (["workers", "ls"], {"DYNAMO_TIMEOUT": "soon"}, None, False),
+    (["workers", "ls"], {"DYNAMO_TLS": "maybe"}, None, False),
+    (["workers", "ls"], {}, "text-timeout", False),
+    (["workers", "ls"], {}, "bad-output", False),
+    (["workers", "ls"], {}, "not-toml", False),
+    (["workers", "ls"], {}, "unknown-key", False),
+]
+TAINTS_ADD: list[Case] = [
+    (["taints", "add", "{a}", "keep/x"], {}, None, True),
+    (["taints", "add", "{a}", "keep/x", "-o", "json"], {}, None, True),
+    (["-o", "wide", "taints", "add", "{b}", "keep/x", "-y"], {}, None, True),
+    (["taints", "add", "{a}", "new/y", "--dry-run"], {}, None, True),
+    (["taints", "add", "-l", "pool=a", "keep/x"], {}, None, True),
+    (["taints", "add", "-l", "pool=a", "new/y", "--dry-run", "-o", "yaml"], {}, None, True),
+    (["taints", "add", "{a}", "-l", "pool=a", "new/y", "--dry-run"], {}, None, True),
+    (["taints", "add", "--all", "--yes", "keep/x"], {}, None, True),
+    (["taints", "add", "--all", "new/z", "--dry-run"], {}, None, True),
+    (["taints", "add", "-l", "pool=nowhere", "keep/x"], {}, None, True),
+    (["taints", "add", "-l", "!!", "keep/x"], {}, None, True),
+    (["taints", "add", "{a}", "dynamo.topology/zone=x"], {}, None, True),
+    (["taints", "add", "{a}", " padded"], {}, None, True),
+    (["taints", "add", "{a}", ""], {}, None, True),
+    (["taints", "add", "nosuchworker", "keep/x"], {}, None, True),
+    (["taints", "add", "{a}", "keep/x", "--if-revision", "1"], {}, None, True),
+    (["taints", "add", "{a}", "keep/x", "--if-revision=1", "-o", "json"], {}, None, True),
+    (["-e", GONE, "taints", "add", "{a}", "keep/x"], {}, None, True),
+    (["taints", "add", "{a}", "keep/x"], {}, "plain", True),
+    # Left to the live CLI.
+    (["taints", "add"], {}, None, False),
+    (["taints", "add", "{a}"], {}, None, False),
+    (["taints", "add", "-l", "pool=a"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "--if-revision", "0"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "--if-revision", "-1"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "--if-revision", "two"], {}, None, False),
+    (["taints", "add", "-l", "pool=a", "keep/x", "--if-revision", "3"], {}, None, False),
+    (["taints", "add", "-l", "pool=a", "--all", "keep/x"], {}, None, False),
+    (["taints", "add", "--all", "keep/x"], {}, None, None),
+    (["taints", "add", "{a}", "--dry-run", "--", "-x"], {}, None, False),
+    (["taints", "add", "{a}", "-x"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "--dry-run=yes"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "-yo", "json"], {}, None, False),
+    (["taints", "add", "{a}", "keep/x", "-h"], {}, None, False),
+]
+
+
+@pytest.mark.parametrize(("args", "extra", "config", "runs_direct"), LS + TAINTS_ADD)
+def test_direct_and_live_cli_agree(
+    fleet: Fleet,
+    args: list[str],
+    extra: dict[str, str],
+    config: str | None,
+    runs_direct: bool | None,
+) -> None:
+    args = [word.replace("{a}", fleet.a).replace("{b}", fleet.b) for word in args]
+    if config is not None:
+        extra = {**extra, "DYNAMOCTL_CONFIG": str(fleet.configs[config])}
+    if runs_direct is not None:
+        assert (direct.plan(args, fleet.cli.env(**extra)) is not None) is runs_direct
+    fast = fleet.cli.run(*args, env=extra, clean=False)
+    slow = live(fleet.cli, args, extra)
+    assert comparable(fast) == comparable(slow), args
+    if "--debug" not in args:
+        assert_clean(fast.err)
+
+
+def test_a_direct_taints_add_writes_and_lists(fleet: Fleet) -> None:
+    """Not only alike but right: a taint added without typer is in the next listing."""
+    added = fleet.cli.ok("taints", "add", fleet.c, "direct/written")
+    assert re.search(rf"^{fleet.c[:8]}\S*\s+\+direct/written\s+\d+$", added.out, re.M), added.out
+    listed = fleet.cli.ok("workers", "ls", "-l", "direct/written", "-o", "name")
+    assert listed.lines == [fleet.c]
