@@ -4,14 +4,16 @@ A replica's id names it in the ready line, ``status``, the pool leader's key and
 audit line the pool leader writes (caller ``pools@<replica>``). ``<host>-<pid>`` changed at
 every restart, so such a line could not be traced back to a daemon. The suffix is made
 once (8 hex digits) and kept in ``<audit log>.replica-id``, beside the log whose lines it
-explains (``/var/lib/dynamod/audit.log.replica-id``); with no audit log, in
-``<state dir>/replica-id``. So a restarted daemon keeps its id, and two daemons on one
-host, which need an audit log each anyway, get two. Removing the file gives the next
-start a new suffix; ``replica_id`` (``--replica-id``, ``DYNAMO_REPLICA_ID``) names the
-replica outright and no file is read or written.
+explains (``/var/lib/dynamod/audit.log.replica-id``). So a restarted daemon keeps its id,
+and two daemons on one host, which need an audit log each anyway, get two. Removing the
+file gives the next start a new suffix; ``replica_id`` (``--replica-id``,
+``DYNAMO_REPLICA_ID``) names the replica outright and no file is read or written.
 
-When the file cannot be made (a read-only directory), the id is ``<host>-<pid>`` as
-before: a daemon does not refuse to start for want of a stable name. A file that is
+With no audit log there is no line to trace and no place that is this daemon's alone (two
+daemons without one on a host would share any other file, and so one id, which the pools'
+demand records and status tell daemons apart by), so the id is ``<host>-<pid>``; so too
+when the file cannot be made (a read-only directory): a daemon does not refuse to start
+for want of a stable name. A file that is
 there but cannot be read, or holds something other than a suffix, is a ``ConfigError``
 naming it: it needs a person.
 """
@@ -25,26 +27,22 @@ import socket
 from pathlib import Path
 
 from dynamod.errors import ConfigError, shown
-from dynamod.paths import state_dir
 
 BESIDE_AUDIT_LOG = ".replica-id"
 """Appended to the audit log's path: the file that keeps the suffix."""
-IN_STATE_DIR = "replica-id"
-"""The file's name in the state directory, when there is no audit log."""
 MAX_SUFFIX = 64
 SUFFIX_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
 def default_replica_id(audit_log: Path | None) -> str:
-    """``<host>-<suffix>``, the suffix read from (or first written to) ``suffix_file``."""
+    """``<host>-<suffix>``, the suffix read from (or first written to) ``suffix_file``;
+    ``<host>-<pid>`` without an audit log."""
     host = socket.gethostname()
-    suffix = kept_suffix(suffix_file(audit_log))
+    suffix = None if audit_log is None else kept_suffix(suffix_file(audit_log))
     return f"{host}-{suffix if suffix is not None else os.getpid()}"
 
 
-def suffix_file(audit_log: Path | None) -> Path:
-    if audit_log is None:
-        return state_dir() / IN_STATE_DIR
+def suffix_file(audit_log: Path) -> Path:
     return audit_log.with_name(audit_log.name + BESIDE_AUDIT_LOG)
 
 

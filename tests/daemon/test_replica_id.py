@@ -5,6 +5,7 @@ audit log, another id; a file that holds no suffix is refused naming it."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 from dynamod import settings as daemon_settings
 from dynamod.errors import ConfigError
-from dynamod.settings.replica import BESIDE_AUDIT_LOG, IN_STATE_DIR
+from dynamod.settings.replica import BESIDE_AUDIT_LOG
 from tests.support.processes import BIN, daemon_argv, env, started
 
 HOST = socket.gethostname()
@@ -55,14 +56,16 @@ def test_daemons_with_their_own_audit_logs_have_their_own_ids(tmp_path: Path) ->
     assert again.replica_id == a.replica_id
 
 
-def test_without_an_audit_log_the_suffix_is_kept_in_the_state_dir(
+def test_without_an_audit_log_the_id_is_host_and_pid_and_nothing_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two daemons without an audit log on one host share no file of their own: a kept
+    suffix would give them one id."""
     monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
     settings = daemon_settings.load(environ={"DYNAMO_AUDIT_LOG": ""})
     assert settings.audit_log is None
-    suffix = (tmp_path / IN_STATE_DIR).read_text().strip()
-    assert settings.replica_id == f"{HOST}-{suffix}"
+    assert settings.replica_id == f"{HOST}-{os.getpid()}"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_where_no_file_can_be_made_the_id_is_host_and_pid(tmp_path: Path) -> None:
