@@ -94,6 +94,13 @@ async def premium_set(client: AsyncClient) -> frozenset[str]:
     return frozenset(worker for worker, pool in held.items() if pool == "pool=premium")
 
 
+async def until_premium_grows(client: AsyncClient) -> None:
+    """The issue's bound: the premium pool holds at least 4 workers within 20 s."""
+    await eventually(
+        lambda: premium_set(client), lambda s: len(s) >= 4, within=20, what="premium >= 4"
+    )
+
+
 async def test_an_elastic_pool_grows_with_demand_and_gives_workers_back(
     etcd_url: str, tmp_path: Path
 ) -> None:
@@ -120,9 +127,7 @@ async def test_an_elastic_pool_grows_with_demand_and_gives_workers_back(
         # Elastic: the same surge grows premium to at least 4 within 20 s, batch keeps one.
         await client.apply_policy(sla_text(10))
         async with premium_load(daemon) as elastic:
-            await eventually(
-                lambda: premium_set(client), lambda s: len(s) >= 4, within=20, what="premium >= 4"
-            )
+            await until_premium_grows(client)
             await asyncio.sleep(3)  # the moved workers finish what they had in flight
             steady = time.monotonic()
             sets = []
@@ -169,9 +174,7 @@ async def test_a_follower_s_demand_grows_the_leader_s_pool(etcd_url: str, tmp_pa
         leader, follower = await leader_and_follower(pools, 10)
         client = leader.client()
         async with premium_load(follower):
-            await eventually(
-                lambda: premium_set(client), lambda s: len(s) >= 4, within=20, what="premium >= 4"
-            )
+            await until_premium_grows(client)
         assert any(m["move"]["why"] == "demand" for m in leader.moves())
         assert not follower.moves()
 
@@ -185,9 +188,7 @@ async def test_a_new_leader_carries_the_elastic_window_on(etcd_url: str, tmp_pat
         leader, survivor = await leader_and_follower(pools, 30)
         watcher = survivor.client()
         async with premium_load(survivor):
-            await eventually(
-                lambda: premium_set(watcher), lambda s: len(s) >= 4, within=20, what="premium"
-            )
+            await until_premium_grows(watcher)
             await asyncio.sleep(6)  # past WINDOW_EVERY: the window with the surge is stored
         pools.daemons.remove(leader)
         await leader.proc.kill()
