@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from dynamod.client import AsyncClient, Credentials
+from dynamod.errors import RevisionMismatchError
 from dynamod.records import WorkerRecord
 from dynamod.store import KEEP, Put, Store
 from tests.support.processes import Proc, daemon, running, worker
@@ -30,10 +31,18 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def rewrite(store: Store, key: str, value: bytes) -> int:
-    """Write ``value`` over the record at ``key`` as an operator's etcdctl would (same lease)."""
-    entry = await store.get(key)
-    assert entry is not None
-    return await store.put(key, value, expect=entry.revision, lease=KEEP)
+    """Write ``value`` over the record at ``key`` as an operator's etcdctl would (same lease).
+
+    The worker may still be writing its record back over the previous round's change
+    (its restore and its taint write both land after the route answers), so a compare that
+    loses to it reads again, as an operator's retry would."""
+    while True:
+        entry = await store.get(key)
+        assert entry is not None
+        try:
+            return await store.put(key, value, expect=entry.revision, lease=KEEP)
+        except RevisionMismatchError:
+            continue
 
 
 async def restored(store: Store, key: str, after: int) -> WorkerRecord:
