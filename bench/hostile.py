@@ -3,6 +3,7 @@ beside the same with none: what a broken or hostile worker costs everyone else.
 
     python -m bench.hostile                         # ~3 min on 2 cores
     python -m bench.hostile --requests 200 --json out.json
+    python -m bench.hostile --only caller           # the kinds whose name holds "caller"
 
 A real ``dynamod`` on a file store with two honest mocker workers (model ``llama``). Each
 round attaches one hostile process (the fakes of ``tests/hostile_workers/``, real
@@ -15,7 +16,11 @@ daemon's RSS (its peak, sampled every 0.1 s) and ``/health``'s p99. Kinds:
 * a worker of the honest model whose card says ``context_length: 2``;
 * a worker that answers a never-ending body, with a trickle of requests sent to it;
 * chat templates that are a CPU bomb and a memory bomb, with a trickle of requests sent
-  to them (one at a time, back to back).
+  to them (one at a time, back to back);
+* and a hostile API caller (``tests/hostile/unread_streams.py``, on the daemon's unix
+  socket, so one caller): 1,000 ``TailEvents`` or 1,000 ``WaitDrained`` streams it never
+  reads, held open while the honest requests run (issue 28: each takes a stream slot, so
+  all but ``max_streams_per_caller`` are refused).
 
 Each kind runs in turn between two baselines (none attached), so a drift of the machine
 shows. The verdict column says how the hostile worker was reported (its mark in the
@@ -68,18 +73,19 @@ HOSTILE_ENV = {
 
 @dataclass(frozen=True)
 class Kind:
-    """One hostile worker: how to start it, and the requests that keep it misbehaving."""
+    """One hostile process: how to start it (from the store's URL and the daemon's gRPC
+    endpoint), and the requests that keep it misbehaving."""
 
     name: str
-    argv: Callable[[str], list[str]]
+    argv: Callable[[str, str], list[str]]
     ready: str
     copies: int = 1
     trickle: dict[str, Any] | None = None
     """A body sent to it back to back while the honest requests are measured."""
 
 
-def _events(mode: str) -> Callable[[str], list[str]]:
-    return lambda store: [
+def _events(mode: str) -> Callable[[str, str], list[str]]:
+    return lambda store, _: [
         sys.executable,
         "-m",
         "tests.hostile_workers.events_fakes",
@@ -89,8 +95,8 @@ def _events(mode: str) -> Callable[[str], list[str]]:
     ]
 
 
-def _front(*args: str) -> Callable[[str], list[str]]:
-    return lambda store: [
+def _front(*args: str) -> Callable[[str, str], list[str]]:
+    return lambda store, _: [
         sys.executable,
         "-m",
         "tests.hostile_workers.front_fakes",
@@ -105,8 +111,23 @@ def _chat(model: str) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 
 
-def _templates(store: str) -> list[str]:
+def _templates(store: str, _: str) -> list[str]:
     return [sys.executable, "-m", "tests.hostile_workers.template_fakes", store]
+
+
+CALLER_STREAMS = 1000
+
+
+def _caller(kind: str) -> Callable[[str, str], list[str]]:
+    return lambda _, endpoint: [
+        sys.executable,
+        "-m",
+        "tests.hostile.unread_streams",
+        endpoint,
+        "",  # the unix socket: no token
+        str(CALLER_STREAMS),
+        kind,
+    ]
 
 
 KINDS = (
@@ -133,6 +154,8 @@ KINDS = (
         r"^template fakes ready:",
         trickle=_chat("tpl-doubling"),
     ),
+    Kind("caller: 1,000 unread TailEvents", _caller("tail"), r'^\{"open"'),
+    Kind("caller: 1,000 WaitDrained", _caller("wait-drained"), r'^\{"open"'),
 )
 
 
@@ -204,7 +227,7 @@ async def round_(
         hostile: list[Proc] = []
         if kind is not None:
             for _ in range(kind.copies):
-                proc = Proc(kind.argv(store), kind.ready, group=True)
+                proc = Proc(kind.argv(store, d.field("grpc")), kind.ready, group=True)
                 hostile.append(await stack.enter_async_context(running(proc)))
             await asyncio.sleep(2.0)  # let it misbehave before measuring (it is the point)
         stop = asyncio.Event()
@@ -232,7 +255,15 @@ async def round_(
 
 
 async def _verdict(d: Proc, hostile: list[Proc], statuses: list[int], served: list[str]) -> str:
-    """How the hostile worker was reported, and what it got of the honest requests."""
+    """How the hostile worker was reported, and what it got of the honest requests; for
+    a hostile caller, how many of its streams were let open."""
+    if all(proc.ready_line.startswith('{"open"') for proc in hostile):
+        said = [json.loads(proc.ready_line) for proc in hostile]
+        return "; ".join(
+            f"{r['open']} streams open, refused: "
+            + (", ".join(f"{code} x{n}" for code, n in r["refused"].items()) or "none")
+            for r in said
+        )
     listing = await _listing(d)
     ids = {ident for proc in hostile if (ident := _field(proc, "id"))}
     took = sum(1 for worker in served if worker in ids)
@@ -284,7 +315,7 @@ async def run(args: argparse.Namespace) -> list[Sample]:
         async with fleet(Path(tmp)) as (d, store), aiohttp.ClientSession() as http:
             await measure(http, d.field("http"), 50)  # warm up
             samples.append(await round_(http, d, args.requests, None, store))
-            for kind in KINDS:
+            for kind in (k for k in KINDS if args.only in k.name):
                 print(f"# {kind.name}", file=sys.stderr, flush=True)
                 samples.append(await round_(http, d, args.requests, kind, store))
             samples.append(await round_(http, d, args.requests, None, store))
@@ -314,7 +345,7 @@ def table(samples: Sequence[Sample]) -> str:
         "/health p99 ms",
         "daemon RSS MB",
         "vs none",
-        "the hostile worker",
+        "the hostile process",
     ]
     return render_table(headers, rows)
 
@@ -327,9 +358,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--requests", type=int, default=300, help="honest requests per round (300)")
     parser.add_argument("--json", type=Path, help="where to write the results")
+    parser.add_argument(
+        "--only", default="", metavar="TEXT", help="only the kinds whose name holds TEXT"
+    )
     args = parser.parse_args(argv)
     if args.requests < 10:
         parser.error(f"--requests {args.requests} must be at least 10")
+    if not any(args.only in kind.name for kind in KINDS):
+        parser.error(f"--only {args.only!r} matches no kind: {', '.join(k.name for k in KINDS)}")
     return args
 
 
@@ -338,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     samples = asyncio.run(run(args))
     detail = f"{args.requests} honest requests a round; 2 mocker workers; file store"
-    print(header("honest traffic with one hostile worker attached", versions(), detail))
+    print(header("honest traffic with one hostile process attached", versions(), detail))
     print(table(samples))
     print(
         f"# load average after: {' '.join(f'{x:.1f}' for x in psutil.getloadavg())}; "

@@ -254,6 +254,9 @@ class WorkerService(rpc.WorkerServiceServicer):
                 ) as watch,
             ):
                 self.api.drain_watches.add(watch)
+                # The headers now, before any status: the caller knows the wait holds a
+                # slot (a refusal arrives as the call's end) even while nothing is drained.
+                await context.send_initial_metadata(())
                 try:
                     await watch.run(sent, deadline)
                 finally:

@@ -51,8 +51,8 @@ class StreamSlots:
     def _check(self, name: str) -> None:
         if len(self) >= self.limit:
             raise StreamLimitError(
-                f"dynamod already has {len(self)} API streams open (event tails, watches, "
-                f"streamed listings and updates), its limit (max_streams = {self.limit}); "
+                f"dynamod already has {len(self)} API streams open (event tails, watches, drain "
+                f"waits, streamed listings and updates), its limit (max_streams = {self.limit}); "
                 "retry when one has ended",
                 "max_streams",
                 self.limit,
@@ -60,8 +60,8 @@ class StreamSlots:
         if self._open[name] >= self.per_caller:
             raise StreamLimitError(
                 f"{name!r} already has {self._open[name]} API streams open, the limit for one "
-                f"caller (max_streams_per_caller = {self.per_caller}); end one (an events tail "
-                "or a watch) and retry",
+                f"caller (max_streams_per_caller = {self.per_caller}); end one (an events tail, "
+                "a watch or a drain wait) and retry",
                 "max_streams_per_caller",
                 self.per_caller,
             )

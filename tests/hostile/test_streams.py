@@ -1,7 +1,7 @@
 """API streams and selectors under hostile callers, with real processes.
 
 A client with a read-only token opens 500 ``TailEvents`` streams and never reads one
-(``unread_tails.py``): the daemon keeps its limit of streams per caller, refuses the rest
+(``unread_streams.py``): the daemon keeps its limit of streams per caller, refuses the rest
 with ``RESOURCE_EXHAUSTED`` naming the limit, stays small, and keeps answering honest
 callers; a stream past the daemon-wide limit is refused the same way. A stuck ``events
 tail`` is sent back to a resync once its queue passes its byte bound, long before its
@@ -95,9 +95,9 @@ async def fleet(
 
 @contextlib.asynccontextmanager
 async def unread_tails(endpoint: str, token: str, streams: int) -> AsyncIterator[dict[str, Any]]:
-    """``unread_tails.py`` with its streams open; its report."""
+    """``unread_streams.py`` holding ``TailEvents`` streams open; its report."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.hostile.unread_tails", endpoint, token, str(streams),
+        sys.executable, "-m", "tests.hostile.unread_streams", endpoint, token, str(streams),
         stdout=asyncio.subprocess.PIPE, cwd=ROOT, env=env(),
     )  # fmt: skip
     assert process.stdout is not None
