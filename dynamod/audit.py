@@ -5,7 +5,11 @@ Each taint change's line: ``time`` (RFC 3339, UTC), ``source`` (the path it came
 ``caller`` (the token's name), ``peer`` (where the call came from, as the transport names
 it: ``ipv4:10.0.0.7:51234`` on TCP, ``unix:`` on the socket),
 ``action``, ``taints``, ``keys``, ``worker``, ``before``, ``after``, ``revision``,
-``outcome`` (``ok``, ``unchanged``, or the error code) and, on failure, ``error``. A dry
+``outcome`` (``ok``, ``unchanged``, or the error code) and, on failure, ``error``. ``time``
+is when the line was written, after the outcome was known; ``sent``, where a write was
+sent, is when it left for the store (or a worker's route), after every check: a pool
+leader paused between the two writes lines whose ``time`` is late but whose ``sent``
+falls in its term. A dry
 run is not a mutation and is not logged. A refused attempt (no or a wrong token, no
 right, invalid input) is one line too, with the caller as far as known, what was asked
 and why it was refused.
@@ -29,6 +33,11 @@ from typing import IO, Any
 log = logging.getLogger(__name__)
 
 
+def now() -> str:
+    """The time as an audit line writes it: RFC 3339, UTC, to the millisecond."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
 class AuditLog:
     def __init__(self, path: Path | None, on_failure: Callable[[], None] = lambda: None) -> None:
         self.path = path
@@ -48,10 +57,7 @@ class AuditLog:
             self._file = None
 
     def record(self, **fields: Any) -> None:
-        line = json.dumps(
-            {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), **fields},
-            sort_keys=False,
-        )
+        line = json.dumps({"time": now(), **fields}, sort_keys=False)
         if self._file is None:
             log.info("audit %s", line)
             return

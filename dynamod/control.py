@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dynamod import __version__
-from dynamod.audit import AuditLog
+from dynamod.audit import AuditLog, now
 from dynamod.auth import Principal
 from dynamod.boundary.taint_writes import TaintWrites, writes_for
 from dynamod.daemon_metrics import DaemonMetrics
@@ -287,26 +287,31 @@ class Control:
     ) -> UpdateOutcome:
         if dry_run:
             return self._preview(record, update, caller)
+        checked, fields = _checked(caller, check), dict(audit or {})
+
+        def fence(before: WorkerRecord, after: WorkerRecord) -> None:
+            checked(before, after)
+            fields["sent"] = now()  # what passes here is sent at once (each attempt)
+
         try:
             async with self.serial.hold(record.key):
                 change = await self._writes.apply(
                     record,
                     update,
                     expect_revision=target.expect_revision,
-                    check=_checked(caller, check),
+                    check=fence,
                     limits=self.limits,
                     base_revision=self._seen_at(record),
                 )
         except DynamoError as exc:
-            self._audit(caller, update, record, record.taints, None, None, exc, audit)
+            self._audit(caller, update, record, record.taints, None, None, exc, fields)
             raise
         except asyncio.CancelledError:  # the caller went away (its deadline, Ctrl-C)
-            self._audit(caller, update, record, record.taints, None, None, None, audit,
-                        cancelled=True)  # fmt: skip
+            self._audit(caller, update, record, record.taints, None, None, None,
+                        fields, cancelled=True)  # fmt: skip
             raise
-        self._audit(
-            caller, update, record, change.before, change.after, change.revision, None, audit
-        )
+        self._audit(caller, update, record, change.before, change.after, change.revision, None,
+                    fields)  # fmt: skip
         return change
 
     async def update_taints_batch(
@@ -354,20 +359,21 @@ class Control:
             swaps = [
                 Swap(items[n].record.key, a.to_bytes(), items[n].expect) for n, a in made.items()
             ]
+            sent = now()
             try:
                 revision = await store.swap_all(swaps, guard=guard) if swaps else 0
             except (RevisionMismatchError, KeyNotFoundError):
                 return results  # a newer record: each of them one by one
             except NotLeaderError as exc:  # the guard: the term ended, nothing was written
                 for n in made:
-                    self._batch_audit(caller, items[n], None, None, exc)
+                    self._batch_audit(caller, items[n], None, None, exc, sent)
                 raise
             except DynamoError as exc:
                 for n in made:
-                    results[n] = self._batch_audit(caller, items[n], None, None, exc)
+                    results[n] = self._batch_audit(caller, items[n], None, None, exc, sent)
                 return results
             for n, after in made.items():
-                results[n] = self._batch_audit(caller, items[n], after, revision, None)
+                results[n] = self._batch_audit(caller, items[n], after, revision, None, sent)
         return results
 
     def _batch_audit(
@@ -377,10 +383,12 @@ class Control:
         after: WorkerRecord | None,
         revision: int | None,
         error: DynamoError | None,
+        sent: str | None = None,
     ) -> UpdateOutcome | DynamoError:
         record = item.record
         taints = None if after is None else after.taints
-        self._audit(caller, item.update, record, record.taints, taints, revision, error, item.audit)
+        extra = {**({"sent": sent} if sent else {}), **item.audit}
+        self._audit(caller, item.update, record, record.taints, taints, revision, error, extra)
         if error is not None:
             return error
         assert after is not None and revision is not None

@@ -203,6 +203,8 @@ async def test_every_mutation_writes_one_audit_line(client: AsyncClient, daemon:
     assert first["outcome"] == "ok"
     assert isinstance(first["revision"], int)
     assert first["time"].endswith("+00:00")
+    # sent when it left for the store, after the checks: not after the line was written
+    assert all(line["sent"] <= line["time"] for line in lines)
 
 
 async def test_tail_events_live_and_replayed(client: AsyncClient) -> None:

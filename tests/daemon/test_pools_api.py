@@ -115,6 +115,7 @@ async def test_apply_status_pause_resume_and_remove_through_the_api(
     moves = [line for line in lines if line.get("pool_policy") == "split" and "move" in line]
     assert len(moves) == 5
     assert {line["epoch"] for line in moves} == {status.epoch}
+    assert all(line["sent"] <= line["time"] for line in moves)  # sent in the term, then logged
     assert {line["caller"] for line in moves} == {f"pools@{settings.replica_id}"}
     actions = [line["action"] for line in lines if line["action"].startswith("pool-")]
     assert actions == ["pool-apply", "pool-apply", "pool-pause", "pool-pause", "pool-resume",
