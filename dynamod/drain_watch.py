@@ -60,6 +60,7 @@ class DrainWatch:
         self._resolve = resolve
         self._after = after_revision
         self._ids: dict[str, str] = {}  # key → instance id of those waited for, once resolved
+        self._resolved = False
         self._sent: dict[str, DrainStatus] = {}
         self._marked: set[str] = set()
         self._woken = asyncio.Event()
@@ -93,6 +94,7 @@ class DrainWatch:
         if not await self._until_view(deadline):
             return await self._end(send, (), timed_out=True)
         self._ids = {r.key: r.instance_id for r in self._resolve()}
+        self._resolved = True
         self._marked.clear()
         changed = self._changes(set(self._ids))
         while not self._over:
@@ -106,8 +108,13 @@ class DrainWatch:
     # -- hearing about changes
 
     def _mark(self, key: str) -> None:
-        if not self._ids or key in self._ids:
-            self._marked.add(key)
+        if self._resolved:
+            if key in self._ids:
+                self._marked.add(key)
+                self._woken.set()
+        elif self._view.revision >= self._after:
+            # Not resolved yet: only the view reaching the drain's revision matters, not
+            # every request begun or ended meanwhile (each would wake every such wait).
             self._woken.set()
 
     def _on_view(self, event: DiscoveryEvent) -> None:
