@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from dynamoctl.invocation import Options
-    from dynamoctl.session import Body
+    from dynamoctl.session import Body, LightBody
 
 # The global options (app.root), each: its field, whether it takes a value, its variable.
 GLOBAL: dict[str, tuple[str, bool, str | None]] = {
@@ -75,17 +75,24 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int | None:
     found = plan(argv, environ)
     if found is None:
         return None
-    from dynamoctl.session import run_body
+    from dynamoctl import session
 
-    options, body, stream = found
-    if stream:
+    options, body, light = found
+    if light is None:
         gc.enable()  # it may run for days (main turns the collector off for start-up)
-    return run_body(options, body, stream=stream)
+        return session.run_body(options, body, stream=True)
+    if options.debug:  # what --debug shows is gRPC's own logging
+        return session.run_body(options, body)
+    return session.run_light(options, light)
 
 
-def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Body, bool] | None:
-    """What ``run`` would run for ``argv``: the options, the session body and whether it
-    is a stream; None for a command line left to the live CLI. Runs nothing."""
+def plan(
+    argv: list[str], environ: Mapping[str, str]
+) -> tuple[Options, Body, LightBody | None] | None:
+    """What ``run`` would run for ``argv``: the options, the session body, and the same
+    body as a ``LightBody`` when the light client may run it (None for a stream, which
+    may run for days and reconnect: gRPC's client); None for a command line left to the
+    live CLI. Runs nothing."""
     if len(argv) < 2 or environ.get("_DYNAMOCTL_COMPLETE"):
         return None
     try:
@@ -94,10 +101,10 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Body, bo
         root = _options(argv[:start], GLOBAL)
         given = _options(argv[start + 2 :], {**GLOBAL, **OWN[command]}, positional=True)
         options = _settled(root, given, environ, chosen_context(argv, environ))
-        body, stream = _ls(given) if command == ("workers", "ls") else _taints_add(given)
+        body, light = _ls(given) if command == ("workers", "ls") else _taints_add(given)
     except Unsure:
         return None
-    return options, body, stream
+    return options, body, light
 
 
 def leave(code: int) -> None:
@@ -273,7 +280,7 @@ def _output(value: str) -> str:
     return value
 
 
-def _ls(given: dict[str, Any]) -> tuple[Body, bool]:
+def _ls(given: dict[str, Any]) -> tuple[Body, LightBody | None]:
     """``workers ls``: no arguments; ``--sort-by`` must parse."""
     if given[""]:
         raise Unsure
@@ -287,11 +294,14 @@ def _ls(given: dict[str, Any]) -> tuple[Body, bool]:
             raise Unsure from None
     from dynamoctl import listing
 
-    watch = bool(given.get("watch"))
-    return listing.command(given.get("selector"), given.get("model"), watch, sort_by), watch
+    selector, model = given.get("selector"), given.get("model")
+    if given.get("watch"):
+        return listing.command(selector, model, True, sort_by), None
+    body = listing.listed(selector, model, sort_by)
+    return body, body
 
 
-def _taints_add(given: dict[str, Any]) -> tuple[Body, bool]:
+def _taints_add(given: dict[str, Any]) -> tuple[Body, LightBody]:
     """``taints add``: the rules of ``commands.taints.add`` (``_split``, ``target``,
     ``check_all``), where breaking one is a usage error for the live CLI to report."""
     words: list[str] = given[""]
@@ -311,7 +321,8 @@ def _taints_add(given: dict[str, Any]) -> tuple[Body, bool]:
     from dynamod.targets import Target
 
     target = Target(worker, selector, everyone, revision)
-    return updates.command("add", target, taints, dry_run=dry_run, yes=yes), False
+    body = updates.command("add", target, taints, dry_run=dry_run, yes=yes)
+    return body, body
 
 
 def _revision(text: str | None) -> int | None:

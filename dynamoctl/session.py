@@ -1,9 +1,10 @@
 """Running one command: its event loop, its signals, and the one error boundary.
 
 ``execute(ctx, body)`` (a typer command) and ``run_body(options, body)`` (the typer-free
-commands of ``direct.py``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
-bounded drain, so no task or thread outlives the loop) and turns whatever happens into an
-exit status (``dynamoctl.exits``):
+commands of ``direct.py``; ``light``: over ``dynamod.client.light``'s client, without gRPC, for
+a ``LightBody``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the bounded
+drain, so no task or thread outlives the loop) and turns whatever happens into an exit
+status (``dynamoctl.exits``):
 
 * the body's own status; a ``DynamoError`` → one line on stderr and 1, ``UnreachableError``
   → 3, ``ConfigError`` (bad credentials files) → 2; anything unexpected → one line and 1.
@@ -40,8 +41,11 @@ if TYPE_CHECKING:
     import typer
 
     from dynamod.client import AsyncClient
+    from dynamod.client.light import LightClient
 
 Body = Callable[["AsyncClient", Printer], Awaitable[int]]
+LightBody = Callable[["AsyncClient | LightClient", Printer], Awaitable[int]]
+"""A body that makes only the calls ``LightClient`` has (it is a ``Body`` too)."""
 
 
 def execute(
@@ -70,10 +74,19 @@ def execute(
 
 def run_body(options: Options, body: Body, *, stream: bool = False) -> int:
     """``execute`` without typer, for options already checked: the exit status."""
+    return _run(options, lambda printer: _with_client(options, printer, body), stream)
+
+
+def run_light(options: Options, body: LightBody) -> int:
+    """``run_body`` over the light client (``dynamoctl.client.connect_light``)."""
+    return _run(options, lambda printer: _with_light_client(options, printer, body), False)
+
+
+def _run(options: Options, work: Callable[[Printer], Awaitable[int]], stream: bool) -> int:
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
     on_signal = exits.OK if stream else exits.INTERRUPTED
-    code = run(lambda: supervise(options, printer, body, on_signal))
+    code = run(lambda: supervise(options, printer, lambda: work(printer), on_signal))
     # Only exiting is left; a Ctrl-C now must not turn into a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return code
@@ -85,9 +98,12 @@ def configure_logging(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
-async def supervise(options: Options, printer: Printer, body: Body, on_signal: int) -> int:
-    """Run the command as a task; the first SIGINT / SIGTERM cancels it, and so does the
-    reader of a piped stdout going away."""
+async def supervise(
+    options: Options, printer: Printer, body: Callable[[], Awaitable[int]], on_signal: int
+) -> int:
+    """Run the command (``body``: the client opened, the session body run) as a task; the
+    first SIGINT / SIGTERM cancels it, and so does the reader of a piped stdout going
+    away."""
     loop = asyncio.get_running_loop()
     stop, gone, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,13 +156,24 @@ def _stdout_pipe() -> int | None:
         return None
 
 
-async def guarded(options: Options, printer: Printer, body: Body) -> int:
-    """The error boundary: every outcome becomes an exit status and at most one line."""
+async def _with_client(options: Options, printer: Printer, body: Body) -> int:
     from dynamoctl.client import connect
 
+    async with connect(options) as client:
+        return await body(client, printer)
+
+
+async def _with_light_client(options: Options, printer: Printer, body: LightBody) -> int:
+    from dynamoctl.client import connect_light
+
+    async with connect_light(options) as client:
+        return await body(client, printer)
+
+
+async def guarded(options: Options, printer: Printer, body: Callable[[], Awaitable[int]]) -> int:
+    """The error boundary: every outcome becomes an exit status and at most one line."""
     try:
-        async with connect(options) as client:
-            code = await body(client, printer)
+        code = await body()
         printer.flush()
         return code
     except BrokenPipeError:

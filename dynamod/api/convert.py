@@ -34,6 +34,7 @@ from dynamod.taints import UpdateAction
 
 if TYPE_CHECKING:
     from dynamod.pool_results import PoolEventInfo
+    from dynamod.taints import TaintUpdate
     from dynamod.targets import Target
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
@@ -302,6 +303,32 @@ def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
 def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:
     cards: dict[str, ModelCard] = {}
     return [worker_from_pb(m, cards) for m in messages]
+
+
+def list_request(
+    model: str, selector: str, namespace: str, component: str, endpoint: str, fields: Iterable[str]
+) -> pb.ListWorkersRequest:
+    """A listing's request (``ListWorkers``, ``StreamWorkers``), as a client sends it."""
+    return pb.ListWorkersRequest(
+        model=model,
+        selector=selector,
+        namespace=namespace,
+        component=component,
+        endpoint=endpoint,
+        fields=list(fields),
+    )
+
+
+def update_request(update: TaintUpdate, target: Target, dry_run: bool) -> pb.UpdateTaintsRequest:
+    """A taint update's request (``UpdateTaints``, ``StreamUpdateTaints``)."""
+    request = pb.UpdateTaintsRequest(
+        action=ACTIONS[update.action],
+        taints=list(update.taints),
+        keys=list(update.keys),
+        dry_run=dry_run,
+    )
+    target_to_pb(target, request)
+    return request
 
 
 def target_to_pb(target: Target, request: pb.UpdateTaintsRequest | pb.WaitDrainedRequest) -> None:
