@@ -22,14 +22,8 @@ from typing import TYPE_CHECKING, Any
 from dynamod.taints import caller_taints
 
 if TYPE_CHECKING:
-    from dynamod.results import (
-        CandidateInfo,
-        EventInfo,
-        ExplainInfo,
-        StatusInfo,
-        UpdateOutcome,
-        WorkerInfo,
-    )
+    from dynamod.reports import CandidateInfo, EventInfo, ExplainInfo, StatusInfo
+    from dynamod.results import UpdateOutcome, WorkerInfo
 
 NONE = "<none>"
 SHORT_ID = 8  # dynamod.results.ID_PREFIX; not imported, so that --help loads no model code

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from dynamoctl.session import Body, LightBody
     from dynamod.client import AsyncClient
     from dynamod.client.light import LightClient
-    from dynamod.results import EventInfo, WorkerInfo, WorkerPage
+    from dynamod.reports import EventInfo
+    from dynamod.results import WorkerInfo, WorkerPage
 
 # LOAD shows both load and engine.
 _TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")

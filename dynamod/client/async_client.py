@@ -45,18 +45,8 @@ from dynamod.client.endpoint import (
 )
 from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
 from dynamod.records import ModelCard
-from dynamod.results import (
-    ID_PREFIX,
-    DrainEvent,
-    DrainResult,
-    DrainStatus,
-    EventInfo,
-    ExplainInfo,
-    StatusInfo,
-    UpdateOutcome,
-    WorkerInfo,
-    WorkerPage,
-)
+from dynamod.reports import DrainEvent, DrainResult, DrainStatus, EventInfo, ExplainInfo, StatusInfo
+from dynamod.results import ID_PREFIX, UpdateOutcome, WorkerInfo, WorkerPage
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 
 if TYPE_CHECKING:  # pools', stats' and targets' types: imported by the calls that use them
