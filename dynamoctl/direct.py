@@ -31,6 +31,12 @@ if TYPE_CHECKING:
     from dynamoctl.invocation import Options
     from dynamoctl.session import Body, LightBody
 
+    Plan = tuple[Body, LightBody | None, bool]
+    """The session body; the same as a ``LightBody`` when the light client may run it
+    (None for a stream, which may run for days and reconnect: gRPC's client's work, and
+    for a question to answer, ``--all`` without ``--yes``: stdin read on a thread of the
+    event loop); whether it is a stream."""
+
 # The global options (app.root), each: its field, whether it takes a value, its variable.
 GLOBAL: dict[str, tuple[str, bool, str | None]] = {
     "-e": ("endpoint", True, "DYNAMO_ENDPOINT"),
@@ -77,22 +83,17 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int | None:
         return None
     from dynamoctl import session
 
-    options, body, light = found
-    if light is None:
+    options, (body, light, stream) = found
+    if stream:
         gc.enable()  # it may run for days (main turns the collector off for start-up)
-        return session.run_body(options, body, stream=True)
-    if options.debug:  # what --debug shows is gRPC's own logging
-        return session.run_body(options, body)
+    if light is None or options.debug:  # what --debug shows is gRPC's own logging
+        return session.run_body(options, body, stream=stream)
     return session.run_light(options, light)
 
 
-def plan(
-    argv: list[str], environ: Mapping[str, str]
-) -> tuple[Options, Body, LightBody | None] | None:
-    """What ``run`` would run for ``argv``: the options, the session body, and the same
-    body as a ``LightBody`` when the light client may run it (None for a stream, which
-    may run for days and reconnect: gRPC's client); None for a command line left to the
-    live CLI. Runs nothing."""
+def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Plan] | None:
+    """What ``run`` would run for ``argv``: the options and the ``Plan``; None for a
+    command line left to the live CLI. Runs nothing."""
     if len(argv) < 2 or environ.get("_DYNAMOCTL_COMPLETE"):
         return None
     try:
@@ -101,10 +102,10 @@ def plan(
         root = _options(argv[:start], GLOBAL)
         given = _options(argv[start + 2 :], {**GLOBAL, **OWN[command]}, positional=True)
         options = _settled(root, given, environ, chosen_context(argv, environ))
-        body, light = _ls(given) if command == ("workers", "ls") else _taints_add(given)
+        found = _ls(given) if command == ("workers", "ls") else _taints_add(given)
     except Unsure:
         return None
-    return options, body, light
+    return options, found
 
 
 def leave(code: int) -> None:
@@ -280,7 +281,7 @@ def _output(value: str) -> str:
     return value
 
 
-def _ls(given: dict[str, Any]) -> tuple[Body, LightBody | None]:
+def _ls(given: dict[str, Any]) -> Plan:
     """``workers ls``: no arguments; ``--sort-by`` must parse."""
     if given[""]:
         raise Unsure
@@ -296,12 +297,12 @@ def _ls(given: dict[str, Any]) -> tuple[Body, LightBody | None]:
 
     selector, model = given.get("selector"), given.get("model")
     if given.get("watch"):
-        return listing.command(selector, model, True, sort_by), None
+        return listing.command(selector, model, True, sort_by), None, True
     body = listing.listed(selector, model, sort_by)
-    return body, body
+    return body, body, False
 
 
-def _taints_add(given: dict[str, Any]) -> tuple[Body, LightBody]:
+def _taints_add(given: dict[str, Any]) -> Plan:
     """``taints add``: the rules of ``commands.taints.add`` (``_split``, ``target``,
     ``check_all``), where breaking one is a usage error for the live CLI to report."""
     words: list[str] = given[""]
@@ -322,7 +323,8 @@ def _taints_add(given: dict[str, Any]) -> tuple[Body, LightBody]:
 
     target = Target(worker, selector, everyone, revision)
     body = updates.command("add", target, taints, dry_run=dry_run, yes=yes)
-    return body, body
+    asks = everyone and not (yes or dry_run)
+    return body, None if asks else body, False
 
 
 def _revision(text: str | None) -> int | None:

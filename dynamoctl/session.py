@@ -1,10 +1,12 @@
 """Running one command: its event loop, its signals, and the one error boundary.
 
 ``execute(ctx, body)`` (a typer command) and ``run_body(options, body)`` (the typer-free
-commands of ``direct.py``; ``light``: over ``dynamod.client.light``'s client, without gRPC, for
-a ``LightBody``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the bounded
-drain, so no task or thread outlives the loop) and turns whatever happens into an exit
-status (``dynamoctl.exits``):
+commands of ``direct.py``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
+bounded drain, so no task or thread outlives the loop) and turn whatever happens into an
+exit status (``dynamoctl.exits``). ``run_light(options, body)`` runs a ``LightBody`` on
+``dynamod.client.light``'s client, which needs neither gRPC nor an event loop (the body's
+awaits never suspend), to the same statuses, lines and signals; where that client is not
+sure, it runs ``run_body`` instead:
 
 * the body's own status; a ``DynamoError`` → one line on stderr and 1, ``UnreachableError``
   → 3, ``ConfigError`` (bad credentials files) → 2; anything unexpected → one line and 1.
@@ -18,7 +20,6 @@ status (``dynamoctl.exits``):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -34,10 +35,12 @@ from dynamoctl import exits
 from dynamoctl.invocation import OUTPUTS, Options
 from dynamoctl.output import Printer
 from dynamod.errors import ConfigError, DynamoError, UnreachableError
-from dynamod.lifecycle import run
-from dynamod.tasks import wait_any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio, the lifecycle and the tasks: imported when a loop runs
+    import asyncio
+    from collections.abc import Coroutine
+    from typing import Any
+
     import typer
 
     from dynamod.client import AsyncClient
@@ -78,11 +81,58 @@ def run_body(options: Options, body: Body, *, stream: bool = False) -> int:
 
 
 def run_light(options: Options, body: LightBody) -> int:
-    """``run_body`` over the light client (``dynamoctl.client.connect_light``)."""
-    return _run(options, lambda printer: _with_light_client(options, printer, body), False)
+    """``run_body`` on the light client (``dynamoctl.client.connect_light``), without an
+    event loop; ``run_body`` itself where that client is not sure (``LightClient.open``).
+    SIGINT / SIGTERM end it with 130 and nothing printed, as ``supervise`` does."""
+    from dynamoctl.client import connect_light
+
+    printer = Printer(options.output, no_headers=options.no_headers)
+    configure_logging(options.debug)
+    try:
+        client = connect_light(options)
+        opened = client.open()
+    except ConfigError:  # the credential files: reported as run_body reports them
+        opened = False
+    except UnreachableError as exc:  # no connection within the timeout
+        code = report(printer, options, exc)
+        printer.flush()
+        return code
+    if not opened:
+        return run_body(options, body)
+
+    async def work() -> int:
+        async with client:
+            return await body(client, printer)
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _to_end(guarded(options, printer, work))
+    except KeyboardInterrupt:
+        return exits.INTERRUPTED
+    finally:
+        client.close()
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as run_body: only exiting is left
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _to_end(coroutine: Coroutine[Any, Any, int]) -> int:
+    """Run a coroutine that never suspends (the light client's calls) to its end."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: int = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("a light session body awaited something other than the light client")
 
 
 def _run(options: Options, work: Callable[[Printer], Awaitable[int]], stream: bool) -> int:
+    from dynamod.lifecycle import run
+
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
     on_signal = exits.OK if stream else exits.INTERRUPTED
@@ -104,6 +154,10 @@ async def supervise(
     """Run the command (``body``: the client opened, the session body run) as a task; the
     first SIGINT / SIGTERM cancels it, and so does the reader of a piped stdout going
     away."""
+    import asyncio
+
+    from dynamod.tasks import wait_any
+
     loop = asyncio.get_running_loop()
     stop, gone, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -160,13 +214,6 @@ async def _with_client(options: Options, printer: Printer, body: Body) -> int:
     from dynamoctl.client import connect
 
     async with connect(options) as client:
-        return await body(client, printer)
-
-
-async def _with_light_client(options: Options, printer: Printer, body: LightBody) -> int:
-    from dynamoctl.client import connect_light
-
-    async with connect_light(options) as client:
         return await body(client, printer)
 
 

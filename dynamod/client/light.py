@@ -1,6 +1,7 @@
 """``LightClient``: the calls dynamoctl's commands in loops make (``workers ls``, ``taints
-add``; ``dynamoctl.direct``), over our own HTTP/2 (``dynamod.client.http2``) instead of
-gRPC's, which costs a CLI run about a fifth of its time to import.
+add``; ``dynamoctl.direct``), over our own HTTP/2 on a blocking socket
+(``dynamod.client.http2``) instead of gRPC's, with no event loop: importing gRPC and asyncio
+costs a CLI run about a third of its time.
 
 gRPC over HTTP/2 for unary and server-streaming calls is small: a POST to
 ``/dynamo.v1.Service/Method`` with ``content-type: application/grpc``, ``te: trailers``,
@@ -9,26 +10,31 @@ message framed as a compressed flag, a 4-byte big-endian length and the protobuf
 answer's messages likewise, then trailers with ``grpc-status``, ``grpc-message`` and the
 daemon's error (``dynamod.api.error_status``, decoded as ``AsyncClient`` decodes it).
 
-What the user sees must be what ``AsyncClient`` would have shown, so anything this client
-is not sure of is left to ``AsyncClient`` itself: an endpoint that is not a unix socket
-path or ``host:port``, a proxy in the environment (gRPC would use it), TLS without
-``--cacert`` (gRPC's own roots), and above all a connection that cannot be made — refused,
-no socket, a TLS handshake that fails, a peer that is not HTTP/2 — which gRPC then
-reports in its own words (nothing was sent yet). From then on that client makes every
-call. Once connected, a status is rebuilt into the daemon's own error class, a deadline
-that passes is ``AnswerTimeoutError`` and a connection lost is ``UnreachableError``, as
-there. A connection that cannot be made within the timeout is ``UnreachableError`` with
-gRPC's words for it (``Deadline Exceeded``).
+The calls are coroutines, as ``AsyncClient``'s, so one session body runs on either; these
+never suspend (their waits are the socket's), so ``dynamoctl.session.run_light`` runs a
+body to its end without a loop.
+
+What the user sees must be what ``AsyncClient`` would have shown, so ``open`` says False
+wherever this client is not sure, and ``AsyncClient`` then makes the calls instead: an
+endpoint that is not a unix socket path or ``host:port``, a proxy in the environment (gRPC
+would use it), TLS without ``--cacert`` (gRPC's own roots), and above all a connection that
+cannot be made — refused, no socket, a TLS handshake that fails, a peer that is not HTTP/2
+— which gRPC then reports in its own words (nothing was sent yet). Once connected, a status
+is rebuilt into the daemon's own error class, a deadline that passes is
+``AnswerTimeoutError`` and a connection lost is ``UnreachableError``, as there. A
+connection that cannot be made within the timeout is ``UnreachableError`` with gRPC's words
+for it (``Deadline Exceeded``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
+import socket
 import struct
-from collections.abc import AsyncGenerator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import AsyncGenerator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
 
 from dynamod.api import convert
 from dynamod.api.error_status import CODES, from_status
@@ -48,8 +54,8 @@ from dynamod.results import ID_PREFIX, UpdateOutcome, WorkerInfo, WorkerPage
 
 if TYPE_CHECKING:
     import ssl
+    from collections.abc import Sequence
 
-    from dynamod.client.async_client import AsyncClient
     from dynamod.pool_results import PolicyInfo
     from dynamod.taints import TaintUpdate
     from dynamod.targets import Target
@@ -68,7 +74,8 @@ RESET_CODES = {7: "UNAVAILABLE", 8: "CANCELLED", 11: "RESOURCE_EXHAUSTED", 12: "
 
 class LightClient:
     """The calls of ``AsyncClient`` that ``workers ls`` and ``taints add`` make, alike in
-    arguments, results and errors; use ``async with LightClient(...) as client``."""
+    arguments, results and errors: ``open`` it, then ``async with client`` (which closes
+    it), or ``close`` it."""
 
     def __init__(
         self,
@@ -82,25 +89,48 @@ class LightClient:
         self.timeout = dial.timeout
         self._credentials = dial.credentials
         self._connection: http2.Connection | None = None
-        self._grpc: AsyncClient | None = None
+
+    def open(self) -> bool:
+        """Connect; False where ``AsyncClient`` is to make the calls (nothing was sent).
+        ``UnreachableError`` when the connection is not made within the timeout."""
+        address = _address(target_of(self.endpoint))
+        if address is None or (isinstance(address, tuple) and _proxied()):
+            return False
+        context = _tls(self._credentials)
+        if context is False:
+            return False
+        deadline = time.monotonic() + self.timeout
+        sock = None
+        try:
+            if isinstance(address, str):
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(self.timeout)
+                sock.connect(address)
+            else:
+                sock = socket.create_connection(address, timeout=self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if context is not None:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                sock = context.wrap_socket(sock, server_hostname=address[0])
+            self._connection = http2.Connection.open(sock, deadline)
+            return True
+        except TimeoutError:
+            _discard(sock)
+            raise unreachable(self.endpoint, "Deadline Exceeded") from None
+        except (OSError, EOFError, http2.ConnectionLost):  # gRPC says why in its words
+            _discard(sock)
+            return False
 
     async def __aenter__(self) -> LightClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        self.close()
 
-    async def close(self) -> None:
-        """Close the connection (and ``AsyncClient``, if it took over). Idempotent."""
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
         if self._connection is not None:
-            await self._connection.close()
-        if self._grpc is not None:
-            await self._grpc.close()
-
-    @property
-    def light(self) -> bool:
-        """Whether the calls so far went over this client's own connection."""
-        return self._grpc is None
+            self._connection.close()
 
     async def list_workers(
         self,
@@ -113,13 +143,8 @@ class LightClient:
         fields: Iterable[str] = (),
     ) -> tuple[list[WorkerInfo], int]:
         """``AsyncClient.list_workers``."""
-        if (grpc := await self._fallback()) is not None:
-            return await grpc.list_workers(
-                model=model, selector=selector, namespace=namespace, component=component,
-                endpoint=endpoint, fields=fields,
-            )  # fmt: skip
         request = convert.list_request(model, selector, namespace, component, endpoint, fields)
-        reply = await self._unary("WorkerService", "ListWorkers", request, pb.ListWorkersResponse)
+        reply = self._unary("WorkerService", "ListWorkers", request, pb.ListWorkersResponse)
         return convert.workers_from_pb(reply.workers), reply.revision
 
     async def stream_workers(
@@ -134,39 +159,28 @@ class LightClient:
         page_size: int = 0,
     ) -> AsyncGenerator[WorkerPage, None]:
         """``AsyncClient.stream_workers``: pages as they come; the deadline covers them all."""
-        if (grpc := await self._fallback()) is not None:
-            async for page in grpc.stream_workers(
-                model=model, selector=selector, namespace=namespace, component=component,
-                endpoint=endpoint, fields=fields, page_size=page_size,
-            ):  # fmt: skip
-                yield page
-            return
         request = convert.list_request(model, selector, namespace, component, endpoint, fields)
         request.page_size = page_size
         cards: dict[str, ModelCard] = {}
         call = self._call("WorkerService", "StreamWorkers", request, pb.ListWorkersResponse,
                           deadline=self.timeout)  # fmt: skip
-        async for reply in call:
+        for reply in call:
             workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
             yield WorkerPage(workers, reply.revision, reply.id_prefix)
 
     async def id_prefix(self) -> int:
         """``AsyncClient.id_prefix``."""
-        if (grpc := await self._fallback()) is not None:
-            return await grpc.id_prefix()
         request = pb.ListWorkersRequest(fields=["id"], prefix_only=True)
-        reply = await self._unary("WorkerService", "ListWorkers", request, pb.ListWorkersResponse)
+        reply = self._unary("WorkerService", "ListWorkers", request, pb.ListWorkersResponse)
         return max(int(reply.id_prefix), ID_PREFIX)
 
     async def update_taints(
         self, update: TaintUpdate, target: Target, *, dry_run: bool = False
     ) -> list[UpdateOutcome]:
         """``AsyncClient.update_taints`` (its deadline: the timeout plus ``UPDATE_WAIT``)."""
-        if (grpc := await self._fallback()) is not None:
-            return await grpc.update_taints(update, target, dry_run=dry_run)
         request = convert.update_request(update, target, dry_run)
-        reply = await self._unary("TaintService", "UpdateTaints", request,
-                                  pb.UpdateTaintsResponse, wait=UPDATE_WAIT)  # fmt: skip
+        reply = self._unary("TaintService", "UpdateTaints", request, pb.UpdateTaintsResponse,
+                            wait=UPDATE_WAIT)  # fmt: skip
         return [convert.change_from_pb(c) for c in reply.results]
 
     async def stream_update_taints(
@@ -174,85 +188,32 @@ class LightClient:
     ) -> AsyncGenerator[UpdateOutcome, None]:
         """``AsyncClient.stream_update_taints``: no deadline, each outcome awaited at most
         the timeout plus ``UPDATE_WAIT``."""
-        if (grpc := await self._fallback()) is not None:
-            async for change in grpc.stream_update_taints(update, target, dry_run=dry_run):
-                yield change
-            return
         request = convert.update_request(update, target, dry_run)
         call = self._call("TaintService", "StreamUpdateTaints", request, pb.TaintChange,
                           idle=self.timeout + UPDATE_WAIT)  # fmt: skip
-        async for message in call:
+        for message in call:
             yield convert.change_from_pb(message)
 
     async def list_policies(self) -> list[PolicyInfo]:
         """``AsyncClient.list_policies``."""
-        if (grpc := await self._fallback()) is not None:
-            return await grpc.list_policies()
         request = pb.ListPoliciesRequest()
-        reply = await self._unary("PoolService", "ListPolicies", request, pb.ListPoliciesResponse)
+        reply = self._unary("PoolService", "ListPolicies", request, pb.ListPoliciesResponse)
         from dynamod.api import pool_convert
 
         return [pool_convert.policy_from_pb(p) for p in reply.policies]
 
-    # The connection.
-
-    async def _fallback(self) -> AsyncClient | None:
-        """``AsyncClient``, when it makes the calls (see the module docstring); None when
-        this client's own connection is open."""
-        if self._grpc is not None:
-            return self._grpc
-        if self._connection is not None and self._connection.usable:
-            return None
-        if self._connection is not None:
-            await self._connection.close()
-        self._connection = await self._dial()
-        if self._connection is None:
-            from dynamod.client.async_client import AsyncClient
-
-            self._grpc = AsyncClient(
-                self.endpoint, credentials=self._credentials, timeout=self.timeout
-            )
-        return self._grpc
-
-    async def _dial(self) -> http2.Connection | None:
-        """A connection to the daemon; None where ``AsyncClient`` is to make it."""
-        address = _address(target_of(self.endpoint))
-        if address is None or (isinstance(address, tuple) and _proxied()):
-            return None
-        context = _tls(self._credentials)
-        if context is False:
-            return None
-        writer = None
-        try:
-            async with asyncio.timeout(self.timeout):
-                if isinstance(address, str):
-                    reader, writer = await asyncio.open_unix_connection(address)
-                else:
-                    host, port = address
-                    reader, writer = await asyncio.open_connection(
-                        host, port, ssl=context, server_hostname=host if context else None
-                    )
-                return await http2.Connection.open(reader, writer)
-        except TimeoutError:
-            _discard(writer)
-            raise unreachable(self.endpoint, "Deadline Exceeded") from None
-        except (OSError, EOFError, http2.ConnectionLost):  # gRPC says why in its words
-            _discard(writer)
-            return None
-
     # Calls.
 
-    async def _unary(
+    def _unary(
         self, service: str, method: str, request: Any, reply: Any, *, wait: float = 0.0
     ) -> Any:
         """One unary call, its deadline ``timeout`` plus the daemon's own ``wait``."""
-        answers = [a async for a in self._call(service, method, request, reply,
-                                                deadline=self.timeout + wait)]  # fmt: skip
+        answers = list(self._call(service, method, request, reply, deadline=self.timeout + wait))
         if len(answers) != 1:
             raise self._failure("INTERNAL", f"{len(answers)} answers to a unary call", (), None)
         return answers[0]
 
-    async def _call(
+    def _call(
         self,
         service: str,
         method: str,
@@ -261,38 +222,53 @@ class LightClient:
         *,
         deadline: float | None = None,
         idle: float | None = None,
-    ) -> AsyncGenerator[Any, None]:
+    ) -> Iterator[Any]:
         """The answers to one call, its errors as ours: the whole within ``deadline``
         seconds, each answer within ``idle``; cancelled (``RST_STREAM``) when left."""
-        connection = self._connection
-        assert connection is not None
-        loop = asyncio.get_running_loop()
-        until = None if deadline is None else loop.time() + deadline
+        connection = self._connected(deadline)
+        until = None if deadline is None else time.monotonic() + deadline
         path = f"/{pb.DESCRIPTOR.package}.{service}/{method}"
         body = request.SerializeToString()
         framed = struct.pack(">BI", 0, len(body)) + body
         try:
-            stream = await connection.request(
-                self._headers(path, deadline), framed, self._secrets()
+            stream = connection.request(
+                self._headers(path, deadline), framed, self._secrets(), until
             )
-        except (http2.ConnectionLost, OSError) as exc:
+        except TimeoutError:
+            raise late(self.endpoint, deadline or self.timeout) from None
+        except http2.ConnectionLost as exc:
             raise self._failure("UNAVAILABLE", str(exc), (), deadline) from None
         answer = _Answer()
         try:
             while answer.code is None:
-                limit = _earliest(until, None if idle is None else loop.time() + idle)
+                limit = _earliest(until, None if idle is None else time.monotonic() + idle)
                 try:
-                    async with asyncio.timeout_at(limit):
-                        event = await stream.next()
+                    event = stream.next(limit)
                 except TimeoutError:
                     within = idle if limit != until else deadline
                     raise late(self.endpoint, within or self.timeout) from None
-                for message in answer.feed(event):
-                    yield reply.FromString(message)
+                except http2.ConnectionLost as exc:
+                    event = ("lost", str(exc), None)
+                yield from (reply.FromString(m) for m in answer.feed(event))
         finally:
             stream.cancel()
         if answer.code != "OK":
             raise self._failure(str(answer.code), answer.details, answer.metadata, deadline)
+
+    def _connected(self, deadline: float | None) -> http2.Connection:
+        """The open connection; a lost one is opened again (``UnreachableError`` if that
+        cannot be done: the daemon went between two calls)."""
+        connection = self._connection
+        if connection is not None and connection.usable:
+            return connection
+        reason = connection.lost if connection is not None else None
+        if connection is not None:
+            connection.close()
+            self._connection = None
+        if not self.open():
+            raise unreachable(self.endpoint, reason or "Socket closed")
+        assert self._connection is not None
+        return self._connection
 
     def _headers(self, path: str, deadline: float | None) -> list[tuple[str, str]]:
         tls = self._credentials.tls or self._credentials.ca is not None
@@ -434,7 +410,7 @@ def _proxied() -> bool:
     return any(os.environ.get(name) or os.environ.get(name.upper()) for name in PROXIES)
 
 
-def _tls(credentials: Credentials) -> ssl.SSLContext | bool | None:
+def _tls(credentials: Credentials) -> ssl.SSLContext | Literal[False] | None:
     """The TLS context ``credentials`` ask for (None: plain; False: left to gRPC, which
     trusts its own roots where no CA is given)."""
     if not (credentials.tls or credentials.ca or credentials.cert):
@@ -470,9 +446,9 @@ def _load_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
             os.close(fd)
 
 
-def _discard(writer: asyncio.StreamWriter | None) -> None:
-    if writer is not None:
-        writer.close()
+def _discard(sock: socket.socket | None) -> None:
+    if sock is not None:
+        sock.close()
 
 
 def _timeout(seconds: float) -> str:
