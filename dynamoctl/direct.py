@@ -10,8 +10,15 @@ so what is printed and the exit status are the same. Anything else — another c
 option it does not know or a short-option cluster, ``--``, ``--help``, a value that would
 fail a check (a usage error), shell completion, a config file whose values are not plainly
 what they should be — returns None, and the live CLI parses it and says what it says.
+The calls are made by ``dynamod.client.light.LightClient`` (``session.run_light``): gRPC's
+calls over our own HTTP/2 on a blocking socket, with neither gRPC nor asyncio imported, which
+together cost a run about a third of its time. The same errors and lines come back; where
+that client is not sure (a connection it cannot make, a proxy, TLS without a CA) it leaves
+the calls to ``AsyncClient``, which says why in gRPC's words. A watch (it may run for days,
+and reconnects), ``--all`` that asks on the terminal, and ``--debug`` (whose lines are
+gRPC's logging) run on ``AsyncClient`` and its event loop (``session.run_body``).
 ``tests/cli/test_direct.py`` runs a matrix of command lines both ways and compares stdout,
-stderr and the exit status.
+stderr and the exit status, and checks which client made the calls.
 
 Only ``gc``, ``os`` and ``sys`` are imported until the command line is read: the command's own
 modules are imported when it runs.

@@ -2,7 +2,7 @@
 gRPC's calls need: the light client's transport (``dynamod.client.light``).
 
 No event loop and no thread: a caller waiting on a stream reads frames off the socket until
-its stream has something (``Stream.next``), handing what belongs to other streams to their
+its stream has something (``Http2Stream.next``), handing what belongs to other streams to their
 queues. Header blocks are (de)compressed with ``hpack``. Flow control both ways: what the
 caller has taken from a stream is given back to the peer (``WINDOW_UPDATE``, half a window
 at a time, so a 10,000-worker listing of ~7 MB flows without a stall), and a request never
@@ -51,12 +51,12 @@ class ConnectionLost(Exception):
     """The connection ended (the reason: in the words gRPC uses where we know them)."""
 
 
-class Stream:
+class Http2Stream:
     """One request's answer as it arrives, as events in order: ``("headers", [(name,
     value)], end_stream)``, ``("data", bytes, size on the wire)``, ``("end", None, None)``,
     ``("reset", code, None)``, ``("lost", reason, None)``."""
 
-    def __init__(self, connection: Connection, stream_id: int) -> None:
+    def __init__(self, connection: Http2Connection, stream_id: int) -> None:
         self.connection = connection
         self.id = stream_id
         self.events: deque[Event] = deque()
@@ -81,13 +81,13 @@ class Stream:
             self.connection.reset(self)
 
 
-class Connection:
+class Http2Connection:
     """A connection over an open socket: ``request`` starts a stream."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.encoder, self.decoder = hpack.Encoder(), hpack.Decoder()
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, Http2Stream] = {}
         self.next_id = 1
         self.peer_window = DEFAULT_WINDOW  # the peer's initial window for each stream
         self.send_window = DEFAULT_WINDOW  # the connection's, for what we send
@@ -98,7 +98,7 @@ class Connection:
         self.buffer = bytearray()
 
     @classmethod
-    def open(cls, sock: socket.socket, deadline: float) -> Connection:
+    def open(cls, sock: socket.socket, deadline: float) -> Http2Connection:
         """Our preface and settings, then the peer's settings (which must come first):
         an answer that is not HTTP/2 raises ``ConnectionLost`` before anything was asked."""
         connection = cls(sock)
@@ -124,13 +124,13 @@ class Connection:
         body: bytes,
         secrets: Sequence[tuple[str, str]],
         deadline: float | None,
-    ) -> Stream:
+    ) -> Http2Stream:
         """Start a stream: ``headers`` and ``secrets`` (headers HPACK must never put in its
         tables: a token), then ``body`` in DATA frames as the windows allow, the last one
         ending the stream."""
         if not self.usable:
             raise ConnectionLost(self.lost or "the server is going away")
-        stream = Stream(self, self.next_id)
+        stream = Http2Stream(self, self.next_id)
         self.next_id += 2
         self.streams[stream.id] = stream
         hidden = [hpack.NeverIndexedHeaderTuple(name, value) for name, value in secrets]
@@ -160,13 +160,13 @@ class Connection:
         self._send(b"".join(frames))
         return stream
 
-    def _check(self, stream: Stream) -> None:
+    def _check(self, stream: Http2Stream) -> None:
         if self.lost is not None:
             raise ConnectionLost(self.lost)
         if stream.closed:
             raise ConnectionLost("the stream was reset before its request was sent")
 
-    def consumed(self, stream: Stream | None, size: int) -> None:
+    def consumed(self, stream: Http2Stream | None, size: int) -> None:
         """``size`` bytes of DATA were taken from ``stream`` (None: one given up): give
         them back to the peer, half a window at a time, on the stream and the connection."""
         updates = b""
@@ -182,11 +182,11 @@ class Connection:
         if updates:
             self._send(updates)
 
-    def reset(self, stream: Stream) -> None:
+    def reset(self, stream: Http2Stream) -> None:
         self.streams.pop(stream.id, None)
         self._send(_frame(RST_STREAM, 0, stream.id, struct.pack(">I", CANCEL)))
 
-    def done(self, stream: Stream) -> None:
+    def done(self, stream: Http2Stream) -> None:
         """``stream`` has ended both ways: forget it."""
         stream.closed = True
         self.streams.pop(stream.id, None)
@@ -320,7 +320,7 @@ class Connection:
                 self.encoder.header_table_size = value
         self._send(_frame(SETTINGS, ACK, 0, b""))
 
-    def _end(self, stream: Stream, reason: str) -> None:
+    def _end(self, stream: Http2Stream, reason: str) -> None:
         stream.events.append(("lost", reason, None))
         self.done(stream)
 

@@ -88,7 +88,7 @@ class LightClient:
         self.endpoint = dial.endpoint
         self.timeout = dial.timeout
         self._credentials = dial.credentials
-        self._connection: http2.Connection | None = None
+        self._connection: http2.Http2Connection | None = None
 
     def open(self) -> bool:
         """Connect; False where ``AsyncClient`` is to make the calls (nothing was sent).
@@ -112,7 +112,7 @@ class LightClient:
             if context is not None:
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
                 sock = context.wrap_socket(sock, server_hostname=address[0])
-            self._connection = http2.Connection.open(sock, deadline)
+            self._connection = http2.Http2Connection.open(sock, deadline)
             return True
         except TimeoutError:
             _discard(sock)
@@ -255,7 +255,7 @@ class LightClient:
         if answer.code != "OK":
             raise self._failure(str(answer.code), answer.details, answer.metadata, deadline)
 
-    def _connected(self, deadline: float | None) -> http2.Connection:
+    def _connected(self, deadline: float | None) -> http2.Http2Connection:
         """The open connection; a lost one is opened again (``UnreachableError`` if that
         cannot be done: the daemon went between two calls)."""
         connection = self._connection
