@@ -17,11 +17,11 @@ body to its end without a loop.
 What the user sees must be what ``AsyncClient`` would have shown, so ``open`` says False
 wherever this client is not sure, and ``AsyncClient`` then makes the calls instead: an
 endpoint that is not a unix socket path or ``host:port``, a proxy in the environment (gRPC
-would use it), TLS without ``--cacert`` (gRPC's own roots), and above all a connection that
-cannot be made — refused, no socket, a TLS handshake that fails, a peer that is not HTTP/2
-— which gRPC then reports in its own words (nothing was sent yet). Once connected, a status
-is rebuilt into the daemon's own error class, a deadline that passes is
-``AnswerTimeoutError`` and a connection lost is ``UnreachableError``, as there. A
+would use it), TLS without ``--cacert`` (gRPC's own roots) or on a unix socket, and above
+all a connection that cannot be made — refused, no socket, a TLS handshake that fails, a
+peer that is not HTTP/2 — which gRPC then reports in its own words (nothing was sent yet).
+Once connected, a status is rebuilt into the daemon's own error class, a deadline that
+passes is ``AnswerTimeoutError`` and a connection lost is ``UnreachableError``, as there. A
 connection that cannot be made within the timeout is ``UnreachableError`` with gRPC's words
 for it (``Deadline Exceeded``).
 """
@@ -97,8 +97,8 @@ class LightClient:
         if address is None or (isinstance(address, tuple) and _proxied()):
             return False
         context = _tls(self._credentials)
-        if context is False:
-            return False
+        if context is False or (context is not None and isinstance(address, str)):
+            return False  # TLS on a unix socket: the name gRPC checks is its own choice
         deadline = time.monotonic() + self.timeout
         sock = None
         try:
