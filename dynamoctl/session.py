@@ -88,29 +88,29 @@ def run_light(options: Options, body: LightBody) -> int:
 
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
-    try:
-        client = connect_light(options)
-        opened = client.open()
-    except ConfigError:  # the credential files: reported as run_body reports them
-        opened = False
-    except UnreachableError as exc:  # no connection within the timeout
-        code = report(printer, options, exc)
-        printer.flush()
-        return code
-    if not opened:
-        return run_body(options, body)
-
-    async def work() -> int:
-        async with client:
-            return await body(client, printer)
-
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
+        try:
+            client = connect_light(options)
+            opened = client.open()
+        except ConfigError:  # the credential files: reported as run_body reports them
+            opened = False
+        except UnreachableError as exc:  # no connection within the timeout
+            code = report(printer, options, exc)
+            printer.flush()
+            return code
+        if not opened:
+            signal.signal(signal.SIGTERM, previous)  # run_body's loop takes both signals
+            return run_body(options, body)
+
+        async def work() -> int:
+            async with client:
+                return await body(client, printer)
+
         return _to_end(guarded(options, printer, work))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (_interrupt): cancelled, as supervise
         return exits.INTERRUPTED
     finally:
-        client.close()
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as run_body: only exiting is left
 

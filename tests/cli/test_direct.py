@@ -15,6 +15,8 @@ certificates and tokens.
 from __future__ import annotations
 
 import re
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from dynamoctl import direct
 from tests.cli.conftest import Cli, Cluster, Result, assert_clean, start_cluster
 from tests.support.pki import Pki, make_pki
 from tests.support.ports import free_port
-from tests.support.processes import ROOT
+from tests.support.processes import ROOT, dynamoctl
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -340,3 +342,31 @@ def test_tls_client_certificates_and_tokens_alike_on_both_clients(
     assert comparable(fast) == comparable(slow), args
     assert_clean(fast.err)
     assert loaded(cli, args, extra) == ("-" if light else "asyncio grpc", fast.code)
+
+
+@pytest.mark.parametrize("how", ["direct", "live"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_waiting_for_the_daemon_ends_it_with_130_and_nothing_said(
+    fleet: Fleet, tmp_path: Path, how: str, sig: signal.Signals
+) -> None:
+    """A daemon's socket that takes the connection and never answers: the command waits
+    (on the light client's socket, or gRPC's loop) until the signal, then exits 130
+    having printed nothing, both ways."""
+    path = tmp_path / "mute.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen()
+        server.settimeout(60)
+        args = ["-e", f"unix://{path}", "--timeout", "60", "taints", "add", fleet.a, "keep/x"]
+        command = dynamoctl(*args) if how == "direct" else [sys.executable, "-c", LIVE, *args]
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+            env=fleet.cli.env(), cwd=ROOT,
+        )  # fmt: skip
+        connection, _ = server.accept()
+        with connection:
+            connection.settimeout(60)
+            assert connection.recv(24).startswith(b"PRI * HTTP/2.0")  # it is waiting now
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, b"", b"")
