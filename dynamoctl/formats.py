@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dynamod.taints import caller_taints
@@ -329,6 +328,8 @@ def change_object(change: UpdateOutcome, dry_run: bool) -> dict[str, Any]:
 
 def iso_time(epoch: float) -> str:
     """UTC, millisecond precision, sortable and free of spaces (awk-friendly)."""
+    from datetime import UTC, datetime  # here: a table of workers or changes shows none
+
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 

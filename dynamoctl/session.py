@@ -21,13 +21,11 @@ sure, it runs ``run_body`` instead:
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import select
 import signal
 import stat
 import sys
-import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -143,6 +141,8 @@ def _run(options: Options, work: Callable[[Printer], Awaitable[int]], stream: bo
 
 
 def configure_logging(debug: bool) -> None:
+    import logging
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("dynamoctl: %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
@@ -230,6 +230,8 @@ async def guarded(options: Options, printer: Printer, body: Callable[[], Awaitab
         return report(printer, options, exc)
     except Exception as exc:  # noqa: BLE001 - the boundary: a bug still gets one line, no trace
         if options.debug:
+            import traceback
+
             traceback.print_exc()
         printer.error(f"internal error: {type(exc).__name__}: {exc} (--debug shows where)")
         return exits.FAILED
@@ -237,6 +239,8 @@ async def guarded(options: Options, printer: Printer, body: Callable[[], Awaitab
 
 def report(printer: Printer, options: Options, error: DynamoError) -> int:
     if options.debug:
+        import traceback
+
         traceback.print_exception(error)
     printer.error(str(error))
     if isinstance(error, UnreachableError):
