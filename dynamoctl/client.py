@@ -11,6 +11,8 @@ from dynamod.client.endpoint import connection
 
 if TYPE_CHECKING:
     from dynamod.client import AsyncClient
+    from dynamod.client.endpoint import Connection
+    from dynamod.client.light import LightClient
 
 
 def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
@@ -19,7 +21,21 @@ def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
     files are read by ``dynamod.client.endpoint``, as for any Python program)."""
     from dynamod.client import AsyncClient
 
-    dial = connection(
+    dial = _dial(options, timeout)
+    return AsyncClient(dial.endpoint, credentials=dial.credentials, timeout=dial.timeout)
+
+
+def connect_light(options: Options) -> LightClient:
+    """``connect``'s light client (``dynamod.client.light``), without gRPC: for the
+    commands ``direct.py`` runs, which it serves alike."""
+    from dynamod.client.light import LightClient
+
+    dial = _dial(options, None)
+    return LightClient(dial.endpoint, credentials=dial.credentials, timeout=dial.timeout)
+
+
+def _dial(options: Options, timeout: float | None) -> Connection:
+    return connection(
         endpoint=options.target(),
         token_file=options.token_file,
         tls=options.tls,
@@ -28,4 +44,3 @@ def connect(options: Options, *, timeout: float | None = None) -> AsyncClient:
         cert_key=options.cert_key,
         timeout=options.timeout if timeout is None else timeout,
     )
-    return AsyncClient(dial.endpoint, credentials=dial.credentials, timeout=dial.timeout)

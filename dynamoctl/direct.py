@@ -10,8 +10,15 @@ so what is printed and the exit status are the same. Anything else — another c
 option it does not know or a short-option cluster, ``--``, ``--help``, a value that would
 fail a check (a usage error), shell completion, a config file whose values are not plainly
 what they should be — returns None, and the live CLI parses it and says what it says.
+The calls are made by ``dynamod.client.light.LightClient`` (``session.run_light``): gRPC's
+calls over our own HTTP/2 on a blocking socket, with neither gRPC nor asyncio imported, which
+together cost a run about a third of its time. The same errors and lines come back; where
+that client is not sure (a connection it cannot make, a proxy, TLS without a CA) it leaves
+the calls to ``AsyncClient``, which says why in gRPC's words. A watch (it may run for days,
+and reconnects), ``--all`` that asks on the terminal, and ``--debug`` (whose lines are
+gRPC's logging) run on ``AsyncClient`` and its event loop (``session.run_body``).
 ``tests/cli/test_direct.py`` runs a matrix of command lines both ways and compares stdout,
-stderr and the exit status.
+stderr and the exit status, and checks which client made the calls.
 
 Only ``gc``, ``os`` and ``sys`` are imported until the command line is read: the command's own
 modules are imported when it runs.
@@ -29,7 +36,13 @@ if TYPE_CHECKING:
     from typing import Any
 
     from dynamoctl.invocation import Options
-    from dynamoctl.session import Body
+    from dynamoctl.session import Body, LightBody
+
+    Plan = tuple[Body, LightBody | None, bool]
+    """The session body; the same as a ``LightBody`` when the light client may run it
+    (None for a stream, which may run for days and reconnect: gRPC's client's work, and
+    for a question to answer, ``--all`` without ``--yes``: stdin read on a thread of the
+    event loop); whether it is a stream."""
 
 # The global options (app.root), each: its field, whether it takes a value, its variable.
 GLOBAL: dict[str, tuple[str, bool, str | None]] = {
@@ -75,17 +88,19 @@ def run(argv: list[str], environ: Mapping[str, str]) -> int | None:
     found = plan(argv, environ)
     if found is None:
         return None
-    from dynamoctl.session import run_body
+    from dynamoctl import session
 
-    options, body, stream = found
+    options, (body, light, stream) = found
     if stream:
         gc.enable()  # it may run for days (main turns the collector off for start-up)
-    return run_body(options, body, stream=stream)
+    if light is None or options.debug:  # what --debug shows is gRPC's own logging
+        return session.run_body(options, body, stream=stream)
+    return session.run_light(options, light)
 
 
-def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Body, bool] | None:
-    """What ``run`` would run for ``argv``: the options, the session body and whether it
-    is a stream; None for a command line left to the live CLI. Runs nothing."""
+def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Plan] | None:
+    """What ``run`` would run for ``argv``: the options and the ``Plan``; None for a
+    command line left to the live CLI. Runs nothing."""
     if len(argv) < 2 or environ.get("_DYNAMOCTL_COMPLETE"):
         return None
     try:
@@ -94,10 +109,10 @@ def plan(argv: list[str], environ: Mapping[str, str]) -> tuple[Options, Body, bo
         root = _options(argv[:start], GLOBAL)
         given = _options(argv[start + 2 :], {**GLOBAL, **OWN[command]}, positional=True)
         options = _settled(root, given, environ, chosen_context(argv, environ))
-        body, stream = _ls(given) if command == ("workers", "ls") else _taints_add(given)
+        found = _ls(given) if command == ("workers", "ls") else _taints_add(given)
     except Unsure:
         return None
-    return options, body, stream
+    return options, found
 
 
 def leave(code: int) -> None:
@@ -273,7 +288,7 @@ def _output(value: str) -> str:
     return value
 
 
-def _ls(given: dict[str, Any]) -> tuple[Body, bool]:
+def _ls(given: dict[str, Any]) -> Plan:
     """``workers ls``: no arguments; ``--sort-by`` must parse."""
     if given[""]:
         raise Unsure
@@ -287,11 +302,14 @@ def _ls(given: dict[str, Any]) -> tuple[Body, bool]:
             raise Unsure from None
     from dynamoctl import listing
 
-    watch = bool(given.get("watch"))
-    return listing.command(given.get("selector"), given.get("model"), watch, sort_by), watch
+    selector, model = given.get("selector"), given.get("model")
+    if given.get("watch"):
+        return listing.command(selector, model, True, sort_by), None, True
+    body = listing.listed(selector, model, sort_by)
+    return body, body, False
 
 
-def _taints_add(given: dict[str, Any]) -> tuple[Body, bool]:
+def _taints_add(given: dict[str, Any]) -> Plan:
     """``taints add``: the rules of ``commands.taints.add`` (``_split``, ``target``,
     ``check_all``), where breaking one is a usage error for the live CLI to report."""
     words: list[str] = given[""]
@@ -311,7 +329,9 @@ def _taints_add(given: dict[str, Any]) -> tuple[Body, bool]:
     from dynamod.targets import Target
 
     target = Target(worker, selector, everyone, revision)
-    return updates.command("add", target, taints, dry_run=dry_run, yes=yes), False
+    body = updates.command("add", target, taints, dry_run=dry_run, yes=yes)
+    asks = everyone and not (yes or dry_run)
+    return body, None if asks else body, False
 
 
 def _revision(text: str | None) -> int | None:

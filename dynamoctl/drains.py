@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     import typer
 
     from dynamod.client import AsyncClient
-    from dynamod.results import DrainEvent, DrainResult, DrainStatus, UpdateOutcome
+    from dynamod.reports import DrainEvent, DrainResult, DrainStatus
+    from dynamod.results import UpdateOutcome
     from dynamod.targets import Target
 
 

@@ -16,20 +16,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dynamod.taints import caller_taints
 
 if TYPE_CHECKING:
-    from dynamod.results import (
-        CandidateInfo,
-        EventInfo,
-        ExplainInfo,
-        StatusInfo,
-        UpdateOutcome,
-        WorkerInfo,
-    )
+    from dynamod.reports import CandidateInfo, EventInfo, ExplainInfo, StatusInfo
+    from dynamod.results import UpdateOutcome, WorkerInfo
 
 NONE = "<none>"
 SHORT_ID = 8  # dynamod.results.ID_PREFIX; not imported, so that --help loads no model code
@@ -335,6 +328,8 @@ def change_object(change: UpdateOutcome, dry_run: bool) -> dict[str, Any]:
 
 def iso_time(epoch: float) -> str:
     """UTC, millisecond precision, sortable and free of spaces (awk-friendly)."""
+    from datetime import UTC, datetime  # here: a table of workers or changes shows none
+
     moment = datetime.fromtimestamp(epoch, UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 

@@ -29,9 +29,11 @@ from dynamoctl.output import Printer
 
 if TYPE_CHECKING:
     from dynamoctl.jsonpath import Path
-    from dynamoctl.session import Body
+    from dynamoctl.session import Body, LightBody
     from dynamod.client import AsyncClient
-    from dynamod.results import EventInfo, WorkerInfo, WorkerPage
+    from dynamod.client.light import LightClient
+    from dynamod.reports import EventInfo
+    from dynamod.results import WorkerInfo, WorkerPage
 
 # LOAD shows both load and engine.
 _TABLE = ("id", "model", "address", "taints", "state", "load", "engine", "started_at")
@@ -54,13 +56,25 @@ WARNINGS = 10
 def command(selector: str | None, model: str | None, watch: bool, sort_by: str | None) -> Body:
     """The whole of ``workers ls`` with these flags (``sort_by`` already parses), as a
     session body: the typer command and ``direct.py`` run this one."""
+    if not watch:
+        return listed(selector, model, sort_by)
 
     async def body(client: AsyncClient, printer: Printer) -> int:
         from dynamoctl.selection import check_selector
 
         check_selector(selector)
-        if watch:
-            return await _watch(client, printer, _with_model(selector, model))
+        return await _watch(client, printer, _with_model(selector, model))
+
+    return body
+
+
+def listed(selector: str | None, model: str | None, sort_by: str | None) -> LightBody:
+    """``workers ls`` without ``--watch``: one listing, which the light client can make."""
+
+    async def body(client: AsyncClient | LightClient, printer: Printer) -> int:
+        from dynamoctl.selection import check_selector
+
+        check_selector(selector)
         fields = FIELDS["json" if sort_by else printer.output]
         pages: AsyncIterator[WorkerPage] = client.stream_workers(
             model=model or "", selector=selector or "", fields=fields

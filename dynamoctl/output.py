@@ -9,7 +9,6 @@ unset and ``TERM`` is not ``dumb``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -180,6 +179,8 @@ class Printer:
         """Ask on stderr, read the answer from stdin (the caller checked it is a terminal)."""
         self.stderr.write(f"{question} [y/N] ")
         self.stderr.flush()
+        import asyncio  # here: a command that asks nothing runs without an event loop
+
         answer = await asyncio.to_thread(sys.stdin.readline)
         return answer.strip().lower() in ("y", "yes")
 

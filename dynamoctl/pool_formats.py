@@ -47,7 +47,7 @@ if TYPE_CHECKING:
         PoolStatusInfo,
         RemoveOutcome,
     )
-    from dynamod.results import EventInfo
+    from dynamod.reports import EventInfo
 
 POLICY_HEADERS = ("NAME", "SELECTOR", "POOLS", "PAUSED", "REVISION")
 POLICY_WIDE_HEADERS = (*POLICY_HEADERS, "OPTIONS", "RETIRED")

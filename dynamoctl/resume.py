@@ -15,7 +15,7 @@ from dynamod.errors import UnreachableError
 
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
-    from dynamod.results import EventInfo
+    from dynamod.reports import EventInfo
 
 Tail = Callable[[int | None], AsyncIterator["EventInfo"]]
 """Opens the event stream after a revision (None: from now, with a snapshot first)."""

@@ -2,8 +2,11 @@
 
 ``execute(ctx, body)`` (a typer command) and ``run_body(options, body)`` (the typer-free
 commands of ``direct.py``) run ``body(client, printer)`` under ``dynamod.lifecycle.run`` (the
-bounded drain, so no task or thread outlives the loop) and turns whatever happens into an
-exit status (``dynamoctl.exits``):
+bounded drain, so no task or thread outlives the loop) and turn whatever happens into an
+exit status (``dynamoctl.exits``). ``run_light(options, body)`` runs a ``LightBody`` on
+``dynamod.client.light``'s client, which needs neither gRPC nor an event loop (the body's
+awaits never suspend), to the same statuses, lines and signals; where that client is not
+sure, it runs ``run_body`` instead:
 
 * the body's own status; a ``DynamoError`` → one line on stderr and 1, ``UnreachableError``
   → 3, ``ConfigError`` (bad credentials files) → 2; anything unexpected → one line and 1.
@@ -17,15 +20,12 @@ exit status (``dynamoctl.exits``):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import logging
 import os
 import select
 import signal
 import stat
 import sys
-import traceback
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -33,15 +33,20 @@ from dynamoctl import exits
 from dynamoctl.invocation import OUTPUTS, Options
 from dynamoctl.output import Printer
 from dynamod.errors import ConfigError, DynamoError, UnreachableError
-from dynamod.lifecycle import run
-from dynamod.tasks import wait_any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # asyncio, the lifecycle and the tasks: imported when a loop runs
+    import asyncio
+    from collections.abc import Coroutine
+    from typing import Any
+
     import typer
 
     from dynamod.client import AsyncClient
+    from dynamod.client.light import LightClient
 
 Body = Callable[["AsyncClient", Printer], Awaitable[int]]
+LightBody = Callable[["AsyncClient | LightClient", Printer], Awaitable[int]]
+"""A body that makes only the calls ``LightClient`` has (it is a ``Body`` too)."""
 
 
 def execute(
@@ -70,24 +75,89 @@ def execute(
 
 def run_body(options: Options, body: Body, *, stream: bool = False) -> int:
     """``execute`` without typer, for options already checked: the exit status."""
+    return _run(options, lambda printer: _with_client(options, printer, body), stream)
+
+
+def run_light(options: Options, body: LightBody) -> int:
+    """``run_body`` on the light client (``dynamoctl.client.connect_light``), without an
+    event loop; ``run_body`` itself where that client is not sure (``LightClient.open``).
+    SIGINT / SIGTERM end it with 130 and nothing printed, as ``supervise`` does."""
+    from dynamoctl.client import connect_light
+
+    printer = Printer(options.output, no_headers=options.no_headers)
+    configure_logging(options.debug)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            client = connect_light(options)
+            opened = client.open()
+        except ConfigError:  # the credential files: reported as run_body reports them
+            opened = False
+        except UnreachableError as exc:  # no connection within the timeout
+            code = report(printer, options, exc)
+            printer.flush()
+            return code
+        if not opened:
+            signal.signal(signal.SIGTERM, previous)  # run_body's loop takes both signals
+            return run_body(options, body)
+
+        async def work() -> int:
+            async with client:
+                return await body(client, printer)
+
+        return _to_end(guarded(options, printer, work))
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (_interrupt): cancelled, as supervise
+        return exits.INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as run_body: only exiting is left
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _to_end(coroutine: Coroutine[Any, Any, int]) -> int:
+    """Run a coroutine that never suspends (the light client's calls) to its end."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: int = done.value
+        return result
+    coroutine.close()
+    raise RuntimeError("a light session body awaited something other than the light client")
+
+
+def _run(options: Options, work: Callable[[Printer], Awaitable[int]], stream: bool) -> int:
+    from dynamod.lifecycle import run
+
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
     on_signal = exits.OK if stream else exits.INTERRUPTED
-    code = run(lambda: supervise(options, printer, body, on_signal))
+    code = run(lambda: supervise(options, printer, lambda: work(printer), on_signal))
     # Only exiting is left; a Ctrl-C now must not turn into a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     return code
 
 
 def configure_logging(debug: bool) -> None:
+    import logging
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("dynamoctl: %(name)s: %(message)s"))
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, handlers=[handler])
 
 
-async def supervise(options: Options, printer: Printer, body: Body, on_signal: int) -> int:
-    """Run the command as a task; the first SIGINT / SIGTERM cancels it, and so does the
-    reader of a piped stdout going away."""
+async def supervise(
+    options: Options, printer: Printer, body: Callable[[], Awaitable[int]], on_signal: int
+) -> int:
+    """Run the command (``body``: the client opened, the session body run) as a task; the
+    first SIGINT / SIGTERM cancels it, and so does the reader of a piped stdout going
+    away."""
+    import asyncio
+
+    from dynamod.tasks import wait_any
+
     loop = asyncio.get_running_loop()
     stop, gone, finished = asyncio.Event(), asyncio.Event(), asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,13 +210,17 @@ def _stdout_pipe() -> int | None:
         return None
 
 
-async def guarded(options: Options, printer: Printer, body: Body) -> int:
-    """The error boundary: every outcome becomes an exit status and at most one line."""
+async def _with_client(options: Options, printer: Printer, body: Body) -> int:
     from dynamoctl.client import connect
 
+    async with connect(options) as client:
+        return await body(client, printer)
+
+
+async def guarded(options: Options, printer: Printer, body: Callable[[], Awaitable[int]]) -> int:
+    """The error boundary: every outcome becomes an exit status and at most one line."""
     try:
-        async with connect(options) as client:
-            code = await body(client, printer)
+        code = await body()
         printer.flush()
         return code
     except BrokenPipeError:
@@ -156,6 +230,8 @@ async def guarded(options: Options, printer: Printer, body: Body) -> int:
         return report(printer, options, exc)
     except Exception as exc:  # noqa: BLE001 - the boundary: a bug still gets one line, no trace
         if options.debug:
+            import traceback
+
             traceback.print_exc()
         printer.error(f"internal error: {type(exc).__name__}: {exc} (--debug shows where)")
         return exits.FAILED
@@ -163,6 +239,8 @@ async def guarded(options: Options, printer: Printer, body: Body) -> int:
 
 def report(printer: Printer, options: Options, error: DynamoError) -> int:
     if options.debug:
+        import traceback
+
         traceback.print_exception(error)
     printer.error(str(error))
     if isinstance(error, UnreachableError):

@@ -22,15 +22,16 @@ from dynamod.errors import DynamoError, InvalidInputError
 if TYPE_CHECKING:
     import typer
 
-    from dynamoctl.session import Body
+    from dynamoctl.session import LightBody
     from dynamod.client import AsyncClient
+    from dynamod.client.light import LightClient
     from dynamod.results import UpdateOutcome
     from dynamod.taints import TaintUpdate, UpdateAction
     from dynamod.targets import Target
 
 
 async def apply(
-    client: AsyncClient,
+    client: AsyncClient | LightClient,
     printer: Printer,
     update: TaintUpdate,
     target: Target,
@@ -56,7 +57,7 @@ def _question(plan: Sequence[UpdateOutcome]) -> str:
 
 
 async def _bulk(
-    client: AsyncClient,
+    client: AsyncClient | LightClient,
     printer: Printer,
     update: TaintUpdate,
     target: Target,
@@ -107,10 +108,10 @@ def command(
     dry_run: bool = False,
     yes: bool = False,
     describe: Describe = describe_outcome,
-) -> Body:
-    """``run``'s session body, which ``direct.py`` runs without typer."""
+) -> LightBody:
+    """``run``'s session body, which ``direct.py`` runs without typer (and gRPC)."""
 
-    async def body(client: AsyncClient, printer: Printer) -> int:
+    async def body(client: AsyncClient | LightClient, printer: Printer) -> int:
         from dynamoctl.selection import check_selector
         from dynamod.taints import TaintUpdate
 
@@ -130,7 +131,9 @@ def command(
     return body
 
 
-async def put_back(client: AsyncClient, changes: Sequence[UpdateOutcome]) -> list[str]:
+async def put_back(
+    client: AsyncClient | LightClient, changes: Sequence[UpdateOutcome]
+) -> list[str]:
     """A line for each pool taint removed here that a running pool policy owns on that
     worker: its leader puts it back within moments, so the removal that returned ok would
     not last. Nothing when no taint was removed, or the policies cannot be read (the

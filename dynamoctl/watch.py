@@ -19,7 +19,8 @@ from dynamoctl import formats, pool_formats
 from dynamoctl.output import Printer, widths_of
 
 if TYPE_CHECKING:
-    from dynamod.results import EventInfo, WorkerInfo
+    from dynamod.reports import EventInfo
+    from dynamod.results import WorkerInfo
 
 EVENT_STYLES = {
     "ADDED": "green", "REMOVED": "red", "TAINTS": "yellow", "RESYNC": "cyan", "POOL": "magenta",

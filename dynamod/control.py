@@ -46,12 +46,9 @@ from dynamod.open_files import open_count, soft_limit
 from dynamod.prompts.body import Tokenized
 from dynamod.prompts.reader import PromptReader
 from dynamod.records import ModelCard, TaintCheck, WorkerRecord
+from dynamod.reports import CandidateInfo, DaemonState, ExplainInfo, StatusInfo
 from dynamod.results import (
     ID_PREFIX,
-    CandidateInfo,
-    DaemonState,
-    ExplainInfo,
-    StatusInfo,
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,

@@ -57,7 +57,8 @@ from dynamod.prompts.processes import PROCESSES as PROMPT_PROCESSES
 from dynamod.prompts.processes import PromptProcesses
 from dynamod.prompts.reader import PromptReader
 from dynamod.records import WorkerRecord
-from dynamod.results import DaemonState, UpdateOutcome
+from dynamod.reports import DaemonState
+from dynamod.results import UpdateOutcome
 from dynamod.router import KvIndex, Overlaps, PrefixIndex, Router
 from dynamod.settings import DaemonSettings, parse_hostport
 from dynamod.stats_sampler import StatsSampler

@@ -36,7 +36,8 @@ from dynamod.discovery_events import DiscoveryEvent, ViewResync
 from dynamod.engine_events import REACH, EngineLoad
 from dynamod.errors import ShuttingDownError
 from dynamod.records import WorkerRecord
-from dynamod.results import DrainEvent, DrainStatus, InFlight, worker_state
+from dynamod.reports import DrainEvent, DrainStatus
+from dynamod.results import InFlight, worker_state
 from dynamod.router import Router
 from dynamod.taints import DRAINING
 

@@ -32,7 +32,7 @@ import aiohttp
 from bench.common import Stats, owned
 from dynamod.boundary import EngineStreams, KvIndexer
 from dynamod.discovery.view import WorkerView
-from dynamod.engine_events import BlockStored, KvBatch
+from dynamod.kv_events import BlockStored, KvBatch
 from dynamod.router.kvindex import KvIndex
 from dynamod.store import open_store
 from dynamod.worker.engines.kvevents import KvPublisher

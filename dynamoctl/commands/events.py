@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import EventInfo
+    from dynamod.reports import EventInfo
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -11,7 +11,7 @@ from dynamoctl import exits, formats, shells
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import ExplainInfo
+    from dynamod.reports import ExplainInfo
 
 app = typer.Typer(no_args_is_help=True, help="Explain routing decisions.")
 

@@ -11,7 +11,7 @@ from dynamoctl import exits, formats
 if TYPE_CHECKING:
     from dynamoctl.output import Printer
     from dynamod.client import AsyncClient
-    from dynamod.results import StatusInfo
+    from dynamod.reports import StatusInfo
 
 STATUS_FORMATS = ("table", "wide", "json", "yaml")
 

@@ -1,9 +1,12 @@
-"""Between the daemon's reports (``dynamod/results.py``) and the wire messages. Both
-directions live here, so the server and the client cannot disagree."""
+"""Between the daemon's reports (``dynamod/results.py``, ``dynamod/reports.py``) and the wire
+messages. Both directions live here, so the server and the client cannot disagree. The
+classes of ``reports`` are imported by the calls that build them: a listing or a taint
+update never pays for them."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -14,15 +17,7 @@ from dynamod.errors import InvalidInputError
 from dynamod.load import IDLE, Load
 from dynamod.records import ModelCard, RuntimeConfig, WorkerRecord, mdcsum
 from dynamod.results import (
-    CandidateInfo,
-    DaemonState,
-    DrainEvent,
-    DrainStatus,
-    EventInfo,
-    EventKind,
-    ExplainInfo,
     InFlight,
-    StatusInfo,
     UpdateFailure,
     UpdateOutcome,
     WorkerInfo,
@@ -34,6 +29,16 @@ from dynamod.taints import UpdateAction
 
 if TYPE_CHECKING:
     from dynamod.pool_results import PoolEventInfo
+    from dynamod.reports import (
+        CandidateInfo,
+        DrainEvent,
+        DrainStatus,
+        EventInfo,
+        EventKind,
+        ExplainInfo,
+        StatusInfo,
+    )
+    from dynamod.taints import TaintUpdate
     from dynamod.targets import Target
 
 ACTIONS: dict[UpdateAction, pb.TaintAction.ValueType] = {
@@ -239,6 +244,8 @@ def event_to_pb(event: EventInfo) -> pb.Event:
 
 
 def event_from_pb(message: pb.Event) -> EventInfo:
+    from dynamod.reports import EventInfo
+
     return EventInfo(
         kind=KIND_NAMES[message.kind],
         revision=message.revision,
@@ -268,16 +275,22 @@ def explain_to_pb(info: ExplainInfo) -> pb.ExplainResponse:
     )
 
 
-# A candidate's fields besides its worker carry the same names on both sides.
-_CANDIDATE_TERMS = tuple(f.name for f in dataclasses.fields(CandidateInfo) if f.name != "worker")
+@functools.cache
+def _candidate_terms() -> tuple[str, ...]:
+    """A candidate's fields besides its worker: they carry the same names on both sides."""
+    from dynamod.reports import CandidateInfo
+
+    return tuple(f.name for f in dataclasses.fields(CandidateInfo) if f.name != "worker")
 
 
 def _candidate_to_pb(c: CandidateInfo) -> pb.Candidate:
-    terms = {name: getattr(c, name) for name in _CANDIDATE_TERMS}
+    terms = {name: getattr(c, name) for name in _candidate_terms()}
     return pb.Candidate(worker=worker_to_pb(c.worker), **terms)
 
 
 def explain_from_pb(message: pb.ExplainResponse) -> ExplainInfo:
+    from dynamod.reports import ExplainInfo
+
     return ExplainInfo(
         candidates=tuple(_candidate_from_pb(c) for c in message.candidates),
         chosen=message.chosen,
@@ -286,7 +299,9 @@ def explain_from_pb(message: pb.ExplainResponse) -> ExplainInfo:
 
 
 def _candidate_from_pb(c: pb.Candidate) -> CandidateInfo:
-    terms = {name: getattr(c, name) for name in _CANDIDATE_TERMS}
+    from dynamod.reports import CandidateInfo
+
+    terms = {name: getattr(c, name) for name in _candidate_terms()}
     return CandidateInfo(worker=worker_from_pb(c.worker), **terms)
 
 
@@ -295,6 +310,8 @@ def status_to_pb(info: StatusInfo) -> pb.StatusResponse:
 
 
 def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
+    from dynamod.reports import DaemonState, StatusInfo
+
     values = {f.name: getattr(message, f.name) for f in dataclasses.fields(StatusInfo)}
     return StatusInfo(**{**values, "state": DaemonState(message.state)})
 
@@ -302,6 +319,32 @@ def status_from_pb(message: pb.StatusResponse) -> StatusInfo:
 def workers_from_pb(messages: Iterable[pb.Worker]) -> list[WorkerInfo]:
     cards: dict[str, ModelCard] = {}
     return [worker_from_pb(m, cards) for m in messages]
+
+
+def list_request(
+    model: str, selector: str, namespace: str, component: str, endpoint: str, fields: Iterable[str]
+) -> pb.ListWorkersRequest:
+    """A listing's request (``ListWorkers``, ``StreamWorkers``), as a client sends it."""
+    return pb.ListWorkersRequest(
+        model=model,
+        selector=selector,
+        namespace=namespace,
+        component=component,
+        endpoint=endpoint,
+        fields=list(fields),
+    )
+
+
+def update_request(update: TaintUpdate, target: Target, dry_run: bool) -> pb.UpdateTaintsRequest:
+    """A taint update's request (``UpdateTaints``, ``StreamUpdateTaints``)."""
+    request = pb.UpdateTaintsRequest(
+        action=ACTIONS[update.action],
+        taints=list(update.taints),
+        keys=list(update.keys),
+        dry_run=dry_run,
+    )
+    target_to_pb(target, request)
+    return request
 
 
 def target_to_pb(target: Target, request: pb.UpdateTaintsRequest | pb.WaitDrainedRequest) -> None:
@@ -349,6 +392,8 @@ def drain_status_to_pb(status: DrainStatus) -> pb.DrainStatus:
 
 
 def drain_status_from_pb(message: pb.DrainStatus) -> DrainStatus:
+    from dynamod.reports import DrainStatus
+
     reports = message.engine_reports
     flight = InFlight(
         message.requests,
@@ -370,6 +415,8 @@ def drain_event_to_pb(event: DrainEvent) -> pb.WaitDrainedResponse:
 
 
 def drain_event_from_pb(message: pb.WaitDrainedResponse) -> DrainEvent:
+    from dynamod.reports import DrainEvent
+
     return DrainEvent(
         tuple(drain_status_from_pb(w) for w in message.workers),
         last=message.last,

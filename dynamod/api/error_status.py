@@ -15,25 +15,40 @@ daemon is unreachable.
 Metadata is bounded (gRPC refuses headers over 8 KiB by default), so a field's string is
 cut to ``MAX_FIELD`` characters and a list to ``MAX_ITEMS`` items, as messages quote values
 cut short: an error about a 20 kB taint names the taint's start, not all of it.
+
+No gRPC import here (the server's ``status_of`` imports it when called): the light client
+(``dynamod.client.light``) rebuilds errors from the status it reads off the wire itself,
+by the code's name (``CODES``: gRPC's numbers, in order).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import grpc
+from typing import TYPE_CHECKING
 
 from dynamod import errors as e
 from dynamod import jsoncodec
+
+if TYPE_CHECKING:
+    import grpc
 
 ERROR_KEY = "dynamo-error"
 FIELDS_KEY = "dynamo-error-fields-bin"
 MAX_DETAILS = 1000
 MAX_FIELD = 1000
 MAX_ITEMS = 64
+CODES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)  # fmt: skip
+"""gRPC's status codes by number (``grpc-status``), as ``grpc.StatusCode`` names them."""
 
 
 def status_of(error: BaseException) -> grpc.StatusCode:
+    import grpc
+
     return grpc.StatusCode[e.code_name(error)]
 
 
@@ -58,17 +73,18 @@ def _bounded(value: object) -> object:
     return value
 
 
-def from_status(code: grpc.StatusCode, details: str, trailing: Sequence[object]) -> e.DynamoError:
-    """Rebuild the daemon's error on the client side from its status and trailers."""
+def from_status(code: str, details: str, trailing: Sequence[object]) -> e.DynamoError:
+    """Rebuild the daemon's error on the client side from its status (``code``: its name,
+    as ``grpc.StatusCode``'s) and trailers."""
     metadata: dict[str, object] = {}
     for item in trailing:
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             metadata[item[0]] = item[1]
     lineage = metadata.get(ERROR_KEY)
     if not isinstance(lineage, str):
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             return e.UnreachableError(details)
-        return e.RemoteError(f"{code.name}: {details}")
+        return e.RemoteError(f"{code}: {details}")
     return e.rebuild(lineage, _fields(metadata.get(FIELDS_KEY), details), details)
 
 

@@ -24,7 +24,7 @@ from dynamod.discovery_events import DiscoveryEvent
 from dynamod.errors import ShuttingDownError, UnsupportedError, WorkerNotFoundError
 from dynamod.pools.operations import PoolOperations
 from dynamod.pools.pool_events import PoolEvent, PoolEvents, PoolSubscription
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from dynamod.selectors import Selector
 from dynamod.store.dynamo.url import is_dynamo
 

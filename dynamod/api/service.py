@@ -53,7 +53,8 @@ from dynamod.errors import (
     UnauthenticatedError,
 )
 from dynamod.pools.operations import PoolOperations
-from dynamod.results import DrainEvent, EventInfo, UpdateOutcome, WorkerInfo
+from dynamod.reports import DrainEvent, EventInfo
+from dynamod.results import UpdateOutcome, WorkerInfo
 from dynamod.selectors import Selector, parse
 from dynamod.stats_sampler import StatsSampler
 from dynamod.taints import RoutingConstraints, TaintUpdate

@@ -79,8 +79,9 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
-from dynamod.engine_events import EngineLoad, KvBatch, LoadReport, offered_path, offers_kv
+from dynamod.engine_events import EngineLoad, LoadReport, offered_path, offers_kv
 from dynamod.errors import DynamoError
+from dynamod.kv_events import KvBatch
 from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
 

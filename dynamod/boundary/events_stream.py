@@ -10,9 +10,10 @@ import aiohttp
 
 from dynamod import jsoncodec
 from dynamod.boundary.budgets import Budgets, RateBudget
-from dynamod.engine_events import EngineLoad, KvBatch
+from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
 from dynamod.http.bounded import LineReader
+from dynamod.kv_events import KvBatch
 
 YIELD_LINES = 16
 YIELD_BYTES = 32 << 10

@@ -21,7 +21,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dynamod.engine_events import KvBatch
+from dynamod.kv_events import KvBatch
 from dynamod.records import WorkerRecord
 from dynamod.router.kvindex import KvIndex
 

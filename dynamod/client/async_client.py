@@ -35,21 +35,18 @@ from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
 from dynamod.client.dynamo_compat import AsyncDynamoHelpers
-from dynamod.client.endpoint import Credentials, completed, target_of
+from dynamod.client.endpoint import (
+    UPDATE_WAIT,
+    Credentials,
+    completed,
+    late,
+    target_of,
+    unreachable,
+)
 from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
 from dynamod.records import ModelCard
-from dynamod.results import (
-    ID_PREFIX,
-    DrainEvent,
-    DrainResult,
-    DrainStatus,
-    EventInfo,
-    ExplainInfo,
-    StatusInfo,
-    UpdateOutcome,
-    WorkerInfo,
-    WorkerPage,
-)
+from dynamod.reports import DrainEvent, DrainResult, DrainStatus, EventInfo, ExplainInfo, StatusInfo
+from dynamod.results import ID_PREFIX, UpdateOutcome, WorkerInfo, WorkerPage
 from dynamod.taints import DRAIN_TAINTS, TaintUpdate
 
 if TYPE_CHECKING:  # pools', stats' and targets' types: imported by the calls that use them
@@ -59,12 +56,6 @@ if TYPE_CHECKING:  # pools', stats' and targets' types: imported by the calls th
 
 # As large as the server allows: 10,000 workers listed are about 7 MB.
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-UPDATE_WAIT = 20.0
-"""Seconds a daemon may spend on one worker's taint update on a caller's behalf, beyond
-the call itself: an NVIDIA Dynamo worker's route answering (up to 5 s) and the store
-showing the change (up to 10 s), with room to spare. An update's deadline is the client's
-``timeout`` plus this, so the daemon's own error (the wait ran out) reaches the caller,
-never a deadline of its own; a bulk update's stream waits that long for each outcome."""
 
 
 class AsyncClient(AsyncDynamoHelpers):
@@ -155,15 +146,13 @@ class AsyncClient(AsyncDynamoHelpers):
             raise self._error(exc, deadline) from None
 
     def _error(self, exc: aio.AioRpcError, deadline: float | None = None) -> DynamoError:
-        error = from_status(exc.code(), exc.details() or "", tuple(exc.trailing_metadata() or ()))
+        code, details = exc.code(), exc.details() or ""
+        error = from_status(code.name, details, tuple(exc.trailing_metadata() or ()))
         if not isinstance(error, UnreachableError):
             return error
-        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self._connected():
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and self._connected():
             return self._late(deadline)
-        return UnreachableError(
-            f"cannot reach dynamod at {self.endpoint} ({exc.details()}); is it running? "
-            "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
-        )
+        return unreachable(self.endpoint, exc.details())
 
     def _connected(self) -> bool:
         """The channel is connected: a deadline then means a slow answer, not no daemon."""
@@ -171,12 +160,7 @@ class AsyncClient(AsyncDynamoHelpers):
         return bool(state == grpc.ChannelConnectivity.READY)
 
     def _late(self, deadline: float | None) -> AnswerTimeoutError:
-        within = self.timeout if deadline is None else deadline
-        return AnswerTimeoutError(
-            f"dynamod at {self.endpoint} is reachable but did not answer within {within:g} s; "
-            "the call may still be carried out there (an update's audit line says). Allow "
-            "longer with --timeout or DYNAMO_TIMEOUT"
-        )
+        return late(self.endpoint, self.timeout if deadline is None else deadline)
 
     async def list_workers(
         self,
@@ -191,7 +175,7 @@ class AsyncClient(AsyncDynamoHelpers):
         """The workers that match (sorted by key) and the view's revision. ``fields``
         names the ``Worker`` message fields to carry (all when empty); with fewer, each
         record holds only those, the rest at their defaults (``convert.worker_from_pb``)."""
-        request = _list_request(model, selector, namespace, component, endpoint, fields)
+        request = convert.list_request(model, selector, namespace, component, endpoint, fields)
         reply = await self._call(self._workers.ListWorkers, request)
         return convert.workers_from_pb(reply.workers), reply.revision
 
@@ -209,7 +193,7 @@ class AsyncClient(AsyncDynamoHelpers):
         """``list_workers`` in pages, by model then id, as the daemon sends them: the first
         arrives before the daemon has encoded the rest. Every page comes from one snapshot
         (the same revision and ``id_prefix``). The call's deadline covers the whole stream."""
-        request = _list_request(model, selector, namespace, component, endpoint, fields)
+        request = convert.list_request(model, selector, namespace, component, endpoint, fields)
         request.page_size = page_size
         call = self._workers.StreamWorkers(request, timeout=self.timeout, metadata=self._metadata())
         cards: dict[str, ModelCard] = {}
@@ -234,7 +218,7 @@ class AsyncClient(AsyncDynamoHelpers):
         """Apply ``update`` to the ``target``'s workers (one, those a selector matches, or
         all); with ``dry_run`` compute the outcomes and write nothing. Per-worker failures
         of a bulk update are in each outcome's ``error``."""
-        request = _update_request(update, target, dry_run)
+        request = convert.update_request(update, target, dry_run)
         reply = await self._call(self._taints.UpdateTaints, request, wait=UPDATE_WAIT)
         return [convert.change_from_pb(c) for c in reply.results]
 
@@ -243,7 +227,7 @@ class AsyncClient(AsyncDynamoHelpers):
     ) -> AsyncGenerator[UpdateOutcome, None]:
         """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
         order): for progress on a bulk update."""
-        request = _update_request(update, target, dry_run)
+        request = convert.update_request(update, target, dry_run)
         call = self._taints.StreamUpdateTaints(request, metadata=self._metadata())
         async for message in self._stream(call, idle=self.timeout + UPDATE_WAIT):
             yield convert.change_from_pb(message)
@@ -439,27 +423,3 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:  # made outside a coroutine: the first call will say which loop
         return None
-
-
-def _list_request(
-    model: str, selector: str, namespace: str, component: str, endpoint: str, fields: Iterable[str]
-) -> pb.ListWorkersRequest:
-    return pb.ListWorkersRequest(
-        model=model,
-        selector=selector,
-        namespace=namespace,
-        component=component,
-        endpoint=endpoint,
-        fields=list(fields),
-    )
-
-
-def _update_request(update: TaintUpdate, target: Target, dry_run: bool) -> pb.UpdateTaintsRequest:
-    request = pb.UpdateTaintsRequest(
-        action=convert.ACTIONS[update.action],
-        taints=list(update.taints),
-        keys=list(update.keys),
-        dry_run=dry_run,
-    )
-    convert.target_to_pb(target, request)
-    return request

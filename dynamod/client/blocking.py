@@ -33,14 +33,8 @@ from dynamod.client.async_client import AsyncClient
 from dynamod.client.dynamo_compat import DynamoHelpers
 from dynamod.client.endpoint import Connection, Credentials, completed
 from dynamod.pool_results import ApplyOutcome, PolicyInfo, PoolStatusInfo, RemoveOutcome
-from dynamod.results import (
-    DrainEvent,
-    DrainResult,
-    EventInfo,
-    ExplainInfo,
-    StatusInfo,
-    UpdateOutcome,
-)
+from dynamod.reports import DrainEvent, DrainResult, EventInfo, ExplainInfo, StatusInfo
+from dynamod.results import UpdateOutcome
 from dynamod.stats_results import FleetStats, StatsQuery
 from dynamod.taints import TaintUpdate
 from dynamod.targets import Target

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from dynamod.results import EventInfo, UpdateOutcome, WorkerInfo
+from dynamod.reports import EventInfo
+from dynamod.results import UpdateOutcome, WorkerInfo
 from dynamod.taints import TaintUpdate
 
 if TYPE_CHECKING:

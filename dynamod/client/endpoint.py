@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamod.errors import ConfigError
+from dynamod.errors import AnswerTimeoutError, ConfigError, UnreachableError
 from dynamod.paths import default_socket
 
 CONNECTION_KEYS = ("endpoint", "token_file", "tls", "cacert", "cert", "cert_key", "timeout")
@@ -37,6 +37,12 @@ CONFIG_KEYS = CONNECTION_KEYS + DISPLAY_KEYS
 ENVIRONMENT = {key: f"DYNAMO_{key.upper()}" for key in CONNECTION_KEYS}
 PATH_KEYS = ("token_file", "cacert", "cert", "cert_key")
 DEFAULT_TIMEOUT = 10.0
+UPDATE_WAIT = 20.0
+"""Seconds a daemon may spend on one worker's taint update on a caller's behalf, beyond
+the call itself: an NVIDIA Dynamo worker's route answering (up to 5 s) and the store
+showing the change (up to 10 s), with room to spare. An update's deadline is the client's
+``timeout`` plus this, so the daemon's own error (the wait ran out) reaches the caller,
+never a deadline of its own; a bulk update's stream waits that long for each outcome."""
 _TRUE = ("1", "true", "t", "yes", "y", "on")
 _FALSE = ("0", "false", "f", "no", "n", "off")
 
@@ -70,6 +76,24 @@ def target_of(endpoint: str) -> str:
     if endpoint.startswith("/"):
         return "unix://" + endpoint
     return endpoint
+
+
+def unreachable(endpoint: str, details: str | None) -> UnreachableError:
+    """What a client says when the daemon cannot be reached at ``endpoint`` (``details``:
+    the transport's own words), the gRPC client and the light one alike."""
+    return UnreachableError(
+        f"cannot reach dynamod at {endpoint} ({details}); is it running? "
+        "Set another endpoint with --endpoint or DYNAMO_ENDPOINT"
+    )
+
+
+def late(endpoint: str, within: float) -> AnswerTimeoutError:
+    """What a client says when the daemon was reached but did not answer ``within`` s."""
+    return AnswerTimeoutError(
+        f"dynamod at {endpoint} is reachable but did not answer within {within:g} s; "
+        "the call may still be carried out there (an update's audit line says). Allow "
+        "longer with --timeout or DYNAMO_TIMEOUT"
+    )
 
 
 def config_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -1,5 +1,5 @@
 """KV-aware prefix overlap: which blocks each worker's engine really holds, from the KV
-cache events engines publish (``engine_events.KvEvent``; workers forward them on their engine
+cache events engines publish (``kv_events.KvEvent``; workers forward them on their engine
 events stream, ``dynamod.boundary`` follows it and calls ``attach`` / ``apply`` / ``detach``).
 
 * **Keys.** A block is indexed under the router's own chained hash of its tokens
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from dynamod.router.prefix import APPROXIMATE, ROOT, PrefixIndex, chain
 
 KV = "kv"

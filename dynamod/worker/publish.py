@@ -26,7 +26,8 @@ from typing import Any
 from aiohttp import web
 
 from dynamod import jsoncodec
-from dynamod.engine_events import EVENTS_PATH, HEARTBEAT, EngineLoad, KvBatch
+from dynamod.engine_events import EVENTS_PATH, HEARTBEAT, EngineLoad
+from dynamod.kv_events import KvBatch
 from dynamod.tasks import race
 from dynamod.tokenizers.bundle import PATH as TOKENIZER_PATH
 from dynamod.tokenizers.bundle import published

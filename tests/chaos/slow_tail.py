@@ -18,7 +18,7 @@ import sys
 from collections.abc import AsyncIterator
 
 from dynamod.client import AsyncClient
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from dynamod.tasks import race
 
 

@@ -8,7 +8,8 @@ import io
 
 from dynamoctl.output import Printer
 from dynamoctl.watch import MAX_CELL, WorkerWatch
-from dynamod.results import EventInfo, WorkerInfo
+from dynamod.reports import EventInfo
+from dynamod.results import WorkerInfo
 from tests.cli.conftest import record
 
 MANY = [f"batch={n:03d}" for n in range(400)]

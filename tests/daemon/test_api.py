@@ -25,7 +25,7 @@ from dynamod.errors import (
     WorkerNotFoundError,
 )
 from dynamod.records import WorkerRecord
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from dynamod.store import Store, open_store
 from dynamod.store.base import LeaseArg
 from dynamod.store.memory import MemoryStore

@@ -17,8 +17,9 @@ from dynamod.boundary import Breach, Breaches, BreachKind, Budgets, RateBudget, 
 from dynamod.boundary.breaches import kind_of
 from dynamod.boundary.engine_streams import worker_budgets
 from dynamod.boundary.kv_indexer import KvIndexer
-from dynamod.engine_events import MAX_REASON, RECORD_FIELD, BlockStored, EngineLoad, offer
+from dynamod.engine_events import MAX_REASON, RECORD_FIELD, EngineLoad, offer
 from dynamod.errors import ConfigError, InvalidInputError, OversizeError
+from dynamod.kv_events import BlockStored
 from dynamod.records import ModelCard
 from dynamod.router.kvindex import KvIndex
 from dynamod.tokenizers import SimpleTokenizer

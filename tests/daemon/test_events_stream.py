@@ -23,8 +23,9 @@ from dynamod.boundary.breaches import kind_of
 from dynamod.boundary.events_stream import events
 from dynamod.discovery.registration import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
-from dynamod.engine_events import EVENTS_PATH, RECORD_FIELD, EngineLoad, KvBatch, offer
+from dynamod.engine_events import EVENTS_PATH, RECORD_FIELD, EngineLoad, offer
 from dynamod.errors import OversizeError
+from dynamod.kv_events import KvBatch
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.kvindex import KvIndex
 from dynamod.store.memory import MemoryStore

@@ -13,7 +13,8 @@ from dynamod.boundary import Budgets, KvIndexer
 from dynamod.boundary.breaches import kind_of
 from dynamod.boundary.budgets import RateBudget, TooFastError
 from dynamod.boundary.engine_streams import worker_budgets
-from dynamod.engine_events import RECORD_FIELD, BlockRemoved, KvBatch, offer
+from dynamod.engine_events import RECORD_FIELD, offer
+from dynamod.kv_events import BlockRemoved, KvBatch
 from dynamod.records import ModelCard
 from dynamod.router.kvindex import KvIndex
 from tests.daemon.test_events_stream import read_all, serving, streaming

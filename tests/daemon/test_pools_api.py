@@ -19,7 +19,7 @@ from dynamod.errors import (
     PolicyNotFoundError,
     PoolPolicyError,
 )
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from dynamod.store import Store, open_store
 from dynamod.taints import TaintUpdate
 from tests.daemon.helpers import add_worker, client_for, running_daemon, settings_for

@@ -16,7 +16,8 @@ from dynamod.daemon import Daemon
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError, ShuttingDownError, WorkerNotFoundError
 from dynamod.records import WorkerRecord
-from dynamod.results import DrainEvent, DrainResult, InFlight, WorkerState
+from dynamod.reports import DrainEvent, DrainResult
+from dynamod.results import InFlight, WorkerState
 from dynamod.router import Assignment, RouteRequest
 from dynamod.store import Store
 from dynamod.store.memory import MemoryStore

@@ -17,7 +17,8 @@ from dynamod.drain_watch import DrainWatch
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import ShuttingDownError
 from dynamod.records import WorkerRecord
-from dynamod.results import DrainEvent, DrainStatus, InFlight, WorkerState
+from dynamod.reports import DrainEvent, DrainStatus
+from dynamod.results import InFlight, WorkerState
 from dynamod.router import Assignment, Router, RouteRequest
 from dynamod.store import Store
 from dynamod.store.memory import MemoryStore

@@ -12,10 +12,8 @@ from dynamod.engine_events import EngineLoad
 from dynamod.errors import NoEligibleWorkerError, PermissionDeniedError
 from dynamod.load import IDLE, Load
 from dynamod.records import WorkerRecord
+from dynamod.reports import DrainEvent, DrainResult, DrainStatus
 from dynamod.results import (
-    DrainEvent,
-    DrainResult,
-    DrainStatus,
     InFlight,
     UpdateFailure,
     UpdateOutcome,

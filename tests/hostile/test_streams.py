@@ -29,7 +29,7 @@ from dynamod.client import AsyncClient, Credentials
 from dynamod.discovery.registration import register
 from dynamod.discovery.updates import update_taints
 from dynamod.errors import SelectorError, StreamLimitError
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from dynamod.selectors import MAX_SELECTOR, MAX_TERMS
 from dynamod.store import Store, keep_alive, open_store
 from dynamod.taints import TaintUpdate

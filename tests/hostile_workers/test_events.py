@@ -33,7 +33,8 @@ from dynamod.boundary import EngineStreams, KvIndexer
 from dynamod.boundary.engine_streams import BACKOFF_CAP, BACKOFF_FIRST
 from dynamod.discovery.registration import Registration, new_instance_id
 from dynamod.discovery.view import WorkerView
-from dynamod.engine_events import MAX_LINE, RECORD_FIELD, BlockRemoved, BlockStored, KvBatch, offer
+from dynamod.engine_events import MAX_LINE, RECORD_FIELD, offer
+from dynamod.kv_events import BlockRemoved, BlockStored, KvBatch
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.router.kvindex import KvIndex
 from dynamod.store.memory import MemoryStore

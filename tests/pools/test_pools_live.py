@@ -33,7 +33,7 @@ import pytest
 
 from dynamod.client import AsyncClient
 from dynamod.pools.policy import PoolPolicy
-from dynamod.results import EventInfo
+from dynamod.reports import EventInfo
 from tests.pools.live import (
     POOL_TTL,
     WORKER_TTL,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from dynamod.router.kvindex import KvIndex, Overlaps
 from dynamod.router.prefix import PrefixIndex, prefix_hashes
 from dynamod.worker.engines.kvcache import cache_keys

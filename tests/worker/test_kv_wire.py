@@ -9,8 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored
 from dynamod.errors import InvalidInputError
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from dynamod.worker.engines.vllm_events import decode, decode_event
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "kv_events"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from dynamod.router.kvindex import KvIndex
 from dynamod.router.prefix import prefix_hashes
 from dynamod.worker.engines.kvcache import KvCache, cache_keys

@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from dynamod.engine_events import AllBlocksCleared, KvBatch, KvEvent
+from dynamod.kv_events import AllBlocksCleared, KvBatch, KvEvent
 from dynamod.tasks import cancel_and_wait
 from dynamod.worker.engines.kvevents import KvPublisher, KvSubscription
 from dynamod.worker.engines.vllm_events import END_SEQ, MAX_MESSAGE, VllmSubscriber, decode

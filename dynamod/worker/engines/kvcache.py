@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 
 def cache_keys(token_ids: Sequence[int], block_size: int) -> list[int]:

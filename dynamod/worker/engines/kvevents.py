@@ -34,14 +34,8 @@ from array import array
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from dynamod.engine_events import (
-    MAX_LINE,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KvBatch,
-    KvEvent,
-)
+from dynamod.engine_events import MAX_LINE
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 
 LINE_BYTES = MAX_LINE // 2
 """Bytes of JSON one forwarded batch's line has at most (a block too big for it alone, of

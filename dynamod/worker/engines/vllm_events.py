@@ -53,8 +53,8 @@ import zmq
 import zmq.asyncio
 
 from dynamod.backoff import Backoff
-from dynamod.engine_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from dynamod.errors import InvalidInputError
+from dynamod.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvBatch, KvEvent
 from dynamod.worker.engines.kvevents import KvPublisher
 
 log = logging.getLogger(__name__)
