@@ -4,7 +4,8 @@ dynamoctl, and the completers that ask the daemon for worker ids, taints and mod
 Each script runs ``dynamoctl`` on Tab with ``_DYNAMOCTL_COMPLETE=<shell>_complete`` and the
 words typed so far (click's protocol; the scripts follow click 8's). Commands and options
 complete from the command tree without importing gRPC or rich. Worker ids, taints and
-models come from one ``ListWorkers`` call with a short deadline (``COMPLETION_TIMEOUT``);
+models come from one ``ListWorkers`` call with a short deadline (``COMPLETION_TIMEOUT``,
+or ``$DYNAMO_COMPLETION_TIMEOUT`` seconds: ``completion_timeout``);
 when the daemon is down, or anything else fails, the answer is simply empty: stderr is
 pointed at /dev/null for the whole completion run.
 
@@ -14,9 +15,10 @@ The committed scripts (``completions/``) are ``dynamoctl completion SHELL``'s ou
 
 from __future__ import annotations
 
+import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import typer
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from dynamod.results import WorkerInfo
 
 COMPLETION_TIMEOUT = 0.5  # seconds; a Tab that waits longer feels broken
+TIMEOUT_VAR = "DYNAMO_COMPLETION_TIMEOUT"
 COMPLETION_FIELDS = ("id", "model", "taints")  # all the completers read of a worker
 
 BASH = """\
@@ -313,13 +316,11 @@ def _ask(ctx: typer.Context) -> list[WorkerInfo]:
 
     options = from_context(ctx)
     found: list[WorkerInfo] = []
+    within = completion_timeout(os.environ)
 
     async def query() -> int:
         try:
-            async with (
-                asyncio.timeout(COMPLETION_TIMEOUT),
-                connect(options, timeout=COMPLETION_TIMEOUT) as client,
-            ):
+            async with asyncio.timeout(within), connect(options, timeout=within) as client:
                 found.extend((await client.list_workers(fields=COMPLETION_FIELDS))[0])
         except (DynamoError, OSError, TimeoutError):
             return 1
@@ -327,6 +328,16 @@ def _ask(ctx: typer.Context) -> list[WorkerInfo]:
 
     run(query, drain=0.1)
     return found
+
+
+def completion_timeout(environ: Mapping[str, str]) -> float:
+    """The seconds a Tab waits for the daemon: ``$DYNAMO_COMPLETION_TIMEOUT`` when it is a
+    number of seconds above 0, else ``COMPLETION_TIMEOUT`` (a Tab never prints an error)."""
+    try:
+        chosen = float(environ.get(TIMEOUT_VAR, ""))
+    except ValueError:
+        return COMPLETION_TIMEOUT
+    return chosen if math.isfinite(chosen) and chosen > 0 else COMPLETION_TIMEOUT
 
 
 def _items(values: dict[str, str], incomplete: str) -> Choices:

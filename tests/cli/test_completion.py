@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.shells import COMPLETION_TIMEOUT, TIMEOUT_VAR, completion_timeout
 from tests.cli.conftest import Cli, Cluster, record, register_records, start_cluster
 from tests.support.processes import BIN, ROOT
 
@@ -29,6 +30,9 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         ],
     )
     started = start_cluster(root)
+    # A Tab's deadline is 0.5 s; a test machine under load may need more for the answer
+    # itself (what a silent daemon gets is the test below, at the default).
+    started.cli.extra_env[TIMEOUT_VAR] = "30"
     try:
         yield started
     finally:
@@ -159,3 +163,14 @@ def test_completion_needs_no_daemon_for_commands_even_when_one_is_configured(
 ) -> None:
     cli = Cli("127.0.0.1:9", tmp_path)
     assert "status" in values(complete(cli, "dynamoctl st"))
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"),
+    [(None, COMPLETION_TIMEOUT), ("2.5", 2.5)]
+    + [(bad, COMPLETION_TIMEOUT) for bad in ("0", "-1", "nan", "inf", "soon", "")],
+)
+def test_the_completion_deadline_comes_from_the_environment_when_it_is_one(
+    given: str | None, seconds: float
+) -> None:
+    assert completion_timeout({} if given is None else {TIMEOUT_VAR: given}) == seconds
