@@ -86,7 +86,9 @@ def run_light(options: Options, body: LightBody) -> int:
 
     printer = Printer(options.output, no_headers=options.no_headers)
     configure_logging(options.debug)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Both taken here, as run_body's loop takes both: a process started with SIGINT
+    # ignored (a background job of a script) gets no KeyboardInterrupt from Python itself.
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             client = connect_light(options)
@@ -98,7 +100,8 @@ def run_light(options: Options, body: LightBody) -> int:
             printer.flush()
             return code
         if not opened:
-            signal.signal(signal.SIGTERM, previous)  # run_body's loop takes both signals
+            for sig, handler in previous.items():  # run_body's loop takes both signals
+                signal.signal(sig, handler)
             return run_body(options, body)
 
         async def work() -> int:
@@ -109,7 +112,7 @@ def run_light(options: Options, body: LightBody) -> int:
     except KeyboardInterrupt:  # SIGINT, or SIGTERM (_interrupt): cancelled, as supervise
         return exits.INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as run_body: only exiting is left
 
 

@@ -344,14 +344,24 @@ def test_tls_client_certificates_and_tokens_alike_on_both_clients(
     assert loaded(cli, args, extra) == ("-" if light else "asyncio grpc", fast.code)
 
 
+IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+"""Runs its arguments with SIGINT ignored, as a shell starts a script's background job."""
+
+
+@pytest.mark.parametrize("ignored", [False, True], ids=["plain", "sigint-ignored"])
 @pytest.mark.parametrize("how", ["direct", "live"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_waiting_for_the_daemon_ends_it_with_130_and_nothing_said(
-    fleet: Fleet, tmp_path: Path, how: str, sig: signal.Signals
+    fleet: Fleet, tmp_path: Path, how: str, sig: signal.Signals, ignored: bool
 ) -> None:
     """A daemon's socket that takes the connection and never answers: the command waits
     (on the light client's socket, or gRPC's loop) until the signal, then exits 130
-    having printed nothing, both ways."""
+    having printed nothing, both ways; also when it was started with SIGINT ignored (gRPC's
+    loop takes SIGINT itself, so the light client must too: it once waited out its
+    timeout there)."""
     path = tmp_path / "mute.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(str(path))
@@ -359,6 +369,8 @@ def test_a_signal_while_waiting_for_the_daemon_ends_it_with_130_and_nothing_said
         server.settimeout(60)
         args = ["-e", f"unix://{path}", "--timeout", "60", "taints", "add", fleet.a, "keep/x"]
         command = dynamoctl(*args) if how == "direct" else [sys.executable, "-c", LIVE, *args]
+        if ignored:
+            command = [sys.executable, "-c", IGNORING_SIGINT, *command]
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             env=fleet.cli.env(), cwd=ROOT,
@@ -368,5 +380,10 @@ def test_a_signal_while_waiting_for_the_daemon_ends_it_with_130_and_nothing_said
             connection.settimeout(60)
             assert connection.recv(24).startswith(b"PRI * HTTP/2.0")  # it is waiting now
             proc.send_signal(sig)
-            out, err = proc.communicate(timeout=60)
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:  # it ignored the signal: fail this test alone
+                proc.kill()
+                proc.communicate()
+                raise
     assert (proc.returncode, out, err) == (130, b"", b"")
