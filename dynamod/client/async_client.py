@@ -77,6 +77,7 @@ class AsyncClient(AsyncDynamoHelpers):
         self.endpoint = dial.endpoint
         self.timeout = dial.timeout
         self._credentials = dial.credentials
+        self._metadata = dial.credentials.metadata()  # what every call carries
         self._calls: set[Any] = set()
         self._closed = False
         self._loop = _running_loop()
@@ -132,16 +133,12 @@ class AsyncClient(AsyncDynamoHelpers):
             return []
         return [f"AsyncClient({self.endpoint}): {len(open_calls)} open call(s)"]
 
-    def _metadata(self) -> list[tuple[str, str]]:
-        token = self._credentials.token
-        return [("authorization", f"Bearer {token}")] if token else []
-
     async def _call(self, method: Any, request: Any, *, wait: float = 0.0) -> Any:
         """One unary call, its deadline ``timeout`` plus the daemon's own ``wait``."""
         self._loop = self._loop or asyncio.get_running_loop()
         deadline = self.timeout + wait
         try:
-            return await method(request, timeout=deadline, metadata=self._metadata())
+            return await method(request, timeout=deadline, metadata=self._metadata)
         except aio.AioRpcError as exc:
             raise self._error(exc, deadline) from None
 
@@ -195,7 +192,7 @@ class AsyncClient(AsyncDynamoHelpers):
         (the same revision and ``id_prefix``). The call's deadline covers the whole stream."""
         request = convert.list_request(model, selector, namespace, component, endpoint, fields)
         request.page_size = page_size
-        call = self._workers.StreamWorkers(request, timeout=self.timeout, metadata=self._metadata())
+        call = self._workers.StreamWorkers(request, timeout=self.timeout, metadata=self._metadata)
         cards: dict[str, ModelCard] = {}
         async for reply in self._stream(call):
             workers = [convert.worker_from_pb(m, cards) for m in reply.workers]
@@ -228,7 +225,7 @@ class AsyncClient(AsyncDynamoHelpers):
         """``update_taints``, each worker's outcome as soon as the daemon has it (in no set
         order): for progress on a bulk update."""
         request = convert.update_request(update, target, dry_run)
-        call = self._taints.StreamUpdateTaints(request, metadata=self._metadata())
+        call = self._taints.StreamUpdateTaints(request, metadata=self._metadata)
         async for message in self._stream(call, idle=self.timeout + UPDATE_WAIT):
             yield convert.change_from_pb(message)
 
@@ -282,7 +279,7 @@ class AsyncClient(AsyncDynamoHelpers):
         hold before it picks the workers."""
         request = convert.wait_drained_to_pb(target, timeout, after_revision)
         deadline = None if timeout is None else timeout + self.timeout
-        call = self._workers.WaitDrained(request, timeout=deadline, metadata=self._metadata())
+        call = self._workers.WaitDrained(request, timeout=deadline, metadata=self._metadata)
         async for message in self._stream(call):
             yield convert.drain_event_from_pb(message)
 
@@ -300,7 +297,7 @@ class AsyncClient(AsyncDynamoHelpers):
         request = pb.TailEventsRequest(selector=selector, no_follow=not follow, pools=pools)
         if since is not None:
             request.since = since
-        call = self._events.TailEvents(request, metadata=self._metadata())
+        call = self._events.TailEvents(request, metadata=self._metadata)
         async for message in self._stream(call):
             yield convert.event_from_pb(message)
 
@@ -318,7 +315,7 @@ class AsyncClient(AsyncDynamoHelpers):
         from dynamod.stats_results import StatsQuery
 
         request = stats_convert.query_to_pb(query or StatsQuery())
-        call = self._stats.WatchStats(request, metadata=self._metadata())
+        call = self._stats.WatchStats(request, metadata=self._metadata)
         async for message in self._stream(call):
             yield stats_convert.stats_from_pb(message)
 

@@ -55,6 +55,10 @@ class Credentials:
     cert: bytes | None = None
     key: bytes | None = None
 
+    def metadata(self) -> list[tuple[str, str]]:
+        """What every call carries for the token (none without one): both clients send it."""
+        return [("authorization", f"Bearer {self.token}")] if self.token else []
+
 
 @dataclass(frozen=True)
 class Connection:

@@ -88,7 +88,14 @@ class LightClient:
         self.endpoint = dial.endpoint
         self.timeout = dial.timeout
         self._credentials = dial.credentials
+        self._metadata = dial.credentials.metadata()  # what every call carries
         self._connection: http2.Http2Connection | None = None
+        target = target_of(self.endpoint)
+        tls = self._credentials.tls or self._credentials.ca is not None
+        authority = "localhost" if isinstance(_address(target), str) else target
+        self._fixed = [(":method", "POST"), (":scheme", "https" if tls else "http"),
+                       (":authority", authority)]  # fmt: skip
+        """The headers every call of this client starts with."""
 
     def open(self) -> bool:
         """Connect; False where ``AsyncClient`` is to make the calls (nothing was sent).
@@ -232,7 +239,7 @@ class LightClient:
         framed = struct.pack(">BI", 0, len(body)) + body
         try:
             stream = connection.request(
-                self._headers(path, deadline), framed, self._secrets(), until
+                self._headers(path, deadline), framed, self._metadata, until
             )
         except TimeoutError:
             raise late(self.endpoint, deadline or self.timeout) from None
@@ -271,21 +278,13 @@ class LightClient:
         return self._connection
 
     def _headers(self, path: str, deadline: float | None) -> list[tuple[str, str]]:
-        tls = self._credentials.tls or self._credentials.ca is not None
-        address = _address(target_of(self.endpoint))
-        authority = "localhost" if isinstance(address, str) else target_of(self.endpoint)
         headers = [
-            (":method", "POST"), (":scheme", "https" if tls else "http"), (":path", path),
-            (":authority", authority), ("te", "trailers"), ("content-type", "application/grpc"),
-            ("user-agent", USER_AGENT),
+            *self._fixed, (":path", path), ("te", "trailers"),
+            ("content-type", "application/grpc"), ("user-agent", USER_AGENT),
         ]  # fmt: skip
         if deadline is not None:
             headers.append(("grpc-timeout", _timeout(deadline)))
         return headers
-
-    def _secrets(self) -> list[tuple[str, str]]:
-        token = self._credentials.token
-        return [("authorization", f"Bearer {token}")] if token else []
 
     def _failure(
         self, code: str, details: str, metadata: Sequence[object], deadline: float | None
