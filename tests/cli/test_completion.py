@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,12 +149,13 @@ def test_a_daemon_that_is_down_gets_an_empty_answer(tmp_path: Path) -> None:
 def test_a_silent_daemon_gets_an_empty_answer_within_the_completion_deadline(
     tmp_path: Path,
 ) -> None:
-    """A listener that never answers: only the deadline (0.5 s) ends the wait."""
+    """A listener that never answers: only the completion deadline (0.5 s) ends the wait.
+
+    The command's own deadline is set to an hour, past the 60 s the test's run waits for
+    the process: a Tab that waited on it instead would fail the run, not pass slowly."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         cli = Cli(f"127.0.0.1:{server.getsockname()[1]}", tmp_path)
-        started = time.monotonic()
-        assert complete(cli, "dynamoctl workers get ") == []
-    assert time.monotonic() - started < 10  # 0.5 s deadline plus start-up, generously
+        assert complete(cli, "dynamoctl workers get ", DYNAMO_TIMEOUT="3600") == []
 
 
 def test_completion_needs_no_daemon_for_commands_even_when_one_is_configured(
