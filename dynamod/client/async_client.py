@@ -30,7 +30,6 @@ import grpc
 from grpc import aio
 
 from dynamod.api import convert
-from dynamod.api.error_status import from_status
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.api.v1 import dynamo_pb2_grpc as rpc
 from dynamod.client import drain
@@ -38,12 +37,12 @@ from dynamod.client.dynamo_compat import AsyncDynamoHelpers
 from dynamod.client.endpoint import (
     UPDATE_WAIT,
     Credentials,
+    call_error,
     completed,
     late,
     target_of,
-    unreachable,
 )
-from dynamod.errors import AnswerTimeoutError, DynamoError, UnreachableError
+from dynamod.errors import AnswerTimeoutError, DynamoError
 from dynamod.records import ModelCard
 from dynamod.reports import DrainEvent, DrainResult, DrainStatus, EventInfo, ExplainInfo, StatusInfo
 from dynamod.results import ID_PREFIX, UpdateOutcome, WorkerInfo, WorkerPage
@@ -143,13 +142,14 @@ class AsyncClient(AsyncDynamoHelpers):
             raise self._error(exc, deadline) from None
 
     def _error(self, exc: aio.AioRpcError, deadline: float | None = None) -> DynamoError:
-        code, details = exc.code(), exc.details() or ""
-        error = from_status(code.name, details, tuple(exc.trailing_metadata() or ()))
-        if not isinstance(error, UnreachableError):
-            return error
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and self._connected():
-            return self._late(deadline)
-        return unreachable(self.endpoint, exc.details())
+        return call_error(
+            self.endpoint,
+            exc.code().name,
+            exc.details(),
+            tuple(exc.trailing_metadata() or ()),
+            within=self.timeout if deadline is None else deadline,
+            connected=self._connected(),
+        )
 
     def _connected(self) -> bool:
         """The channel is connected: a deadline then means a slow answer, not no daemon."""

@@ -22,12 +22,13 @@ Precedence: an explicit argument (a flag) > the environment > the config file > 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dynamod.errors import AnswerTimeoutError, ConfigError, UnreachableError
+from dynamod.api.error_status import from_status
+from dynamod.errors import AnswerTimeoutError, ConfigError, DynamoError, UnreachableError
 from dynamod.paths import default_socket
 
 CONNECTION_KEYS = ("endpoint", "token_file", "tls", "cacert", "cert", "cert_key", "timeout")
@@ -98,6 +99,26 @@ def late(endpoint: str, within: float) -> AnswerTimeoutError:
         "the call may still be carried out there (an update's audit line says). Allow "
         "longer with --timeout or DYNAMO_TIMEOUT"
     )
+
+
+def call_error(
+    endpoint: str,
+    code: str,
+    details: str | None,
+    metadata: Sequence[object],
+    *,
+    within: float,
+    connected: bool,
+) -> DynamoError:
+    """Both clients' rule for a call that failed with gRPC status ``code``: the daemon's
+    own error as it sent it; a deadline while connected is ``late`` (the daemon was
+    reached); anything else of the transport's is ``unreachable``."""
+    error = from_status(code, details or "", metadata)
+    if not isinstance(error, UnreachableError):
+        return error
+    if code == "DEADLINE_EXCEEDED" and connected:
+        return late(endpoint, within)
+    return unreachable(endpoint, details)
 
 
 def config_path(environ: Mapping[str, str] | None = None) -> Path:

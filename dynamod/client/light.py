@@ -37,18 +37,19 @@ from collections.abc import AsyncGenerator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from dynamod.api import convert
-from dynamod.api.error_status import CODES, from_status
+from dynamod.api.error_status import CODES
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.client import http2
 from dynamod.client.endpoint import (
     UPDATE_WAIT,
     Credentials,
+    call_error,
     completed,
     late,
     target_of,
     unreachable,
 )
-from dynamod.errors import DynamoError, UnreachableError
+from dynamod.errors import DynamoError
 from dynamod.records import ModelCard
 from dynamod.results import ID_PREFIX, UpdateOutcome, WorkerInfo, WorkerPage
 
@@ -289,14 +290,9 @@ class LightClient:
     def _failure(
         self, code: str, details: str, metadata: Sequence[object], deadline: float | None
     ) -> DynamoError:
-        """``AsyncClient._error``'s rule: the daemon's own error; a deadline (we are
-        connected) is ``AnswerTimeoutError``; no daemon's error, ``UnreachableError``."""
-        error = from_status(code, details, metadata)
-        if not isinstance(error, UnreachableError):
-            return error
-        if code == "DEADLINE_EXCEEDED":
-            return late(self.endpoint, self.timeout if deadline is None else deadline)
-        return unreachable(self.endpoint, details)
+        """``call_error``'s rule; a status came back, so the daemon was reached."""
+        within = self.timeout if deadline is None else deadline
+        return call_error(self.endpoint, code, details, metadata, within=within, connected=True)
 
 
 class _Answer:
