@@ -47,8 +47,12 @@ async def run_through_fault(
         await writer.until(lambda: writer.accepted >= accepted + WRITES_AFTER)
         writing.cancel()
         # On NATS a list needs the JetStream meta leader, which may still be being elected.
-        final, revision = await answered(lambda: store.list("w"))
-        await follower.until(lambda: follower.seen >= revision)
+        final, _ = await answered(lambda: store.list("w"))
+        # The list's revision is the store's, and on NATS the lease's refresh (a re-publish
+        # of ``lease/k``, outside the watch's prefix) may be the latest change: the watch
+        # then never sees that revision. What it must reach is the last change under "w".
+        last = max(entry.revision for entry in final)
+        await follower.until(lambda: follower.seen >= last)
         figures.record("watch at the true state after (s)", round(time.monotonic() - broken_at, 3))
         figures.record("writes refused", writer.refused)
         keeping.cancel()
