@@ -28,6 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from dynamod.catchup import CatchUpQueue
 from dynamod.discovery.translate import EventTranslator
 from dynamod.discovery_events import DiscoveryEvent, ViewResync
 from dynamod.errors import AmbiguousWorkerError, WorkerNotFoundError
@@ -44,61 +45,28 @@ QUEUE_BYTES = 8 * 1024 * 1024
 QUEUES_BUDGET = 64 * 1024 * 1024
 
 
-class Subscription:
-    """One consumer's events, as an async iterator (see the module docstring)."""
+class Subscription(CatchUpQueue[DiscoveryEvent]):
+    """One consumer's events, as an async iterator (see the module docstring): its
+    catch-up (``dynamod.catchup``) is a ``ViewResync`` of the view as it is then."""
 
     def __init__(self, view: WorkerView, maxsize: int, maxbytes: int) -> None:
+        super().__init__(maxsize, maxbytes)
         self._view = view
-        self._limits = (maxsize, maxbytes)
-        self._queue: deque[tuple[DiscoveryEvent, int]] = deque()
-        self._wakeup = asyncio.Event()
-        self._behind = False
-        self._closed = False
-        self.queued_bytes = 0
         self.resyncs = 0
 
     def push(self, event: DiscoveryEvent, size: int) -> None:
         """Queue ``event`` (``size``: its ``footprint``), or, when that would take the queue
         past its bounds, fall behind: a ``ViewResync`` comes next instead."""
-        maxsize, maxbytes = self._limits
-        if self._behind:
+        if self.behind:
             pass  # the coming ViewResync, taken when it is read, covers this event too
-        elif len(self._queue) >= maxsize or self.queued_bytes + size > maxbytes:
-            self.fall_behind()
+        elif self.fits(size):
+            self.put(event, size)
         else:
-            self._queue.append((event, size))
-            self.queued_bytes += size
-        self._wakeup.set()
+            self.fall_behind(drop_queued=True)
 
-    def fall_behind(self) -> None:
-        """Drop what is queued: the next event this subscription yields is a ``ViewResync``
-        of the view as it is then, which covers everything dropped."""
-        self._queue.clear()
-        self.queued_bytes = 0
-        if not self._behind:
-            self._behind = True
-            self.resyncs += 1
-        self._wakeup.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._wakeup.set()
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> DiscoveryEvent:
-        while not self._closed:
-            if self._behind:
-                self._behind = False
-                return self._view.snapshot()
-            if self._queue:
-                event, size = self._queue.popleft()
-                self.queued_bytes -= size
-                return event
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        raise StopAsyncIteration
+    async def catch_up(self, missed: int) -> DiscoveryEvent:
+        self.resyncs += 1
+        return self._view.snapshot()
 
 
 class WorkerView:
@@ -235,7 +203,7 @@ class WorkerView:
         while total > budget:
             furthest = max(self._subscriptions, key=lambda s: s.queued_bytes)
             total -= furthest.queued_bytes
-            furthest.fall_behind()
+            furthest.fall_behind(drop_queued=True)
 
     def _remember(self, event: DiscoveryEvent, size: int) -> None:
         self._replay.append((event, size))

@@ -15,7 +15,6 @@ A subscription's queue is bounded; one that falls behind is told so with one LOS
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import deque
@@ -23,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Final
 
+from dynamod.catchup import CatchUpQueue
 from dynamod.pool_results import PoolEventInfo
 
 HISTORY: Final = 2000
@@ -38,41 +38,19 @@ class PoolEvent:
     seen: float = field(default_factory=time.time, compare=False)
 
 
-class PoolSubscription:
-    """One consumer's pool events, as an async iterator."""
-
-    def __init__(self, maxsize: int) -> None:
-        self._maxsize = maxsize
-        self._queue: deque[PoolEvent] = deque()
-        self._wakeup = asyncio.Event()
-        self._missed = 0
-        self._closed = False
+class PoolSubscription(CatchUpQueue[PoolEvent]):
+    """One consumer's pool events, as an async iterator: what did not fit comes as one
+    LOST event in its place (``dynamod.catchup``)."""
 
     def push(self, event: PoolEvent) -> None:
-        if len(self._queue) >= self._maxsize:
-            self._missed += 1
+        if self.fits():
+            self.put(event)
         else:
-            self._queue.append(event)
-        self._wakeup.set()
+            self.fall_behind()
 
-    def close(self) -> None:
-        self._closed = True
-        self._wakeup.set()
-
-    def __aiter__(self) -> PoolSubscription:
-        return self
-
-    async def __anext__(self) -> PoolEvent:
-        while not self._closed:
-            if self._queue:
-                return self._queue.popleft()
-            if self._missed:
-                missed, self._missed = self._missed, 0
-                message = f"this stream fell behind: {missed} pool events were dropped"
-                return PoolEvent(PoolEventInfo("LOST", "", message=message), 0)
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        raise StopAsyncIteration
+    async def catch_up(self, missed: int) -> PoolEvent:
+        message = f"this stream fell behind: {missed} pool events were dropped"
+        return PoolEvent(PoolEventInfo("LOST", "", message=message), 0)
 
 
 class PoolEvents:

@@ -65,12 +65,12 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal, Self
 
 from dynamod.backoff import Backoff
+from dynamod.catchup import CatchUpQueue
 from dynamod.errors import (
     InvalidInputError,
     InvalidKeyError,
@@ -207,75 +207,54 @@ def in_prefix(key: str, prefix: str) -> bool:
     return not prefix or key == prefix or key.startswith(prefix + "/")
 
 
-class Watch:
+class Watch(CatchUpQueue[WatchEvent]):
     """One watch's events, as an async iterator.
 
     A backend's feed pushes ``Put`` / ``Delete`` into a bounded queue (``push``), or calls
     ``lost()`` when its stream broke and was re-established. The consumer side turns a lost
     stream, an overflowing queue and the initial state into one ``Resync`` built from
-    ``list()``, and then drops queued events the snapshot already covers. So one mechanism
-    gives the first snapshot, gap-free recovery and bounded memory for slow consumers.
+    ``list()`` (the queue's catch-up, ``dynamod.catchup``), and then drops queued events the
+    snapshot already covers. So one mechanism gives the first snapshot, gap-free recovery
+    and bounded memory for slow consumers.
     """
 
     def __init__(self, store: Store, prefix: str) -> None:
+        super().__init__(WATCH_QUEUE)
         self._store = store
         self._prefix = prefix
-        self._queue: deque[Put | Delete] = deque()
-        self._wakeup = asyncio.Event()
-        self._needs_resync = False
         self._floor = -1
-        self._closed = False
 
     def push(self, event: Put | Delete) -> None:
         """Queue one change (called by the backend feed, in store order)."""
         if self._closed or event.revision <= self._floor or not in_prefix(event.key, self._prefix):
             return
-        if len(self._queue) >= WATCH_QUEUE:
+        if self.fits():
+            self.put(event)
+        else:
             log.warning("watch on %r fell %d events behind; resyncing", self._prefix, WATCH_QUEUE)
             self.lost()
-            return
-        self._queue.append(event)
-        self._wakeup.set()
 
     def lost(self) -> None:
         """The feed may have missed changes: the consumer gets a ``Resync`` next."""
-        self._queue.clear()
-        self._needs_resync = True
-        self._wakeup.set()
+        self.fall_behind(drop_queued=True)
 
-    def close(self) -> None:
-        self._closed = True
-        self._wakeup.set()
+    async def catch_up(self, missed: int) -> WatchEvent:
+        entries, revision = await self._listed()
+        self._floor = max(self._floor, revision)
+        self.drop_queued_if(lambda event: event.revision <= revision)
+        return Resync(tuple(entries), revision)
 
-    def __aiter__(self) -> Watch:
-        return self
-
-    async def __anext__(self) -> WatchEvent:
-        while not self._closed:
-            if self._needs_resync:
-                return await self._resync()
-            if self._queue:
-                return self._queue.popleft()
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        raise StopAsyncIteration
-
-    async def _resync(self) -> WatchEvent:
+    async def _listed(self) -> tuple[list[Entry], int]:
+        """The prefix listed, again with back-off while the store is unavailable."""
         backoff = Backoff(RESYNC_FIRST, RESYNC_CAP)
         while True:
-            self._needs_resync = False
             try:
-                entries, revision = await self._store.list(self._prefix)
+                return await self._store.list(self._prefix)
             except StoreUnavailableError as exc:
                 log.warning("watch on %r cannot resync yet: %s", self._prefix, exc)
-                self._needs_resync = True
                 await backoff.wait()
-                continue
             except StoreClosedError:
                 raise StopAsyncIteration from None
-            self._floor = max(self._floor, revision)
-            self._queue = deque(e for e in self._queue if e.revision > revision)
-            return Resync(tuple(entries), revision)
 
 
 class Store(abc.ABC):
