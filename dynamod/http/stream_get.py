@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Final
+from typing import Final, cast
 from urllib.parse import urlsplit
 
 from dynamod.errors import InvalidInputError, OversizeError, UpstreamError
 from dynamod.http.bounded import EncodingError
 
 HEAD_LIMIT: Final = 16 << 10
-"""Bytes of a head (status line and headers), and of a chunked body's trailers."""
+"""Bytes of a head (status line and headers, the empty line that ends it included), and
+of a chunked body's trailers."""
 SIZE_LINE: Final = 1024
 """Bytes of one chunk size line (its extensions included, its CRLF not)."""
 HIGH_WATER: Final = 256 << 10
@@ -139,8 +140,8 @@ class StreamBody(asyncio.Protocol):
     # -- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A read-write transport: asyncio's, or uvloop's (which does not subclass it).
+        self._transport = cast("asyncio.Transport", transport)
 
     def data_received(self, data: bytes) -> None:
         self._received += data
@@ -161,6 +162,12 @@ class StreamBody(asyncio.Protocol):
 
     # -- the reader's side
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet read: at most ``HIGH_WATER`` and one read of the
+        socket (reading stops there until the reader takes them)."""
+        return len(self._received)
+
     def send(self, data: bytes) -> None:
         assert self._transport is not None
         self._transport.write(data)
@@ -172,8 +179,8 @@ class StreamBody(asyncio.Protocol):
 
     async def read_head(self) -> None:
         """Wait for the answer's head and take it: status 200, and how its body ends."""
-        while (end := self._received.find(b"\r\n\r\n", 0, HEAD_LIMIT + 4)) < 0:
-            if len(self._received) > HEAD_LIMIT:
+        while (end := self._received.find(b"\r\n\r\n", 0, HEAD_LIMIT)) < 0:
+            if len(self._received) >= HEAD_LIMIT:
                 raise OversizeError(f"the head of the answer of {self._url}", HEAD_LIMIT)
             if self._ended:
                 self._lost(f"{self._url} closed its connection before it answered")
