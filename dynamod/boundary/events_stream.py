@@ -6,7 +6,7 @@ took some 14 KB)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from dynamod import jsoncodec
 from dynamod.boundary.budgets import Budgets, RateBudget
@@ -29,7 +29,7 @@ class FeedError(InvalidInputError):
 
 async def events(
     url: str, budgets: Budgets, rate: RateBudget
-) -> AsyncIterator[EngineLoad | KvBatch | None]:
+) -> AsyncGenerator[EngineLoad | KvBatch | None, None]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
     carry its whole cache, then whatever changes; ``None`` for a line that carries nothing

@@ -4,7 +4,7 @@ daemon's client for long-lived streams from workers (their engine events).
 aiohttp's client costs some 14 KB of Python objects a connection (its parser, its request
 and response, their deques), which at 10,000 followed workers is most of the daemon's
 memory; a stream needs none of what they are for (pooling, redirects, cookies,
-decompression). ``stream_get(url)`` opens a connection, sends ``GET`` and reads the
+decompression). ``stream_get(url)`` opens a connection, sends GET and reads the
 answer's head; ``StreamBody`` is the connection and its body, both in one small object (an
 ``asyncio.Protocol``), read through the one bounded reader (``bounded.LineReader``: its
 ``readany`` / ``read_nowait`` are a ``bounded.Chunks``). What it takes from the peer:
@@ -118,8 +118,8 @@ class StreamBody(asyncio.Protocol):
     ``read_nowait`` give the body's bytes as they arrive, framing removed; ``b""`` from
     ``readany`` is its end. Errors are raised by the read that meets them."""
 
-    __slots__ = ("_ended", "_failed", "_left", "_paused", "_received", "_transport",
-                 "_trailer", "_url", "_waiter", "chunked")  # fmt: skip
+    __slots__ = ("_ended", "_failed", "_left", "_paused", "_received", "_trailer",
+                 "_transport", "_url", "_waiter", "chunked")  # fmt: skip
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -216,9 +216,10 @@ class StreamBody(asyncio.Protocol):
                                 "(identity)")  # fmt: skip
         transfer = headers.get(b"transfer-encoding")
         if transfer is not None:
-            if b",".join(transfer).strip().lower() != b"chunked":
+            codings = b",".join(transfer)
+            if codings.strip().lower() != b"chunked":
                 raise FramingError(f"the answer of {self._url} has Transfer-Encoding "
-                                   f"{b','.join(transfer)[:40]!r}; only chunked is read")  # fmt: skip
+                                   f"{codings[:40]!r}; only chunked is read")  # fmt: skip
             self.chunked, self._left = True, _SIZE_DUE
             return
         values = headers.get(b"content-length", [])
