@@ -46,8 +46,9 @@ HEAD_LIMIT: Final = 16 << 10
 of a chunked body's trailers."""
 SIZE_LINE: Final = 1024
 """Bytes of one chunk size line (its extensions included, its CRLF not)."""
-HIGH_WATER: Final = 256 << 10
-"""Bytes received and not yet taken at which the connection stops reading."""
+HIGH_WATER: Final = 128 << 10
+"""Bytes received and not yet taken at which the connection stops reading (aiohttp's
+stream reader stops at the same: twice its 64 KiB limit)."""
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})(?: [^\r\n]*)?")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
