@@ -77,9 +77,9 @@ class StreamUnavailableError(UpstreamError, ConnectionError):
 async def stream_get(url: str) -> StreamBody:
     """``GET url`` on a new connection; its body once the head says 200 (see the module
     docstring for what is refused). The caller closes it."""
-    host, port, target = _parts(url)
+    host, port, authority, target = _parts(url)
     request = (
-        f"GET {target} HTTP/1.1\r\nHost: {_authority(url)}\r\nAccept-Encoding: identity\r\n"
+        f"GET {target} HTTP/1.1\r\nHost: {authority}\r\nAccept-Encoding: identity\r\n"
         "Connection: close\r\nUser-Agent: dynamod\r\n\r\n"
     ).encode("ascii")
     loop = asyncio.get_running_loop()
@@ -93,8 +93,9 @@ async def stream_get(url: str) -> StreamBody:
     return body
 
 
-def _parts(url: str) -> tuple[str, int, str]:
-    """Host, port and request target of an ``http://`` URL; ``InvalidInputError`` else."""
+def _parts(url: str) -> tuple[str, int, str, str]:
+    """Host, port, authority and request target of an ``http://`` URL, each as it can be
+    sent; ``InvalidInputError`` else."""
     refused = InvalidInputError(f"{url[:200]!r} is not an http:// URL with a host and a "
                                 "port; streams are read over plain HTTP/1.1")  # fmt: skip
     try:
@@ -104,14 +105,13 @@ def _parts(url: str) -> tuple[str, int, str]:
         raise refused from None
     if parts.scheme != "http" or not parts.hostname:
         raise refused
+    authority = parts.netloc.rpartition("@")[2]
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    if not target.isascii() or not target.isprintable() or " " in target:
-        raise InvalidInputError(f"{url[:200]!r} has a path that cannot be sent as it is")
-    return parts.hostname, port, target
-
-
-def _authority(url: str) -> str:
-    return urlsplit(url).netloc.rpartition("@")[2]
+    for sent in (authority, target):
+        if not sent.isascii() or not sent.isprintable() or " " in sent:
+            raise InvalidInputError(f"{url[:200]!r} cannot be sent as it is (not ASCII, or "
+                                    "a space or control character)")  # fmt: skip
+    return parts.hostname, port, authority, target
 
 
 class StreamBody(asyncio.Protocol):

@@ -293,6 +293,12 @@ async def test_a_url_that_is_not_plain_http_is_refused_before_connecting(url: st
         await stream_get(url)
 
 
+@pytest.mark.parametrize("url", ["http://wörker:1/e", "http://127.0.0.1:1/e\r\nX: y"])
+async def test_a_url_that_cannot_be_sent_as_it_is_is_refused_before_connecting(url: str) -> None:
+    with pytest.raises(InvalidInputError, match="cannot be sent as it is"):
+        await stream_get(url)
+
+
 @pytest.mark.parametrize(
     ("pieces", "marked"),
     [
