@@ -1,15 +1,16 @@
 """Following every worker's engine events: one task per worker that offers them.
 
-``EngineStreams(view, report).run()`` owns one ``aiohttp`` session and one task group: a task
-per worker whose record offers an events stream (``engine_events.offered_path``), started
-when the view adds the worker and cancelled when it removes it. Each task connects to the
-worker's system address and hands every state it reads to ``report(key, state)``, through
-``breaches`` (``boundary/breaches.py``), which holds them back while the worker is marked.
+``EngineStreams(view, report).run()`` owns one task group: a task per worker whose record
+offers an events stream (``engine_events.offered_path``), started when the view adds the
+worker and cancelled when it removes it. Each task connects to the worker's system address
+and hands every state it reads to ``report(key, state)``, through ``breaches``
+(``boundary/breaches.py``), which holds them back while the worker is marked.
 
-**Any fleet size.** A stream is one long-lived connection, so the session's connector has
-no cap (aiohttp's default of 100 connections in all would leave every worker past the
-hundredth waiting for one, and marked ``timeout``): one connection per followed worker.
-What bounds them is the daemon's open files (``dynamod/open_files.py``): with
+**Any fleet size.** A stream is one long-lived connection of its own, opened by
+``http/stream_get.py`` (a small HTTP/1.1 reader: no pool, so no cap like aiohttp's default
+of 100 connections in all, which left every worker past the hundredth waiting for one and
+marked ``timeout``; and a few hundred bytes of objects a connection, where aiohttp's client
+took some 14 KB). What bounds them is the daemon's open files (``dynamod/open_files.py``): with
 ``open_files``, no more streams are open at once than its ``streams`` (the soft limit less
 a reserve for the store, gRPC and the front); a worker past that is refused its stream,
 counted in ``dynamod_engine_streams_refused_total`` and logged (summarised, like breaches:
@@ -31,8 +32,11 @@ progress, or any exception at all while they are handled — costs that worker's
 and nothing else: the task logs it, marks the worker (a ``Breach``: unhealthy for the
 router, with the reason in listings) and reconnects after its back-off. Only
 ``CancelledError`` leaves the task, so nothing a worker sends can end the task group, let
-alone the daemon. A worker that cannot be reached at all, or answers an error status, is
-not marked: the router falls back on its own count (``None``: nothing known).
+alone the daemon. A worker that cannot be reached at all, answers another status than 200
+or closes its connection mid-answer (a ``ConnectionError``), is not marked: the router
+falls back on its own count (``None``: nothing known). Its HTTP is held to the reader's
+bounds too: a head or a chunk size line over its cap is ``oversize``, framing that is not
+HTTP/1.1 or a body in a ``Content-Encoding`` (never inflated) is ``malformed``.
 
 **A worker's KV snapshot.** A worker whose record offers KV events gets a byte burst that
 takes its whole KV snapshot — as many blocks as the KV index keeps for it
@@ -47,7 +51,10 @@ is not progress: a worker that accepts and breaks every connection is retried at
 back-off's pace (a delay drawn from up to ``BACKOFF_CAP`` seconds), not at full speed.
 
 Memory is bounded: one task, one rate budget and one state per live worker, one line
-(``budgets.line`` bytes) per connection, no queue (a state replaces the last).
+(``budgets.line`` bytes) and what was received but not yet read (``stream_get.HIGH_WATER``
+and one read of the socket: then TCP holds the worker back) per connection, no queue (a
+state replaces the last). An idle stream costs some 6 KB of Python objects, 14 KB of RSS
+(``python -m bench.stream_memory``).
 
 With a ``KvIndexer`` (``kv``), the KV lines of a worker that offers them go to the router's
 KV index (``boundary/kv_indexer.py``): the first of each connection attaches the worker
@@ -58,12 +65,12 @@ connection detaches it. Without one, KV lines are read and dropped (approximate 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 from dataclasses import replace
 
-import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from dynamod.backoff import Backoff
@@ -130,7 +137,6 @@ class EngineStreams:
         self.breaches = breaches or Breaches(report, registry)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
-        self._session: aiohttp.ClientSession | None = None
         self.connected: set[str] = set()
         """Keys of the workers whose stream is open now (read it; for listings, tests)."""
         self._refused = Counter(
@@ -150,14 +156,8 @@ class EngineStreams:
 
     async def run(self) -> None:
         """Follow the workers until cancelled; every task ends with this call."""
-        # No decompression: a worker's bytes are read as sent, within the line budget.
-        # No cap on connections: one per followed worker (see the module docstring).
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
-        session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
-        )
-        async with session, asyncio.TaskGroup() as group:
-            self._session, self._group = session, group
+        async with asyncio.TaskGroup() as group:
+            self._group = group
             group.create_task(self.breaches.lines.run(), name="breach log")
             unlisten = self._view.listen(self._on_event)
             try:
@@ -212,7 +212,6 @@ class EngineStreams:
     async def _connection(self, feed: _Feed) -> None:
         """Follow one connection to its end; mark the worker if its bytes broke the
         boundary. Raises nothing but ``CancelledError``."""
-        assert self._session is not None
         key = feed.record.key
         feed.opened, feed.progressed = None, False
         if not self._admit(feed):
@@ -222,11 +221,13 @@ class EngineStreams:
         try:
             await self._connecting.acquire()
             gated = True
-            async for event in events(self._session, feed.url, self._budgets, feed.rate):
-                if gated:
-                    self._connecting.release()
-                    gated = False
-                self._deliver(feed, event)
+            stream = events(feed.url, self._budgets, feed.rate)
+            async with contextlib.aclosing(stream):  # its connection closed here, not by GC
+                async for event in stream:
+                    if gated:
+                        self._connecting.release()
+                        gated = False
+                    self._deliver(feed, event)
             self._ended(feed, None)
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
@@ -284,9 +285,9 @@ class EngineStreams:
         if isinstance(error, TimeoutError):
             message = f"it sent no whole line within {self._budgets.stall:g} s"
             self.breaches.breach(Breach(key, BreachKind.TIMEOUT, message))
-        elif isinstance(error, DynamoError):
+        elif isinstance(error, DynamoError) and not isinstance(error, ConnectionError):
             self.breaches.breach(Breach(key, kind_of(error), str(error)))
-        elif error is not None and not isinstance(error, aiohttp.ClientError | OSError):
+        elif error is not None and not isinstance(error, OSError):
             log.warning("engine events of %s raised %r", feed.url, error, exc_info=error)
             message = f"handling its events raised {error!r}"
             self.breaches.breach(Breach(key, BreachKind.MALFORMED, message))

@@ -1,18 +1,19 @@
 """Reading one worker's engine events stream (the wire format: ``dynamod.engine_events``),
-within that worker's budgets (``boundary/budgets.py``)."""
+within that worker's budgets (``boundary/budgets.py``), on a connection of its own
+(``http/stream_get.py``: a few hundred bytes of objects a stream, where aiohttp's client
+took some 14 KB)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-import aiohttp
+from collections.abc import AsyncGenerator
 
 from dynamod import jsoncodec
 from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
 from dynamod.http.bounded import LineReader
+from dynamod.http.stream_get import stream_get
 from dynamod.kv_events import KvBatch
 
 YIELD_LINES = 16
@@ -27,32 +28,34 @@ class FeedError(InvalidInputError):
 
 
 async def events(
-    session: aiohttp.ClientSession, url: str, budgets: Budgets, rate: RateBudget
-) -> AsyncIterator[EngineLoad | KvBatch | None]:
+    url: str, budgets: Budgets, rate: RateBudget
+) -> AsyncGenerator[EngineLoad | KvBatch | None, None]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
     carry its whole cache, then whatever changes; ``None`` for a line that carries nothing
     to apply (a heartbeat, or a type it does not know: a newer worker's), which still says
     the stream is alive. Every line is paid for from ``rate``.
 
-    Raises ``aiohttp.ClientError`` (or ``OSError``) when it cannot be reached, answers
-    anything but 200 or breaks the connection; ``TimeoutError`` when it does not answer,
+    Raises a ``ConnectionError`` (an ``OSError``: ``stream_get.StreamUnavailableError``
+    among them) when it cannot be reached, answers anything but 200 or breaks the
+    connection; ``TimeoutError`` when it does not answer,
     or send a whole line, within ``budgets.stall`` seconds (heartbeats count);
-    ``OversizeError`` for a line over ``budgets.line`` bytes; ``TooFastError`` past its
-    rate budget; ``FeedError`` (an ``InvalidInputError``) when what it sends breaks the
-    protocol (a KV line out of sequence included: the caller reconnects, and the new
-    connection starts whole). A line counts as sent in time when it had arrived by the
+    ``OversizeError`` for a line over ``budgets.line`` bytes, or a head or chunk size line
+    over ``stream_get``'s; ``TooFastError`` past its rate budget; ``FeedError`` (an
+    ``InvalidInputError``) when what it sends breaks the protocol (a KV line out of sequence
+    included: the caller reconnects, and the new connection starts whole), and
+    ``stream_get.FramingError`` or ``bounded.EncodingError`` when its HTTP does (both
+    ``UpstreamError``s). A line counts as sent in time when it had arrived by the
     deadline, even if the daemon's own loop, starved, only reads it later.
     """
     stall = budgets.stall
     # No total: a stream lasts as long as the worker; each line is bounded instead (not
-    # each read: aiohttp's read timeout would fail a line that arrived in time on a loop
-    # that was starved meanwhile, which ``arrived`` below forgives).
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=stall)
+    # each read: a read's deadline would fail a line that arrived in time on a loop that
+    # was starved meanwhile, which ``arrived`` below forgives).
     async with asyncio.timeout(stall):
-        response = await session.get(url, timeout=timeout, raise_for_status=True)
-    async with response:
-        lines = LineReader(response.content, budgets.line, f"the engine events of {url}")
+        body = await stream_get(url)
+    try:
+        lines = LineReader(body, budgets.line, f"the engine events of {url}")
         kv_seq = since_yield = lines_since = 0
         while True:
             try:
@@ -84,6 +87,8 @@ async def events(
                 yield batch
             else:
                 yield None
+    finally:
+        body.close()
 
 
 def _event_of(line: bytes, url: str) -> dict[str, object]:

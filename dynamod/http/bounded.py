@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from typing import Final
+from typing import Final, Protocol
 
-from aiohttp import ClientResponse, StreamReader
+from aiohttp import ClientResponse
 
 from dynamod.errors import OversizeError, UpstreamError
 
@@ -45,11 +45,26 @@ async def read_body(response: ClientResponse, limit: int, what: str) -> bytes:
     return bytes(body)
 
 
+class Chunks(Protocol):
+    """Where ``LineReader`` reads from: aiohttp's ``StreamReader`` (a response's content),
+    or ``stream_get.StreamBody`` (a stream on a connection of its own)."""
+
+    async def readany(self) -> bytes:
+        """Bytes that arrived, waiting for some; ``b""`` at the end."""
+        ...
+
+    def read_nowait(self) -> bytes:
+        """Bytes that arrived, without waiting; ``b""`` when none have."""
+        ...
+
+
 class LineReader:
     """Newline-terminated lines from ``content``, each at most ``limit`` bytes (newline
     included); ``OversizeError`` for a longer one, which ends the reader's use."""
 
-    def __init__(self, content: StreamReader, limit: int, what: str) -> None:
+    __slots__ = ("_buffer", "_content", "_limit", "_scanned", "_what")
+
+    def __init__(self, content: Chunks, limit: int, what: str) -> None:
         self._content = content
         self._limit = limit
         self._what = what

@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -73,8 +72,8 @@ def streaming(*chunks: bytes, pause: float = 0.0) -> web.Application:
 
 async def read_all(url: str, budgets: Budgets, got: list[EngineLoad | KvBatch]) -> None:
     """Read the stream at ``url`` into ``got`` until it ends or raises."""
-    async with aiohttp.ClientSession() as session:
-        stream = events(session, url + "/engine/events", budgets, RateBudget(budgets))
+    stream = events(url + "/engine/events", budgets, RateBudget(budgets))
+    async with contextlib.aclosing(stream):
         async for event in stream:
             if event is not None:  # a heartbeat
                 got.append(event)  # noqa: PERF401 - kept one by one: what came before a refusal
@@ -151,8 +150,8 @@ async def test_a_line_that_arrived_in_time_on_a_starved_loop_is_no_stall() -> No
     budgets = Budgets(stall=0.5)
     lines = (line(SNAPSHOT), b'{"type": "heartbeat"}\n')
     with in_a_thread(*lines, pause=0.1) as url:
-        async with aiohttp.ClientSession() as session:
-            stream = events(session, url + "/engine/events", budgets, RateBudget(budgets))
+        stream = events(url + "/engine/events", budgets, RateBudget(budgets))
+        async with contextlib.aclosing(stream):
             assert await anext(stream) == EngineLoad()
             following = asyncio.ensure_future(anext(stream))
             await asyncio.sleep(0)  # it waits for the next line

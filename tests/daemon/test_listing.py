@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from dynamod.api import convert, worker_pages
 from dynamod.api.v1 import dynamo_pb2 as pb
 from dynamod.client import AsyncClient
+from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
 from dynamod.load import Load
 from dynamod.records import WorkerRecord
@@ -179,6 +180,31 @@ def test_the_encoded_listing_is_the_message_protobuf_would_write(
             if "load" in chosen and not info.load.idle:
                 worker.load.CopyFrom(convert.load_to_pb(info.load))
         assert pb.ListWorkersResponse.FromString(encoded) == expected
+
+
+def test_an_engine_report_is_listed_as_it_is_now_while_its_encoding_is_kept() -> None:
+    """The engine field is kept encoded per worker while its report is the same object: a
+    new report (a changed engine, a mark) shows at the next listing, a worker that left
+    lets its entry go."""
+    records = [make_record(instance_id=f"{n:016x}") for n in range(3)]
+    view = {r.key: r for r in records}
+    messages = worker_pages.WorkerMessages(view.get)
+    fields = worker_pages.worker_fields([])
+
+    def listed(engines: list[EngineLoad]) -> list[EngineLoad | None]:
+        infos = [WorkerInfo(r, 1, engine=e) for r, e in zip(records, engines, strict=True)]
+        encoded = pb.ListWorkersResponse.FromString(messages.response(infos, fields, 1, 8))
+        return [convert.worker_from_pb(w).engine for w in encoded.workers]
+
+    first = [EngineLoad(running=n, source="engine") for n in range(3)]
+    assert listed(first) == first
+    assert listed(first) == first  # from the kept bytes
+    changed = [first[0], EngineLoad(healthy=False, reason="marked", source="boundary"), first[2]]
+    assert listed(changed) == changed
+    del view[records[2].key]
+    for _ in range(100):  # listings of one worker: the others' entries go past the bound
+        messages.response([WorkerInfo(records[0], 1, engine=first[0])], fields, 1, 8)
+    assert listed(changed) == changed  # still what each report says
 
 
 def test_varints_encode_as_protobuf_does() -> None:
