@@ -22,6 +22,7 @@ from typing import Final
 from aiohttp import ClientResponse, StreamReader
 
 from dynamod.errors import OversizeError, UpstreamError
+from dynamod.http.memory import Claim
 
 INFLATE_SLICE: Final = 256 << 10
 """Bytes one step of ``inflate`` writes before it gives the event loop back (a
@@ -30,18 +31,31 @@ a 64 KiB chunk becomes 64 MiB in one stall of the loop."""
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
 
 
-async def read_body(response: ClientResponse, limit: int, what: str) -> bytes:
+async def read_body(
+    response: ClientResponse, limit: int, what: str, claim: Claim | None = None
+) -> bytes:
     """The whole body of ``response``, at most ``limit`` bytes; ``OversizeError`` beyond.
 
-    A ``Content-Length`` over the limit is refused before a byte of the body is read."""
+    A ``Content-Length`` over the limit is refused before a byte of the body is read.
+    ``claim``: each chunk is held on it (the daemon's memory budget, ``memory.py``); made
+    to pay, the response is closed and ``MemoryBudgetError`` raised."""
     announced = response.content_length
     if announced is not None and announced > limit:
         raise OversizeError(f"{what} ({announced} bytes announced)", limit)
     body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise OversizeError(what, limit)
+    if claim is not None:
+        claim.stop = lambda _: response.close()
+    try:
+        async for chunk in response.content.iter_any():
+            body += chunk
+            if claim is not None:
+                claim.add(len(chunk))
+            if len(body) > limit:
+                raise OversizeError(what, limit)
+    except Exception:
+        if claim is not None and claim.refused is not None:
+            raise claim.refused from None  # its read was woken by the close
+        raise
     return bytes(body)
 
 
@@ -98,12 +112,14 @@ class EncodingError(UpstreamError):
     """A body in a ``Content-Encoding`` that cannot be read: unknown, or corrupt."""
 
 
-async def inflate(body: bytes, encoding: str, limit: int, what: str) -> bytes:
+async def inflate(
+    body: bytes, encoding: str, limit: int, what: str, claim: Claim | None = None
+) -> bytes:
     """``body`` decoded from its ``Content-Encoding`` (``gzip`` or ``deflate``; ``identity``
     or none: as it is), at most ``limit`` bytes; ``OversizeError`` beyond, ``EncodingError``
     for an encoding not read here or a corrupt body. Decoded ``INFLATE_SLICE`` bytes at a
     time, the loop given back between slices: a bomb costs the loop a millisecond a slice,
-    and memory its limit."""
+    and memory its limit. ``claim``: each slice is held on it, as ``read_body``'s chunks."""
     coding = encoding.strip().lower()
     if coding in ("", "identity"):
         return body
@@ -118,7 +134,10 @@ async def inflate(body: bytes, encoding: str, limit: int, what: str) -> bytes:
     pending = body
     try:
         while pending:
+            size = len(out)
             out += decoder.decompress(pending, INFLATE_SLICE)
+            if claim is not None:
+                claim.add(len(out) - size)
             pending = decoder.unconsumed_tail
             if len(out) > limit:
                 raise OversizeError(f"{what} (inflated)", limit)
