@@ -16,6 +16,7 @@ import random
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -104,7 +105,9 @@ async def front_of(worker: Worker, memory: MemoryBudget) -> AsyncIterator[tuple[
                 await watcher
 
 
-async def ask(http: aiohttp.ClientSession, base: str, prompt: str) -> tuple[int, dict, str]:
+async def ask(
+    http: aiohttp.ClientSession, base: str, prompt: str
+) -> tuple[int, dict[str, Any], str]:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
     async with http.post(f"{base}/v1/completions", json=body) as reply:
         return reply.status, await reply.json(), reply.headers.get(WORKER_ID_HEADER, "")

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import pytest
 from aiohttp import web
@@ -99,7 +100,7 @@ async def test_tokenizer_fetches_past_the_budget_refuse_the_largest_and_fetch_it
         assert memory.held == 0
         for card in refused:  # tried again after the back-off, alone within the budget
             found = await eventually(
-                lambda card=card: registry.for_card(card),
+                partial(registry.for_card, card),
                 lambda t: isinstance(t, BundledTokenizer),
                 within=30,
                 what=f"the tokenizer of {card.name} fetched again",
