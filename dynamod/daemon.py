@@ -149,7 +149,8 @@ class Daemon:
         pools: PoolReconciler | None = None
         reader = PromptReader(workers)
         # What the front's answers and the tokenizer fetches hold, in all (http/memory.py).
-        memory = MemoryBudget(settings.memory_budget)
+        memory = MemoryBudget(settings.memory_budget, self.metrics.memory_refusals.inc)
+        self.metrics.follow_memory(memory)
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(
             TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer, memory=memory)

@@ -72,12 +72,15 @@ class Claim:
 
 class MemoryBudget:
     """The account of bytes held from peers, at most ``limit`` in all; see the module
-    docstring."""
+    docstring. ``on_refused`` is told of each claim made to pay (a metric)."""
 
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(
+        self, limit: int = DEFAULT_LIMIT, on_refused: Callable[[], None] | None = None
+    ) -> None:
         if limit < 1:
             raise ValueError(f"a memory budget must be at least 1 byte, got {limit}")
         self.limit = limit
+        self._on_refused = on_refused
         self.held = 0
         """Bytes all claims hold now."""
         self.refusals = 0
@@ -113,6 +116,8 @@ class MemoryBudget:
             self._moved(largest, -largest.size)
             largest.refused = error
             self.refusals += 1
+            if self._on_refused is not None:
+                self._on_refused()
             log.warning("%s", error)
             largest.stop(error)
             if largest is adding:
