@@ -47,6 +47,8 @@ worker unreachable / silent / 5xx before its first       one retry elsewhere, th
 byte; its whole answer over ``limits.whole`` bytes or    502 / 504 / the worker's 5xx
 cut off; its stream's first event over ``limits.event``  (naming the worker)
 bytes, cut off or late
+a whole answer being read when what all answers hold is  503 + ``Retry-After`` (naming
+past the memory budget and it holds the most             the worker and the setting)
 =======================================================  ======
 
 Every worker failure is reported: one log line naming the worker, and

@@ -24,6 +24,12 @@ The streams being relayed are held in ``http.sse.OpenStreams``, whose ``cut(mess
 daemon calls when its grace period ends with streams still open: each ends with an error
 event (code ``shutting_down``) and ``[DONE]``, so that no client sees a silent cut (a
 stream cut before its first event is answered 503, code ``shutting_down``).
+
+What an answer holds (a whole one from its first byte until the caller has written it, a
+stream's event being written and its client's socket buffer) is a claim on the daemon's
+memory budget (``http.memory``): a whole answer made to pay while it is read is a 503
+naming the worker and the budget (the worker did nothing wrong: no failure reported, no
+retry), a stream made to pay has its client aborted.
 """
 
 from __future__ import annotations

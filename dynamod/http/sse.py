@@ -17,8 +17,8 @@ connection, which wakes its pending read: the stream's own task then writes its 
 response from outside the task serving it. For the end of a grace period: a client then
 knows its answer is incomplete. What each stream holds for a client that does not read
 is a claim on the daemon's one memory budget (``memory.MemoryBudget``), moved at each
-event (``make_room``, ``written``): past the budget the largest holder pays, and when
-that is a stream its client's connection is aborted.
+event (``make_room``, ``OpenStream.holding``): past the budget the largest holder pays,
+and when that is a stream its client's connection is aborted.
 """
 
 from __future__ import annotations
