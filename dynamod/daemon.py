@@ -162,6 +162,7 @@ class Daemon:
             budgets=self._budgets(),
             registry=self.registry,
             open_files=OpenFiles(self.registry),
+            memory=memory,
         )
         # A Dynamo fleet's workers report nothing: their reach is dynamod's own check.
         reach = DynamoReach(view, lambda key, load: _reported(router, pools, key, load))

@@ -374,8 +374,9 @@ class StreamLimitError(DynamoError):
 
 class MemoryBudgetError(DynamoError):
     """What the daemon holds of its peers' bytes together (relayed streams, whole answers,
-    tokenizer bundles being fetched: ``http/memory.py``) is over ``limit`` bytes, and this
-    holder held the most: it is refused. Retry later, when others are done."""
+    tokenizer bundles being fetched, engine events buffers: ``http/memory.py``) is over
+    ``limit`` bytes, and this holder held the most: it is refused. Retry later, when
+    others are done."""
 
     code = "RESOURCE_EXHAUSTED"
     retryable = True

@@ -47,7 +47,11 @@ is not progress: a worker that accepts and breaks every connection is retried at
 back-off's pace (a delay drawn from up to ``BACKOFF_CAP`` seconds), not at full speed.
 
 Memory is bounded: one task, one rate budget and one state per live worker, one line
-(``budgets.line`` bytes) per connection, no queue (a state replaces the last).
+(``budgets.line`` bytes) per connection, no queue (a state replaces the last). What the
+connections' buffers hold together is a claim each on the daemon's memory budget
+(``memory``: ``http.memory``, shared with the front's answers and the tokenizer fetches):
+past it the connection holding the most is closed and retried after its back-off, one
+warning line, the worker not marked (the limit is the daemon's, not its fault).
 
 With a ``KvIndexer`` (``kv``), the KV lines of a worker that offers them go to the router's
 KV index (``boundary/kv_indexer.py``): the first of each connection attaches the worker
@@ -80,7 +84,8 @@ from dynamod.discovery_events import (
     WorkerRemoved,
 )
 from dynamod.engine_events import EngineLoad, LoadReport, offered_path, offers_kv
-from dynamod.errors import DynamoError
+from dynamod.errors import DynamoError, MemoryBudgetError
+from dynamod.http.memory import MemoryBudget
 from dynamod.kv_events import KvBatch
 from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
@@ -118,8 +123,10 @@ class EngineStreams:
         breaches: Breaches | None = None,
         rng: random.Random | None = None,
         open_files: OpenFiles | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self._view = view
+        self._memory = memory if memory is not None else MemoryBudget()
         self._open_files = open_files
         self._opening = 0
         """Streams connecting or open now: what ``open_files`` bounds."""
@@ -219,14 +226,17 @@ class EngineStreams:
             return
         self._opening += 1
         gated = False
+        claim = self._memory.claim(f"the engine events of worker {key}")
         try:
             await self._connecting.acquire()
             gated = True
-            async for event in events(self._session, feed.url, self._budgets, feed.rate):
-                if gated:
-                    self._connecting.release()
-                    gated = False
-                self._deliver(feed, event)
+            with claim as held:
+                stream = events(self._session, feed.url, self._budgets, feed.rate, held)
+                async for event in stream:
+                    if gated:
+                        self._connecting.release()
+                        gated = False
+                    self._deliver(feed, event)
             self._ended(feed, None)
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
@@ -281,7 +291,9 @@ class EngineStreams:
     def _ended(self, feed: _Feed, error: Exception | None) -> None:
         """Judge how a connection ended: a breach, or nothing known."""
         key = feed.record.key
-        if isinstance(error, TimeoutError):
+        if isinstance(error, MemoryBudgetError):  # logged by the budget; retried, unmarked
+            self.breaches.report(key, None)
+        elif isinstance(error, TimeoutError):
             message = f"it sent no whole line within {self._budgets.stall:g} s"
             self.breaches.breach(Breach(key, BreachKind.TIMEOUT, message))
         elif isinstance(error, DynamoError):

@@ -13,6 +13,7 @@ from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
 from dynamod.http.bounded import LineReader
+from dynamod.http.memory import Claim
 from dynamod.kv_events import KvBatch
 
 YIELD_LINES = 16
@@ -27,7 +28,11 @@ class FeedError(InvalidInputError):
 
 
 async def events(
-    session: aiohttp.ClientSession, url: str, budgets: Budgets, rate: RateBudget
+    session: aiohttp.ClientSession,
+    url: str,
+    budgets: Budgets,
+    rate: RateBudget,
+    claim: Claim | None = None,
 ) -> AsyncIterator[EngineLoad | KvBatch | None]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
@@ -42,7 +47,9 @@ async def events(
     rate budget; ``FeedError`` (an ``InvalidInputError``) when what it sends breaks the
     protocol (a KV line out of sequence included: the caller reconnects, and the new
     connection starts whole). A line counts as sent in time when it had arrived by the
-    deadline, even if the daemon's own loop, starved, only reads it later.
+    deadline, even if the daemon's own loop, starved, only reads it later. ``claim``:
+    what waits in its buffer is held on the daemon's memory budget; made to pay,
+    ``MemoryBudgetError`` (the daemon's limit, not the worker's fault).
     """
     stall = budgets.stall
     # No total: a stream lasts as long as the worker; each line is bounded instead (not
@@ -52,7 +59,10 @@ async def events(
     async with asyncio.timeout(stall):
         response = await session.get(url, timeout=timeout, raise_for_status=True)
     async with response:
-        lines = LineReader(response.content, budgets.line, f"the engine events of {url}")
+        if claim is not None:
+            claim.stop = lambda _: response.close()
+        what = f"the engine events of {url}"
+        lines = LineReader(response.content, budgets.line, what, claim)
         kv_seq = since_yield = lines_since = 0
         while True:
             try:

@@ -61,14 +61,20 @@ async def read_body(
 
 class LineReader:
     """Newline-terminated lines from ``content``, each at most ``limit`` bytes (newline
-    included); ``OversizeError`` for a longer one, which ends the reader's use."""
+    included); ``OversizeError`` for a longer one, which ends the reader's use. ``claim``:
+    what waits in its buffer is held on it (``memory.py``), moved once per chunk read; made
+    to pay, the reader raises ``MemoryBudgetError`` (its owner closes the connection:
+    ``claim.stop``)."""
 
-    def __init__(self, content: StreamReader, limit: int, what: str) -> None:
+    def __init__(
+        self, content: StreamReader, limit: int, what: str, claim: Claim | None = None
+    ) -> None:
         self._content = content
         self._limit = limit
         self._what = what
         self._buffer = bytearray()
         self._scanned = 0
+        self._claim = claim
 
     async def next_line(self) -> bytes | None:
         """The next whole line, or None at the end of the stream (a last line without its
@@ -77,17 +83,28 @@ class LineReader:
             line = self._buffered_line()
             if line is not None:
                 return line
-            chunk = await self._content.readany()
+            self._held()
+            try:
+                chunk = await self._content.readany()
+            except Exception:
+                self._held()  # its refusal, when that is why the connection was closed
+                raise
+            self._buffer += chunk
+            self._held()
             if not chunk:
                 return self._take(len(self._buffer)) if self._buffer else None
-            self._buffer += chunk
 
     def arrived(self) -> bytes | None:
         """The next whole line if it has already been received, taken without waiting;
         None when it has not. For a caller whose wait for ``next_line`` timed out: on a
         starved event loop the line may have arrived in time and only been read late."""
         self._buffer += self._content.read_nowait()
+        self._held()
         return self._buffered_line()
+
+    def _held(self) -> None:
+        if self._claim is not None:
+            self._claim.resize(len(self._buffer))
 
     def _buffered_line(self) -> bytes | None:
         """A whole line from the buffer, or None; a line growing past the limit raises."""

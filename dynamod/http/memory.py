@@ -2,7 +2,8 @@
 
 Each read is bounded on its own (``bounded.py``, ``sse.py``), but many at once are not: 30
 clients that never read a relayed stream, many whole answers read together, 8 tokenizer
-bundles fetched at once each stay within their own bound and together take gigabytes.
+bundles fetched at once, thousands of engine events lines each stay within their own
+bound and together take gigabytes.
 ``MemoryBudget`` is the account all of them draw on (the daemon's ``memory_budget_mb``):
 each holder takes a ``Claim`` and moves its bytes on it as they arrive and leave — a
 counter added to and subtracted from, nothing more per chunk. Only when the total passes
@@ -14,7 +15,8 @@ A claim that holds nothing is not in the account, so opening one costs nothing t
 
 The holders: the front's relayed streams (the event being written and what waits in the
 client's socket buffer), its whole answers (read, and held until written to the client),
-and the tokenizer bundles being fetched (``boundary/tokenizer_registry.py``).
+the tokenizer bundles being fetched (``boundary/tokenizer_registry.py``) and what waits in
+each engine events connection's buffer (``boundary/engine_streams.py``).
 """
 
 from __future__ import annotations
@@ -125,9 +127,10 @@ class MemoryBudget:
 
     def _refusal(self, largest: Claim) -> MemoryBudgetError:
         return MemoryBudgetError(
-            f"{largest.name} is refused: the daemon holds {self.held} bytes of its peers' "
-            f"answers, streams and tokenizer bundles, over its memory budget of {self.limit} "
-            f"({SETTING} = {self.limit / MIB:g}), and it held the most ({largest.size} bytes); "
+            f"{largest.name} is refused: the daemon holds {self.held} bytes from its peers "
+            f"(answers, streams, tokenizer bundles, engine events), over its memory budget "
+            f"of {self.limit} ({SETTING} = {self.limit / MIB:g}), and it held the most "
+            f"({largest.size} bytes); "
             f"retry later, or raise {SETTING}",
             limit=self.limit,
         )

@@ -54,7 +54,8 @@ max_event_mb       16                                          MiB of one SSE ev
 memory_budget_mb   512                                         MiB of peers' bytes held in
                                                                all: relayed streams, whole
                                                                answers, tokenizer bundles
-                                                               being fetched; past it the
+                                                               being fetched, engine events
+                                                               buffers; past it the
                                                                largest holder is refused
                                                                (at least each one's limit)
 dynamo_system_     (none: the card's URLs)                     an NVIDIA Dynamo fleet
