@@ -175,7 +175,8 @@ async def relay_whole(
         raw = await read_body(upstream, limits.whole, what, claim)
         encoding = upstream.headers.get("Content-Encoding", "")
         body = await inflate(raw, encoding, limits.whole, what, claim)
-        claim.resize(len(body))
+        claim.resize(2 * len(body))  # until written: the body, and its copy the client's
+        # socket buffer holds while the client does not read
     except MemoryBudgetError as exc:
         return error_response(503, str(exc), "memory_budget", worker_id=worker.instance_id,
                               retry_after=1)  # fmt: skip

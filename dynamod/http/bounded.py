@@ -56,7 +56,12 @@ async def read_body(
         if claim is not None and claim.refused is not None:
             raise claim.refused from None  # its read was woken by the close
         raise
-    return bytes(body)
+    if claim is None:
+        return bytes(body)
+    claim.add(len(body))  # the copy, while both live
+    whole = bytes(body)
+    claim.add(-len(body))
+    return whole
 
 
 class LineReader:
