@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
 
 MIB: Final = 1 << 20
 DEFAULT_LIMIT: Final = 512 * MIB
-"""The daemon's ``memory_budget_mb`` by default: 8 whole answers at their limit, or 4
-tokenizer bundles at theirs, or the 256 MiB the relayed streams had alone before, twice."""
+"""The daemon's ``memory_budget_mb`` by default: 4 whole answers at their limit held for
+clients (a read answer counts twice: its body and the copy in the client's socket buffer),
+or 4 tokenizer bundles at theirs, or the 256 MiB the relayed streams had alone before,
+twice."""
 SETTING: Final = "memory_budget_mb"
 
 

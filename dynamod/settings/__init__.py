@@ -57,7 +57,8 @@ memory_budget_mb   512                                         MiB of peers' byt
                                                                being fetched, engine events
                                                                buffers; past it the
                                                                largest holder is refused
-                                                               (at least each one's limit)
+                                                               (at least twice each one's
+                                                               limit)
 dynamo_system_     (none: the card's URLs)                     an NVIDIA Dynamo fleet
 address                                                        (dynamo+etcd://, dynamo+
                                                                file://): its workers'
@@ -293,12 +294,13 @@ class DaemonSettings:
             )
         each = ("max_answer_mb", "max_event_mb", "tokenizer_bundle_max_mb")
         name, largest = max(((n, getattr(self, n)) for n in each), key=lambda item: item[1])
-        if self.memory_budget_mb < largest:
+        if self.memory_budget_mb < 2 * largest:
             raise ConfigError(
-                f"memory_budget_mb ({self.memory_budget_mb:g}) must be at least {name} "
+                f"memory_budget_mb ({self.memory_budget_mb:g}) must be at least twice {name} "
                 f"({largest:g}): the budget holds what all answers, streams and tokenizer "
-                f"fetches hold together, so one at its own limit must fit; raise "
-                f"memory_budget_mb to {largest:g} or more, or lower {name}"
+                f"fetches hold together, so one at its own limit must fit, counted twice "
+                f"while it is copied; raise memory_budget_mb to {2 * largest:g} or more, or "
+                f"lower {name}"
             )
 
     def _check_pools(self) -> None:

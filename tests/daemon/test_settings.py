@@ -67,8 +67,8 @@ def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> N
         ("not toml =", "is not valid TOML"),
         ("memory_budget_mb = 0", "memory_budget_mb must be a number of MiB above 0, got 0.0"),
         (
-            "memory_budget_mb = 100\ntokenizer_bundle_max_mb = 128",
-            "memory_budget_mb (100) must be at least tokenizer_bundle_max_mb (128)",
+            "memory_budget_mb = 200\ntokenizer_bundle_max_mb = 128",
+            "memory_budget_mb (200) must be at least twice tokenizer_bundle_max_mb (128)",
         ),
     ],
 )
