@@ -42,6 +42,7 @@ from dynamod.errors import ConfigError, DynamoError
 from dynamod.frontend import Frontend
 from dynamod.frontend.dynamo_fleet import FleetFront
 from dynamod.http.limits import MAX_BODY
+from dynamod.http.memory import MemoryBudget
 from dynamod.http.openai import openai_refusal
 from dynamod.http.server import listen, serve_app, url
 from dynamod.lifecycle import EX_OK, EX_SOFTWARE, Signals
@@ -147,9 +148,12 @@ class Daemon:
         workers = await stack.enter_async_context(PromptProcesses(PROMPT_PROCESSES, limits=limits))
         pools: PoolReconciler | None = None
         reader = PromptReader(workers)
+        # What the front's answers and the tokenizer fetches hold, in all (http/memory.py).
+        memory = MemoryBudget(settings.memory_budget, self.metrics.memory_refusals.inc)
+        self.metrics.follow_memory(memory)
         # Each model's workers' own tokenizer: the front and explain count and hash alike.
         tokenizers = await stack.enter_async_context(
-            TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer)
+            TokenizerRegistry(view, limits=limits, check=workers.check_tokenizer, memory=memory)
         )
         feeds = EngineStreams(
             view,
@@ -158,6 +162,7 @@ class Daemon:
             budgets=self._budgets(),
             registry=self.registry,
             open_files=OpenFiles(self.registry),
+            memory=memory,
         )
         # A Dynamo fleet's workers report nothing: their reach is dynamod's own check.
         reach = DynamoReach(view, lambda key, load: _reported(router, pools, key, load))
@@ -207,6 +212,7 @@ class Daemon:
                     gone_window=settings.model_gone_window,
                     limits=settings.answer_limits,
                     traffic=traffic,
+                    memory=memory,
                 )
             )
             http = await self._start_http(stack, front, listener)

@@ -13,7 +13,10 @@ store (every API method's series starts at 0: ``known_operations``);
 (``card``, ``instance``) left out because their shape is not understood, once each;
 ``dynamod_dynamo_taint_warnings_total`` the warnings about the taints its workers hold
 that dynamod would not set (a hand-set cordon Dynamo does not honour, a taint its grammar
-refuses), once per card revision and taint.
+refuses), once per card revision and taint; ``dynamod_memory_held_bytes`` and
+``dynamod_memory_limit_bytes`` what the daemon holds of its peers' bytes and its
+``memory_budget_mb``, ``dynamod_memory_refusals_total`` the holders it made pay
+(``http/memory.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dynamod.discovery_events import (
     WorkerModified,
     WorkerRemoved,
 )
+from dynamod.http.memory import MemoryBudget
 
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0)
 _KINDS = {
@@ -83,7 +87,25 @@ class DaemonMetrics:
             "Taints a Dynamo fleet's workers hold that dynamod would not set, as warned of.",
             registry=registry,
         )
+        self.memory_refusals = Counter(
+            "dynamod_memory_refusals",
+            "Holders of peers' bytes refused past the memory budget (the largest first).",
+            registry=registry,
+        )
+        self._registry = registry
         self._written: dict[str, tuple[int, float]] = {}
+
+    def follow_memory(self, budget: MemoryBudget) -> None:
+        """The memory budget's bytes held and its limit, read at each scrape."""
+        Gauge(
+            "dynamod_memory_held_bytes",
+            "Bytes of peers' answers, streams and tokenizer bundles the daemon holds.",
+            registry=self._registry,
+        ).set_function(lambda: budget.held)
+        Gauge(
+            "dynamod_memory_limit_bytes", "The daemon's memory budget (memory_budget_mb).",
+            registry=self._registry,
+        ).set_function(lambda: budget.limit)  # fmt: skip
 
     def known_operations(self, methods: Iterable[str]) -> None:
         """Start ``store_errors`` at 0 for every API method: a series born at its first

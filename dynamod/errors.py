@@ -35,6 +35,9 @@ builtin a caller would naturally catch, so ``except ValueError`` still works::
     │   └── ShuttingDownError                   draining; retryable  UNAVAILABLE
     ├── StreamLimitError                        too many API streams RESOURCE_EXHAUSTED
     │                                           open; retryable
+    ├── MemoryBudgetError                       what the daemon holds RESOURCE_EXHAUSTED
+    │                                           of its peers' bytes is over its
+    │                                           memory budget; retryable
     ├── AccessError (PermissionError)
     │   ├── UnauthenticatedError                no or unknown        UNAUTHENTICATED
     │   │                                       credentials
@@ -367,6 +370,23 @@ class StreamLimitError(DynamoError):
 
     def fields(self) -> dict[str, object]:
         return {"message": str(self), "setting": self.setting, "limit": self.limit}
+
+
+class MemoryBudgetError(DynamoError):
+    """What the daemon holds of its peers' bytes together (relayed streams, whole answers,
+    tokenizer bundles being fetched, engine events buffers: ``http/memory.py``) is over
+    ``limit`` bytes, and this holder held the most: it is refused. Retry later, when
+    others are done."""
+
+    code = "RESOURCE_EXHAUSTED"
+    retryable = True
+
+    def __init__(self, message: str, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+    def fields(self) -> dict[str, object]:
+        return {"message": str(self), "limit": self.limit}
 
 
 class AccessError(DynamoError, PermissionError):

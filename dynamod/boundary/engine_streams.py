@@ -54,7 +54,11 @@ Memory is bounded: one task, one rate budget and one state per live worker, one 
 (``budgets.line`` bytes) and what was received but not yet read (``stream_get.HIGH_WATER``
 and one read of the socket: then TCP holds the worker back) per connection, no queue (a
 state replaces the last). An idle stream costs some 6 KB of Python objects, 14 KB of RSS
-(``python -m bench.stream_memory``).
+(``python -m bench.stream_memory``). What the connections' buffers hold together is a
+claim each on the daemon's memory budget (``memory``: ``http.memory``, shared with the
+front's answers and the tokenizer fetches): past it the connection holding the most is
+closed and retried after its back-off, one warning line, the worker not marked (the limit
+is the daemon's, not its fault).
 
 With a ``KvIndexer`` (``kv``), the KV lines of a worker that offers them go to the router's
 KV index (``boundary/kv_indexer.py``): the first of each connection attaches the worker
@@ -87,7 +91,8 @@ from dynamod.discovery_events import (
     WorkerRemoved,
 )
 from dynamod.engine_events import EngineLoad, LoadReport, offered_path, offers_kv
-from dynamod.errors import DynamoError
+from dynamod.errors import DynamoError, MemoryBudgetError
+from dynamod.http.memory import MemoryBudget
 from dynamod.kv_events import KvBatch
 from dynamod.open_files import OpenFiles
 from dynamod.records import WorkerRecord
@@ -125,8 +130,10 @@ class EngineStreams:
         breaches: Breaches | None = None,
         rng: random.Random | None = None,
         open_files: OpenFiles | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self._view = view
+        self._memory = memory if memory is not None else MemoryBudget()
         self._open_files = open_files
         self._opening = 0
         """Streams connecting or open now: what ``open_files`` bounds."""
@@ -218,16 +225,18 @@ class EngineStreams:
             return
         self._opening += 1
         gated = False
+        claim = self._memory.claim(f"the engine events of worker {key}")
         try:
             await self._connecting.acquire()
             gated = True
-            stream = events(feed.url, self._budgets, feed.rate)
-            async with contextlib.aclosing(stream):  # its connection closed here, not by GC
-                async for event in stream:
-                    if gated:
-                        self._connecting.release()
-                        gated = False
-                    self._deliver(feed, event)
+            with claim as held:
+                stream = events(feed.url, self._budgets, feed.rate, held)
+                async with contextlib.aclosing(stream):  # its connection closed here, not by GC
+                    async for event in stream:
+                        if gated:
+                            self._connecting.release()
+                            gated = False
+                        self._deliver(feed, event)
             self._ended(feed, None)
         except Exception as exc:  # noqa: BLE001 - whatever a worker's bytes raise ends here
             self._ended(feed, exc)
@@ -282,7 +291,9 @@ class EngineStreams:
     def _ended(self, feed: _Feed, error: Exception | None) -> None:
         """Judge how a connection ended: a breach, or nothing known."""
         key = feed.record.key
-        if isinstance(error, TimeoutError):
+        if isinstance(error, MemoryBudgetError):  # logged by the budget; retried, unmarked
+            self.breaches.report(key, None)
+        elif isinstance(error, TimeoutError):
             message = f"it sent no whole line within {self._budgets.stall:g} s"
             self.breaches.breach(Breach(key, BreachKind.TIMEOUT, message))
         elif isinstance(error, DynamoError) and not isinstance(error, ConnectionError):

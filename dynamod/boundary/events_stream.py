@@ -13,6 +13,7 @@ from dynamod.boundary.budgets import Budgets, RateBudget
 from dynamod.engine_events import EngineLoad
 from dynamod.errors import InvalidInputError
 from dynamod.http.bounded import LineReader
+from dynamod.http.memory import Claim
 from dynamod.http.stream_get import stream_get
 from dynamod.kv_events import KvBatch
 
@@ -28,7 +29,7 @@ class FeedError(InvalidInputError):
 
 
 async def events(
-    url: str, budgets: Budgets, rate: RateBudget
+    url: str, budgets: Budgets, rate: RateBudget, claim: Claim | None = None
 ) -> AsyncGenerator[EngineLoad | KvBatch | None, None]:
     """The states and KV batches a worker reports at ``url``, in order, until the stream
     ends: the load snapshot first, then (from a worker that offers them) the KV lines that
@@ -46,7 +47,9 @@ async def events(
     included: the caller reconnects, and the new connection starts whole), and
     ``stream_get.FramingError`` or ``bounded.EncodingError`` when its HTTP does (both
     ``UpstreamError``s). A line counts as sent in time when it had arrived by the
-    deadline, even if the daemon's own loop, starved, only reads it later.
+    deadline, even if the daemon's own loop, starved, only reads it later. ``claim``:
+    what waits in its buffer is held on the daemon's memory budget; made to pay,
+    ``MemoryBudgetError`` (the daemon's limit, not the worker's fault).
     """
     stall = budgets.stall
     # No total: a stream lasts as long as the worker; each line is bounded instead (not
@@ -54,8 +57,10 @@ async def events(
     # was starved meanwhile, which ``arrived`` below forgives).
     async with asyncio.timeout(stall):
         body = await stream_get(url)
+    if claim is not None:
+        claim.stop = lambda _: body.close()
     try:
-        lines = LineReader(body, budgets.line, f"the engine events of {url}")
+        lines = LineReader(body, budgets.line, f"the engine events of {url}", claim)
         kv_seq = since_yield = lines_since = 0
         while True:
             try:

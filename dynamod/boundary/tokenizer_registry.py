@@ -7,7 +7,9 @@ names the same checksum. Concurrent callers for one checksum share one fetch; a 
 that is cancelled leaves the fetch to the next.
 
 A worker is untrusted, and so is what it sends. The bundle is read through the one
-bounded reader (``http.bounded.read_body``), at most ``bundle_bytes``; its bytes are hashed
+bounded reader (``http.bounded.read_body``), at most ``bundle_bytes``, and held until it is
+checked on a claim of the daemon's memory budget (``memory``: ``http.memory``, shared with
+the front's answers), so that many fetches at once stay within it; its bytes are hashed
 against the card's checksum in a thread (hashing releases the GIL); a model's own
 (Hugging Face) tokenizer is never built in the daemon's process: ``check`` builds it in a
 prompt process (``PromptProcesses.check_tokenizer``, within its CPU and memory bounds) and
@@ -15,7 +17,8 @@ the cache keeps only its bytes (``tokenizers.bundle.BundledTokenizer``), which t
 processes run. Without ``check`` (tools, tests) it is built in a thread here.
 
 When none can be had (no worker answers, the bundle is too large, fails its checksum or
-does not build, the ``hf`` extra is missing), the caller gets the approximate
+does not build, the ``hf`` extra is missing, the memory budget made the fetch pay: then
+no other worker is asked), the caller gets the approximate
 ``SimpleTokenizer``: the model's requests are still served, but their token counts and KV
 block hashes are the mocker's, so prefix-aware routing and context checks are approximate
 for them. The failure is logged once (a warning; the attempts after it at debug level) and
@@ -40,8 +43,9 @@ import aiohttp
 
 from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
-from dynamod.errors import PromptWorkerError, UpstreamError
+from dynamod.errors import MemoryBudgetError, PromptWorkerError, UpstreamError
 from dynamod.http.bounded import read_body
+from dynamod.http.memory import MemoryBudget
 from dynamod.records import ModelCard, WorkerRecord
 from dynamod.tokenizers import SimpleTokenizer, Tokenizer
 from dynamod.tokenizers.bundle import (
@@ -91,8 +95,10 @@ class TokenizerRegistry:
         retry_after: float = REFETCH_AFTER,
         limits: TokenizerLimits | None = None,
         check: BundleCheck | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self._view = view
+        self._memory = memory if memory is not None else MemoryBudget()
         self._capacity = capacity
         self._limits = limits if limits is not None else TokenizerLimits()
         self._check = check
@@ -158,6 +164,9 @@ class TokenizerRegistry:
         for record in sources:
             try:
                 tokenizer, size = await self._fetch_from(record, model, ref)
+            except MemoryBudgetError as exc:  # the daemon's, not the worker's: none is tried
+                errors.append(str(exc))
+                break
             except (
                 aiohttp.ClientError,
                 TimeoutError,
@@ -180,14 +189,16 @@ class TokenizerRegistry:
         if self._session is None:
             raise RuntimeError("use TokenizerRegistry in 'async with' before fetching")
         url = record.system_address.rstrip("/") + ref.path
-        async with self._session.get(url, raise_for_status=True) as response:
-            what = f"the tokenizer bundle of model {model!r} from {url}"
-            raw = await read_body(response, self._limits.bundle_bytes, what)
-        tokenizer = await asyncio.to_thread(received, raw, ref)
-        if isinstance(tokenizer, BundledTokenizer):
-            await self._built(raw, ref.checksum)
-            return tokenizer, len(raw)
-        return tokenizer, 0
+        what = f"the tokenizer bundle of model {model!r} from {url}"
+        with self._memory.claim(what) as claim:
+            async with self._session.get(url, raise_for_status=True) as response:
+                raw = await read_body(response, self._limits.bundle_bytes, what, claim)
+            tokenizer = await asyncio.to_thread(received, raw, ref)
+            if isinstance(tokenizer, BundledTokenizer):
+                await self._built(raw, ref.checksum)
+            if claim.refused is not None:  # made to pay while it was checked
+                raise claim.refused
+        return tokenizer, len(raw) if isinstance(tokenizer, BundledTokenizer) else 0
 
     async def _built(self, raw: bytes, checksum: str) -> None:
         """Check that the bundle builds: in a prompt process, or here in a thread."""

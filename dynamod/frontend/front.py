@@ -47,6 +47,8 @@ worker unreachable / silent / 5xx before its first       one retry elsewhere, th
 byte; its whole answer over ``limits.whole`` bytes or    502 / 504 / the worker's 5xx
 cut off; its stream's first event over ``limits.event``  (naming the worker)
 bytes, cut off or late
+a whole answer being read when what all answers hold is  503 + ``Retry-After`` (naming
+past the memory budget and it holds the most             the worker and the setting)
 =======================================================  ======
 
 Every worker failure is reported: one log line naming the worker, and
@@ -60,6 +62,7 @@ stream notices at its next write and a whole response runs to its end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -86,6 +89,7 @@ from dynamod.frontend.relay import (
 from dynamod.frontend.replies import FORWARDED_REQUEST_HEADERS, routing_error_response
 from dynamod.http.inflight import Drains, RequestTracker
 from dynamod.http.limits import AnswerLimits
+from dynamod.http.memory import Claim, MemoryBudget
 from dynamod.http.openai import (
     CHAT,
     COMPLETIONS,
@@ -150,6 +154,7 @@ class Frontend(Drains):
         gone_window: float = GONE_WINDOW,
         limits: AnswerLimits | None = None,
         traffic: Traffic | None = None,
+        memory: MemoryBudget | None = None,
     ) -> None:
         self._router = router
         self._reader = reader if reader is not None else PromptReader(None)
@@ -162,9 +167,9 @@ class Frontend(Drains):
         self._session: aiohttp.ClientSession | None = None
         self._requests = RequestTracker(self._metrics.in_flight)
         self._departures = Departures(gone_window)
-        limits = limits or AnswerLimits()
-        self._streams = OpenStreams(budget=limits.streams)
-        self._relay = StreamRelay(limits, self._streams, self._report)
+        self._memory = memory if memory is not None else MemoryBudget()
+        self._streams = OpenStreams(self._memory)
+        self._relay = StreamRelay(limits or AnswerLimits(), self._streams, self._report)
         self._unfollow: Callable[[], None] | None = None
         self._traffic = traffic if traffic is not None else Traffic()
 
@@ -349,13 +354,14 @@ class Frontend(Drains):
         another eligible worker (the failed one excluded)."""
         failure: UpstreamFailure | None = None
         for attempt in range(1, WORKERS_TRIED + 1):
-            try:
-                async with self._router.route(route) as assignment:
-                    outcome = await self._attempt(call, assignment)
-            except RoutingError as exc:
-                return failure.response(exc) if failure else routing_error_response(exc)
-            if not isinstance(outcome, UpstreamFailure):
-                return outcome
+            with self._memory.claim("an answer") as claim:
+                try:
+                    async with self._router.route(route) as assignment:
+                        outcome = await self._attempt(call, assignment, claim)
+                except RoutingError as exc:
+                    return failure.response(exc) if failure else routing_error_response(exc)
+                if not isinstance(outcome, UpstreamFailure):
+                    return await _written(call.request, outcome, claim)
             failure = outcome
             self._report(failure, retried=attempt < WORKERS_TRIED)
             if attempt < WORKERS_TRIED:
@@ -365,7 +371,7 @@ class Frontend(Drains):
         return failure.response()
 
     async def _attempt(
-        self, call: _Call, assignment: Assignment
+        self, call: _Call, assignment: Assignment, claim: Claim
     ) -> web.StreamResponse | UpstreamFailure:
         if self._session is None:
             raise RuntimeError("Frontend.start() must be called before serving requests")
@@ -380,7 +386,7 @@ class Frontend(Drains):
                     lambda: self._router.prefill_done(assignment),
                 )
                 return await relay_stream(call.request, upstream, worker, events.saw, self._relay)
-            answer = await relay_whole(upstream, worker, self._relay.limits)
+            answer = await relay_whole(upstream, worker, self._relay.limits, claim)
             if not isinstance(answer, UpstreamFailure):
                 self._first_byte(call, worker.key)
                 self._router.prefill_done(assignment)
@@ -428,6 +434,26 @@ class _FirstEvents:
         if not self._prefilled and carries_output(event):
             self._prefilled = True
             self._on_output()
+
+
+async def _written(
+    request: web.Request, answer: web.StreamResponse, claim: Claim
+) -> web.StreamResponse:
+    """A whole answer written to the client while its claim still holds its bytes (a
+    client that does not read keeps them in its socket buffer; made to pay, its
+    connection is aborted). A stream, or an answer that holds nothing, as it is."""
+    if not claim.size or answer.prepared:
+        return answer
+    claim.stop = lambda _: _abort(request)
+    with contextlib.suppress(ConnectionError):
+        await answer.prepare(request)
+        await answer.write_eof()
+    return answer
+
+
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def _limits(chosen: ModelReading) -> CardLimits:

@@ -24,6 +24,12 @@ The streams being relayed are held in ``http.sse.OpenStreams``, whose ``cut(mess
 daemon calls when its grace period ends with streams still open: each ends with an error
 event (code ``shutting_down``) and ``[DONE]``, so that no client sees a silent cut (a
 stream cut before its first event is answered 503, code ``shutting_down``).
+
+What an answer holds (a whole one from its first byte until the caller has written it, a
+stream's event being written and its client's socket buffer) is a claim on the daemon's
+memory budget (``http.memory``): a whole answer made to pay while it is read is a 503
+naming the worker and the budget (the worker did nothing wrong: no failure reported, no
+retry), a stream made to pay has its client aborted.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from dynamod import jsoncodec
-from dynamod.errors import InvalidInputError, OversizeError
+from dynamod.errors import InvalidInputError, MemoryBudgetError, OversizeError
 from dynamod.frontend.replies import passed_headers
 from dynamod.http.bounded import EncodingError, inflate, read_body
 from dynamod.http.failures import described
 from dynamod.http.limits import AnswerLimits
+from dynamod.http.memory import Claim
 from dynamod.http.openai import error_event, error_response
 from dynamod.http.sse import DONE_EVENT, EventReader, OpenStream, OpenStreams, is_done
 from dynamod.records import WorkerRecord
@@ -155,16 +162,24 @@ def _name(worker: WorkerRecord) -> str:
 
 
 async def relay_whole(
-    upstream: aiohttp.ClientResponse, worker: WorkerRecord, limits: AnswerLimits
+    upstream: aiohttp.ClientResponse, worker: WorkerRecord, limits: AnswerLimits, claim: Claim
 ) -> web.Response | UpstreamFailure:
     """The worker's whole answer, passed on; a failure when it is over ``limits.whole``
-    bytes or breaks off (nothing has reached the client yet)."""
+    bytes or breaks off (nothing has reached the client yet). Its bytes are held on
+    ``claim`` (the daemon's memory budget), which the caller keeps until the answer is
+    written; a claim made to pay is a 503 naming the worker and the budget."""
     name = _name(worker)
     what = f"the answer of {name}"
+    claim.name = what
     try:
-        raw = await read_body(upstream, limits.whole, what)
+        raw = await read_body(upstream, limits.whole, what, claim)
         encoding = upstream.headers.get("Content-Encoding", "")
-        body = await inflate(raw, encoding, limits.whole, what)
+        body = await inflate(raw, encoding, limits.whole, what, claim)
+        claim.resize(2 * len(body))  # until written: the body, and its copy the client's
+        # socket buffer holds while the client does not read
+    except MemoryBudgetError as exc:
+        return error_response(503, str(exc), "memory_budget", worker_id=worker.instance_id,
+                              retry_after=1)  # fmt: skip
     except OversizeError as exc:
         return UpstreamFailure(worker, "oversize", 502, f"{name} sent too large an answer: {exc}")
     except EncodingError as exc:
@@ -239,7 +254,7 @@ async def relay_stream(
             stream.client = request.transport
             await _pump(response, first, events, stream, worker, on_event, relay)
             await response.write_eof()
-        except ConnectionResetError:
+        except ConnectionError:  # reset, or lost while a write waited (aborted: memory.py)
             log.debug("client went away from a stream of worker %s", worker.instance_id)
     return response
 
@@ -276,10 +291,10 @@ async def _pump(
     while True:
         on_event(event)
         if not relay.streams.make_room(stream, len(event)):
-            stream.drop("it holds the most of all streams, over their budget")
-            return
+            return  # the memory budget made it pay: its client was aborted, and told why
         await response.write(event)
-        stream.pending = 0
+        if not stream.holding(0):
+            return
         if is_done(event):
             return
         found = await _next(events, stream, worker)

@@ -22,6 +22,7 @@ from typing import Final, Protocol
 from aiohttp import ClientResponse
 
 from dynamod.errors import OversizeError, UpstreamError
+from dynamod.http.memory import Claim
 
 INFLATE_SLICE: Final = 256 << 10
 """Bytes one step of ``inflate`` writes before it gives the event loop back (a
@@ -30,19 +31,37 @@ a 64 KiB chunk becomes 64 MiB in one stall of the loop."""
 _WBITS: Final = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 0}
 
 
-async def read_body(response: ClientResponse, limit: int, what: str) -> bytes:
+async def read_body(
+    response: ClientResponse, limit: int, what: str, claim: Claim | None = None
+) -> bytes:
     """The whole body of ``response``, at most ``limit`` bytes; ``OversizeError`` beyond.
 
-    A ``Content-Length`` over the limit is refused before a byte of the body is read."""
+    A ``Content-Length`` over the limit is refused before a byte of the body is read.
+    ``claim``: each chunk is held on it (the daemon's memory budget, ``memory.py``); made
+    to pay, the response is closed and ``MemoryBudgetError`` raised."""
     announced = response.content_length
     if announced is not None and announced > limit:
         raise OversizeError(f"{what} ({announced} bytes announced)", limit)
     body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise OversizeError(what, limit)
-    return bytes(body)
+    if claim is not None:
+        claim.stop = lambda _: response.close()
+    try:
+        async for chunk in response.content.iter_any():
+            body += chunk
+            if claim is not None:
+                claim.add(len(chunk))
+            if len(body) > limit:
+                raise OversizeError(what, limit)
+    except Exception:
+        if claim is not None and claim.refused is not None:
+            raise claim.refused from None  # its read was woken by the close
+        raise
+    if claim is None:
+        return bytes(body)
+    claim.add(len(body))  # the copy, while both live
+    whole = bytes(body)
+    claim.add(-len(body))
+    return whole
 
 
 class Chunks(Protocol):
@@ -60,16 +79,20 @@ class Chunks(Protocol):
 
 class LineReader:
     """Newline-terminated lines from ``content``, each at most ``limit`` bytes (newline
-    included); ``OversizeError`` for a longer one, which ends the reader's use."""
+    included); ``OversizeError`` for a longer one, which ends the reader's use. ``claim``:
+    what waits in its buffer is held on it (``memory.py``), moved once per chunk read; made
+    to pay, the reader raises ``MemoryBudgetError`` (its owner closes the connection:
+    ``claim.stop``)."""
 
-    __slots__ = ("_buffer", "_content", "_limit", "_scanned", "_what")
+    __slots__ = ("_buffer", "_claim", "_content", "_limit", "_scanned", "_what")
 
-    def __init__(self, content: Chunks, limit: int, what: str) -> None:
+    def __init__(self, content: Chunks, limit: int, what: str, claim: Claim | None = None) -> None:
         self._content = content
         self._limit = limit
         self._what = what
         self._buffer = bytearray()
         self._scanned = 0
+        self._claim = claim
 
     async def next_line(self) -> bytes | None:
         """The next whole line, or None at the end of the stream (a last line without its
@@ -78,17 +101,28 @@ class LineReader:
             line = self._buffered_line()
             if line is not None:
                 return line
-            chunk = await self._content.readany()
+            self._held()
+            try:
+                chunk = await self._content.readany()
+            except Exception:
+                self._held()  # its refusal, when that is why the connection was closed
+                raise
+            self._buffer += chunk
+            self._held()
             if not chunk:
                 return self._take(len(self._buffer)) if self._buffer else None
-            self._buffer += chunk
 
     def arrived(self) -> bytes | None:
         """The next whole line if it has already been received, taken without waiting;
         None when it has not. For a caller whose wait for ``next_line`` timed out: on a
         starved event loop the line may have arrived in time and only been read late."""
         self._buffer += self._content.read_nowait()
+        self._held()
         return self._buffered_line()
+
+    def _held(self) -> None:
+        if self._claim is not None:
+            self._claim.resize(len(self._buffer))
 
     def _buffered_line(self) -> bytes | None:
         """A whole line from the buffer, or None; a line growing past the limit raises."""
@@ -113,12 +147,14 @@ class EncodingError(UpstreamError):
     """A body in a ``Content-Encoding`` that cannot be read: unknown, or corrupt."""
 
 
-async def inflate(body: bytes, encoding: str, limit: int, what: str) -> bytes:
+async def inflate(
+    body: bytes, encoding: str, limit: int, what: str, claim: Claim | None = None
+) -> bytes:
     """``body`` decoded from its ``Content-Encoding`` (``gzip`` or ``deflate``; ``identity``
     or none: as it is), at most ``limit`` bytes; ``OversizeError`` beyond, ``EncodingError``
     for an encoding not read here or a corrupt body. Decoded ``INFLATE_SLICE`` bytes at a
     time, the loop given back between slices: a bomb costs the loop a millisecond a slice,
-    and memory its limit."""
+    and memory its limit. ``claim``: each slice is held on it, as ``read_body``'s chunks."""
     coding = encoding.strip().lower()
     if coding in ("", "identity"):
         return body
@@ -133,7 +169,10 @@ async def inflate(body: bytes, encoding: str, limit: int, what: str) -> bytes:
     pending = body
     try:
         while pending:
+            size = len(out)
             out += decoder.decompress(pending, INFLATE_SLICE)
+            if claim is not None:
+                claim.add(len(out) - size)
             pending = decoder.unconsumed_tail
             if len(out) > limit:
                 raise OversizeError(f"{what} (inflated)", limit)

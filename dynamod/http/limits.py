@@ -49,18 +49,14 @@ class AnswerLimits:
     """The bounds on an answer read from a worker or an upstream server (the daemon's
     front, the ``--engine openai`` worker): a whole answer of at most ``whole`` bytes, a
     stream of server-sent events of any length but no event over ``event`` bytes. An
-    answer over them is cut off there, and its sender is reported. ``streams`` bounds what
-    all streams together hold for their clients."""
+    answer over them is cut off there, and its sender is reported. What all answers hold
+    together is bounded by the daemon's memory budget (``memory.MemoryBudget``)."""
 
     whole: int = 64 * MIB
     event: int = 16 * MIB
-    streams: int = 256 * MIB
-    """Bytes all relayed streams together may hold for clients that do not read (the
-    event being written and what waits in each client's socket buffer); past it the
-    stream holding the most is dropped (``sse.OpenStreams.make_room``)."""
 
     def __post_init__(self) -> None:
-        for name in ("whole", "event", "streams"):
+        for name in ("whole", "event"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**40:
                 raise InvalidInputError(

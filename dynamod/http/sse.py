@@ -15,25 +15,24 @@ next event would be garbage to every client).
 connection, which wakes its pending read: the stream's own task then writes its ending
 (an error event with code ``shutting_down``, and ``[DONE]``), so nothing writes to a
 response from outside the task serving it. For the end of a grace period: a client then
-knows its answer is incomplete. ``make_room`` keeps what all streams hold for clients
-that do not read within one budget: the stream holding the most pays, its client's
-connection aborted.
+knows its answer is incomplete. What each stream holds for a client that does not read
+is a claim on the daemon's one memory budget (``memory.MemoryBudget``), moved at each
+event (``make_room``, ``OpenStream.holding``): past the budget the largest holder pays,
+and when that is a stream its client's connection is aborted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from aiohttp import ClientResponse, StreamReader
 
-from dynamod.errors import OversizeError
+from dynamod.errors import MemoryBudgetError, OversizeError
 from dynamod.http.bounded import LineReader
-
-log = logging.getLogger(__name__)
+from dynamod.http.memory import Claim, MemoryBudget
 
 _BLANK = (b"\n", b"\r\n")
 
@@ -87,11 +86,11 @@ def is_done(event: bytes) -> bool:
 class OpenStream:
     """One stream being relayed: its upstream answer, and why it was cut, once it was;
     ``client``: the client's transport once the answer started; ``pending``: bytes of the
-    event being written to it."""
+    event being written to it; ``claim``: what it holds, on the memory budget."""
 
     upstream: ClientResponse
+    claim: Claim
     cut: str | None = None
-    name: str = "a stream"
     client: asyncio.WriteTransport | None = None
     pending: int = 0
 
@@ -103,10 +102,21 @@ class OpenStream:
         waiting = client.get_write_buffer_size() if client and not client.is_closing() else 0
         return self.pending + waiting
 
-    def drop(self, why: str) -> None:
-        """Abort the client's connection (its buffered bytes are freed); the stream's own
-        task sees it at its next write."""
-        log.warning("%s to a client is dropped: %s", self.name, why)
+    def holding(self, pending: int) -> bool:
+        """``pending`` bytes of an event about to be written (0: written): what the stream
+        holds now, on its claim; False when the budget made it pay (its client was
+        aborted)."""
+        self.pending = pending
+        try:
+            self.claim.resize(self.held)
+        except MemoryBudgetError:
+            return False
+        return True
+
+    def drop(self, error: MemoryBudgetError) -> None:
+        """The budget made this stream pay (it logged why): the client's connection is
+        aborted (its buffered bytes are freed); the stream's own task sees it at its next
+        write."""
         self.pending = 0
         if self.client is not None:
             self.client.abort()
@@ -114,39 +124,28 @@ class OpenStream:
 
 @dataclass
 class OpenStreams:
-    """The streams being relayed; see the module docstring. ``budget``: the bytes all of
-    them together may hold for their clients (``AnswerLimits.streams``)."""
+    """The streams being relayed; see the module docstring. ``budget``: the memory budget
+    what they hold for their clients is a claim on (the daemon's one)."""
 
-    budget: int = 256 << 20
+    budget: MemoryBudget = field(default_factory=MemoryBudget)
     _open: set[OpenStream] = field(default_factory=set)
 
-    @property
-    def held(self) -> int:
-        return sum(stream.held for stream in self._open)
-
     def make_room(self, stream: OpenStream, size: int) -> bool:
-        """Before ``stream`` writes an event of ``size`` bytes: while all streams would hold
-        more than the budget, the one holding the most is dropped. False when that is
-        ``stream`` itself (the caller drops it); the others' clients are aborted here."""
-        stream.pending = size
-        total = self.held
-        while total > self.budget:
-            largest = max(self._open, key=lambda s: s.held)
-            if largest is stream:
-                return False
-            largest.drop(f"the streams hold {total} bytes for clients, over the budget of "
-                         f"{self.budget}; it held the most, {largest.held}")  # fmt: skip
-            total = self.held
-        return True
+        """Before ``stream`` writes an event of ``size`` bytes: its claim grows by it. Past
+        the budget the largest holder pays; False when that is ``stream`` itself (its
+        client is aborted, the caller stops)."""
+        return stream.holding(size)
 
     @contextlib.contextmanager
     def opened(self, upstream: ClientResponse, name: str = "a stream") -> Iterator[OpenStream]:
-        stream = OpenStream(upstream, name=name)
-        self._open.add(stream)
-        try:
-            yield stream
-        finally:
-            self._open.discard(stream)
+        with self.budget.claim(f"{name} to a client") as claim:
+            stream = OpenStream(upstream, claim)
+            claim.stop = stream.drop
+            self._open.add(stream)
+            try:
+                yield stream
+            finally:
+                self._open.discard(stream)
 
     def cut(self, message: str) -> int:
         """Cut every open stream (module docstring); how many there were."""

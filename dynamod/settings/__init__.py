@@ -51,6 +51,14 @@ max_answer_mb      64                                          MiB of a worker's
                                                                answer the front reads
 max_event_mb       16                                          MiB of one SSE event of a
                                                                worker's stream
+memory_budget_mb   512                                         MiB of peers' bytes held in
+                                                               all: relayed streams, whole
+                                                               answers, tokenizer bundles
+                                                               being fetched, engine events
+                                                               buffers; past it the
+                                                               largest holder is refused
+                                                               (at least twice each one's
+                                                               limit)
 dynamo_system_     (none: the card's URLs)                     an NVIDIA Dynamo fleet
 address                                                        (dynamo+etcd://, dynamo+
                                                                file://): its workers'
@@ -121,6 +129,7 @@ from typing import Any
 
 from dynamod.engine_events import MAX_LINE
 from dynamod.errors import ConfigError, InvalidInputError, shown
+from dynamod.http import memory
 from dynamod.http.limits import AnswerLimits, HttpLimits
 from dynamod.lifecycle import DRAIN_SECONDS
 from dynamod.paths import default_socket, default_store, state_dir
@@ -172,6 +181,7 @@ class DaemonSettings:
     router: RouterKnobs = field(default_factory=RouterKnobs)
     max_answer_mb: float = AnswerLimits.whole / 1024 / 1024
     max_event_mb: float = AnswerLimits.event / 1024 / 1024
+    memory_budget_mb: float = memory.DEFAULT_LIMIT / MIB
     tokenizer_bundle_max_mb: float = TokenizerLimits.bundle_bytes / MIB
     tokenizer_cache_mb: float = TokenizerLimits.cache_bytes / MIB
     template_cpu_seconds: float = TokenizerLimits.cpu_seconds
@@ -227,6 +237,7 @@ class DaemonSettings:
             self.tokenizer_limits  # noqa: B018 - built to check the five tokenizer bounds
         except InvalidInputError as exc:
             raise ConfigError(f"tokenizer and template limits: {exc}") from None
+        self._check_memory()
         if not self.listen:
             raise ConfigError("listen needs at least one address")
         for address in self.listen:
@@ -270,6 +281,27 @@ class DaemonSettings:
             max_output=_mib(self.template_max_output_mb, "template_max_output_mb"),
             process_memory=_mib(self.prompt_process_memory_mb, "prompt_process_memory_mb"),
         )
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes of peers' bytes the daemon holds in all (``http.memory.MemoryBudget``)."""
+        return int(self.memory_budget_mb * MIB)
+
+    def _check_memory(self) -> None:
+        if not math.isfinite(self.memory_budget_mb) or not 0 < self.memory_budget_mb < 1e7:
+            raise ConfigError(
+                f"memory_budget_mb must be a number of MiB above 0, got {self.memory_budget_mb!r}"
+            )
+        each = ("max_answer_mb", "max_event_mb", "tokenizer_bundle_max_mb")
+        name, largest = max(((n, getattr(self, n)) for n in each), key=lambda item: item[1])
+        if self.memory_budget_mb < 2 * largest:
+            raise ConfigError(
+                f"memory_budget_mb ({self.memory_budget_mb:g}) must be at least twice {name} "
+                f"({largest:g}): the budget holds what all answers, streams and tokenizer "
+                f"fetches hold together, so one at its own limit must fit, counted twice "
+                f"while it is copied; raise memory_budget_mb to {2 * largest:g} or more, or "
+                f"lower {name}"
+            )
 
     def _check_pools(self) -> None:
         if not math.isfinite(self.store_timeout) or not 0.1 <= self.store_timeout <= 600:
@@ -461,6 +493,7 @@ PARSERS: dict[str, Callable[[object], Any]] = {
     "replica_id": str,
     "max_answer_mb": _number(float),
     "max_event_mb": _number(float),
+    "memory_budget_mb": _number(float),
     "tokenizer_bundle_max_mb": _number(float),
     "tokenizer_cache_mb": _number(float),
     "template_cpu_seconds": _number(float),

@@ -65,6 +65,11 @@ def test_listen_accepts_a_comma_separated_environment_value(tmp_path: Path) -> N
         ('tls_cert = "/c"', "tls_cert and tls_key must be set together"),
         ("[router]\ntemperature = -1", "temperature"),
         ("not toml =", "is not valid TOML"),
+        ("memory_budget_mb = 0", "memory_budget_mb must be a number of MiB above 0, got 0.0"),
+        (
+            "memory_budget_mb = 200\ntokenizer_bundle_max_mb = 128",
+            "memory_budget_mb (200) must be at least twice tokenizer_bundle_max_mb (128)",
+        ),
     ],
 )
 def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, message: str) -> None:
@@ -76,3 +81,10 @@ def test_bad_settings_are_refused_by_name(tmp_path: Path, text: str, message: st
 def test_missing_config_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot be read"):
         daemon_settings.load(path=tmp_path / "absent.toml", environ={})
+
+
+def test_the_memory_budget_comes_from_the_environment(tmp_path: Path) -> None:
+    environ = {"DYNAMO_MEMORY_BUDGET_MB": "1024"}
+    settings = daemon_settings.load(environ=environ, path=write(tmp_path, ""))
+    assert settings.memory_budget == 1024 << 20
+    assert daemon_settings.load(environ={}, path=write(tmp_path, "")).memory_budget == 512 << 20

@@ -9,7 +9,8 @@ alive by ``Registration``) and then answers inference requests the way ``MODE`` 
   hostile record (the card's context is the mocker's otherwise);
 * ``huge``: ``--size-mb`` MiB made as they are sent: a whole JSON answer that never
   ends, or (``stream``) a stream whose first event never ends;
-* ``huge-later-event``: one good event, then an event that never ends.
+* ``huge-later-event``: one good event, then an event that never ends;
+* ``large``: an honest whole completion of ``--size-mb`` MiB of text.
 
 Its card reads bodies as the honest mockers do (their tokenizer, block size and engine)
 unless ``--block-size`` says otherwise (a worker that disagrees). It serves its tokenizer
@@ -119,6 +120,8 @@ async def _answer(request: web.Request, mode: str, size_mb: int) -> web.StreamRe
         body = gzip.compress(json.dumps(completion()).encode())
         headers = {"Content-Encoding": "gzip"}
         return web.Response(body=body, headers=headers, content_type="application/json")
+    if mode == "large" and not stream:
+        return web.json_response(completion("y" * (size_mb << 20)))
     if mode == "huge-later-event":
         return await _endless(request, GOOD_EVENT + b'data: {"id":"', size_mb, "text/event-stream")
     if mode == "half-event":
