@@ -38,6 +38,11 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
+def at(seconds: float) -> str:
+    """A unix time as an audit line writes it (``now``)."""
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
+
+
 class AuditLog:
     def __init__(self, path: Path | None, on_failure: Callable[[], None] = lambda: None) -> None:
         self.path = path

@@ -41,6 +41,7 @@ from dynamod.pool_results import DriftSeen, PoolMove
 from dynamod.pools.demand import DEMAND_EVERY, Demand
 from dynamod.pools.elastic import Window
 from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
+from dynamod.pools.intents import Intended, Intent
 from dynamod.pools.leader import Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.move_failures import Basis, MoveFailures
@@ -356,16 +357,19 @@ class Leading:
         records: Mapping[str, Owned],
     ) -> int:
         """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
-        writer batches, else ``FAN_OUT`` one by one at a time; how many committed."""
+        writer batches, else ``BATCH`` at a time, ``FAN_OUT`` of them one by one at once;
+        how many committed. Each batch's intent is in the history before it is sent
+        (``intents.py``); a batch whose intent cannot be written is not sent."""
         self.log_each = len(steps) <= LOG_EACH
-        if self.batch is not None and (len(steps) > 1 or self.fenced):
-            batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
-            width = BATCHES
-        else:
-            batches, width = [[step] for step in steps], FAN_OUT
+        width = BATCHES if self.batch is not None and (len(steps) > 1 or self.fenced) else 1
+        batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
 
         async def write(batch: list[Step]) -> int:
+            intent = self._intent(term, batch, records)
+            if not await memory.history.intend(self.store, term.fence, intent):
+                return 0
             done = await self._write(term, stored, memory, batch, records)
+            memory.history.done(intent)  # not on a raise: the next leader settles it
             if len(memory.history.unwritten) >= FLUSH_EVERY:
                 await memory.history.flush(self.store, term.fence)
             return done
@@ -386,12 +390,15 @@ class Leading:
         batch: list[Step],
         records: Mapping[str, Owned],
     ) -> int:
-        """One batch of steps (one step: the ``TaintWriter``, unless the store fences it:
-        a batch of one); how many committed."""
+        """One batch of steps (the ``TaintWriter``, ``FAN_OUT`` at once, where the store has
+        no transactions, and for one step unless the store fences it: a batch of one); how
+        many committed."""
         if self.batch is None or (len(batch) == 1 and not self.fenced):
-            return sum(
-                [await self._move(term, stored, memory, s, records[s.worker]) for s in batch]
-            )
+
+            async def one(step: Step) -> bool:
+                return await self._move(term, stored, memory, step, records[step.worker])
+
+            return sum(await each(batch, FAN_OUT, one))
         writes = [self._write_of(term, stored, step, records[step.worker]) for step in batch]
         try:
             results = await self.batch(writes, check=term.check, guard=term.leadership.guard)
@@ -410,6 +417,14 @@ class Leading:
                 self._committed(term, stored.policy, memory, step, owned, result)
                 moved += 1
         return moved
+
+    def _intent(self, term: LeaderTerm, batch: list[Step], records: Mapping[str, Owned]) -> Intent:
+        moves = tuple(
+            Intended(s.worker, records[s.worker].record.key, s.from_pool or "", s.to_pool, s.why,
+                     records[s.worker].revision)
+            for s in batch
+        )  # fmt: skip
+        return Intent(time.time(), term.epoch, self.identity, moves)
 
     def _write_of(self, term: LeaderTerm, stored: StoredPolicy, move: Step, owned: Owned) -> Write:
         policy = stored.policy

@@ -45,6 +45,12 @@ the term (at the next ``fence()``, before any further write): a store error in a
 after the one back-off. Any other failure is logged and the reconciler starts again after
 the one back-off; the daemon carries on. Status and dry runs plan from the same observed
 state (``plan_of``) and never change the leader's memory.
+
+A leader's first read of a policy's history in its term settles the intents found there
+(``intents.py``): the batches a leader sent and did not live to log. Each move the store
+shows made is appended to the history and written to this daemon's audit log, marked
+``reconciled`` (by this leader, in this epoch) with the epoch, leader and time it was sent;
+each it does not show is dropped, with a warning line.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from dynamod.audit import AuditLog, at
 from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
@@ -63,6 +70,7 @@ from dynamod.errors import NotLeaderError, StoreError
 from dynamod.pool_results import MoveFailure
 from dynamod.pools.demand import DEMAND_EVERY, Demand, DemandPublisher, DemandReport
 from dynamod.pools.history import NO_WINDOW, HistoryWriter
+from dynamod.pools.intents import Settled, settle
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.plan import Plan
@@ -112,8 +120,11 @@ class PoolReconciler:
         metrics: PoolMetrics | None = None,
         batch: BatchWriter | None = None,
         demand: Callable[[], DemandReport] | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.store = store
+        self.audit = audit
+        """Where the moves settled at a term's start are audited (None: the log only)."""
         self.workers = workers
         self.identity = identity
         self.ttl = ttl
@@ -342,6 +353,7 @@ class PoolReconciler:
         if memory is None:
             history = HistoryWriter(policy.name, self.identity, term.epoch)
             await history.load(self.store)
+            self._settle(term, policy, history)
             memory = term.policies[policy.name] = PolicyTerm(history, budget)
         elif (memory.budget.max_moves, memory.budget.interval) != (
             budget.max_moves,
@@ -349,3 +361,37 @@ class PoolReconciler:
         ):
             memory.budget = budget
         return memory
+
+    def _settle(self, term: LeaderTerm, policy: PoolPolicy, history: HistoryWriter) -> None:
+        """The intents another term left in ``history``: made moves appended and audited,
+        the others dropped (the module docstring); written at the round's flush."""
+        if not history.inherited:
+            return
+        made, dropped = settle(history.inherited, self.workers, (m for _, m in history.base.moves))
+        for settled in made:
+            history.add(settled.entry(self.identity))
+            self._audit_settled(term, policy, settled)
+        for intent, move in dropped:
+            log.warning(
+                "pool policy %s: the move of worker %s to %s sent by %s (epoch %d) is not in "
+                "the store: dropped from the history", policy.name, move.worker, move.to_pool,
+                intent.leader, intent.epoch,
+            )  # fmt: skip
+        log.info(
+            "pool policy %s: %d moves sent by an earlier leader and not logged are now in the "
+            "history (reconciled), %d not made are dropped", policy.name, len(made), len(dropped),
+        )  # fmt: skip
+        history.settled()
+
+    def _audit_settled(self, term: LeaderTerm, policy: PoolPolicy, settled: Settled) -> None:
+        if self.audit is None:
+            return
+        intent, move, record = settled.intent, settled.move, settled.record
+        self.audit.record(
+            source="dynamod", caller=f"pools@{self.identity}", peer="", action="replace",
+            worker=move.worker, key=move.key, after=list(record.taints),
+            revision=settled.revision, outcome="ok", pool_policy=policy.name,
+            epoch=intent.epoch, leader=intent.leader,
+            move={"from": move.from_pool or None, "to": move.to_pool, "why": move.why},
+            sent=at(intent.sent), reconciled={"by": self.identity, "epoch": term.epoch},
+        )  # fmt: skip
