@@ -178,16 +178,26 @@ class HistoryWriter:
     def add(self, entry: PoolMove | DriftSeen) -> None:
         self.unwritten.append(entry)
 
+    def announce(self, intents: Iterable[Intent]) -> None:
+        """Batches to be sent soon: the next ``flush`` writes their intents too, so the
+        batches after the next one find theirs written (``intend``)."""
+        self.pending.extend(intents)
+
     async def intend(self, store: Store, fence: Callable[[], int], intent: Intent) -> bool:
-        """Write ``intent`` (a batch about to be sent) before its batch: a ``flush``, unless
-        another batch's flush has written it meanwhile. False when it could not be written
-        (logged): the batch is not sent."""
-        self.pending.append(intent)
-        await self.flush(store, fence)
-        if any(i is intent for i in self.base.intents):
+        """Once ``intent`` (a batch about to be sent) is written, True: at once when another
+        flush wrote it (announced), else after a ``flush``. False when it could not be
+        written (logged): the batch is not sent."""
+        if not any(i is intent for i in self.pending):
+            self.pending.append(intent)
+        if not self._written(intent):
+            await self.flush(store, fence)
+        if self._written(intent):
             return True
         self.done(intent)
         return False
+
+    def _written(self, intent: Intent) -> bool:
+        return any(i is intent for i in self.base.intents)
 
     def done(self, intent: Intent) -> None:
         """``intent``'s batch has returned and its moves are appended: the next ``flush``

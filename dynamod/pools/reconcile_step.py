@@ -359,13 +359,20 @@ class Leading:
         """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
         writer batches, else ``BATCH`` at a time, ``FAN_OUT`` of them one by one at once;
         how many committed. Each batch's intent is in the history before it is sent
-        (``intents.py``); a batch whose intent cannot be written is not sent."""
+        (``intents.py``), written with the next ``BATCHES - 1`` batches' (one history write
+        per ``BATCHES`` batches); a batch whose intent cannot be written is not sent."""
         self.log_each = len(steps) <= LOG_EACH
         width = BATCHES if self.batch is not None and (len(steps) > 1 or self.fenced) else 1
         batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
+        intents: list[Intent] = []
 
-        async def write(batch: list[Step]) -> int:
-            intent = self._intent(term, batch, records)
+        async def write(index: int) -> int:
+            batch = batches[index]
+            if index == len(intents):  # the slots take the batches in order
+                ahead = [self._intent(term, b, records) for b in batches[index : index + BATCHES]]
+                intents.extend(ahead)
+                memory.history.announce(ahead)
+            intent = intents[index]
             if not await memory.history.intend(self.store, term.fence, intent):
                 return 0
             done = await self._write(term, stored, memory, batch, records)
@@ -374,7 +381,7 @@ class Leading:
                 await memory.history.flush(self.store, term.fence)
             return done
 
-        moved = sum(await each(batches, width, write))
+        moved = sum(await each(range(len(batches)), width, write))
         if moved and len(steps) > LOG_EACH:
             log.info(
                 "pool policy %s: %d of %d workers moved (epoch %d; each in the audit log), "

@@ -70,7 +70,7 @@ from dynamod.errors import NotLeaderError, StoreError
 from dynamod.pool_results import MoveFailure
 from dynamod.pools.demand import DEMAND_EVERY, Demand, DemandPublisher, DemandReport
 from dynamod.pools.history import NO_WINDOW, HistoryWriter
-from dynamod.pools.intents import Settled, settle
+from dynamod.pools.intents import Intended, Intent, Settled, settle
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.plan import Plan
@@ -99,6 +99,8 @@ log = logging.getLogger(__name__)
 
 FOLLOWER_PACE: Final = 0.25
 """Seconds between two plans of a follower (for its gauges), at least."""
+DROPPED_NAMED: Final = 8
+"""Workers a warning about an intent's dropped moves names (then a count)."""
 RETRY_FIRST: Final = 0.05
 RETRY_CAP: Final = 5.0
 """The back-off after a round's store error, and after the reconciler itself failed."""
@@ -371,11 +373,13 @@ class PoolReconciler:
         for settled in made:
             history.add(settled.entry(self.identity))
             self._audit_settled(term, policy, settled)
-        for intent, move in dropped:
+        for intent, moves in _by_intent(dropped):
+            workers = ", ".join(m.worker for m in moves[:DROPPED_NAMED])
+            more = f" and {len(moves) - DROPPED_NAMED} more" if len(moves) > DROPPED_NAMED else ""
             log.warning(
-                "pool policy %s: the move of worker %s to %s sent by %s (epoch %d) is not in "
-                "the store: dropped from the history", policy.name, move.worker, move.to_pool,
-                intent.leader, intent.epoch,
+                "pool policy %s: %d moves that %s intended (epoch %d) are not in the store, not "
+                "made or not sent: dropped from the history (workers %s%s)", policy.name,
+                len(moves), intent.leader, intent.epoch, workers, more,
             )  # fmt: skip
         log.info(
             "pool policy %s: %d moves sent by an earlier leader and not logged are now in the "
@@ -395,3 +399,10 @@ class PoolReconciler:
             move={"from": move.from_pool or None, "to": move.to_pool, "why": move.why},
             sent=at(intent.sent), reconciled={"by": self.identity, "epoch": term.epoch},
         )  # fmt: skip
+
+
+def _by_intent(pairs: list[tuple[Intent, Intended]]) -> list[tuple[Intent, list[Intended]]]:
+    grouped: dict[int, tuple[Intent, list[Intended]]] = {}
+    for intent, move in pairs:
+        grouped.setdefault(id(intent), (intent, []))[1].append(move)
+    return list(grouped.values())
