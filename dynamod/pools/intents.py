@@ -3,26 +3,25 @@
 A batch of moves (one ``swap_all``, or ``BATCH`` writes one by one where the store has no
 transactions) is committed by the store before the leader writes its audit lines and its
 history entries: a leader killed between the two leaves moves that no log holds. So before
-a batch is sent, the leader writes the batch's ``Intent`` into the policy's history
-(``history.PoolHistory.intents``, the key every next leader reads): one history write per
-batch, which also carries the entries of the batches already done; a batch whose intent
-another batch's write carried costs none. The next history write after a batch replaces
-its intent with the moves it made, in the same value, so a stored history holds a batch
-either as its intent or as its moves.
+a batch is sent, its ``Intent`` is in the policy's history (``history.PoolHistory.intents``,
+the key every next leader reads): the leader writes the intents of the next ``BATCHES``
+batches (those it keeps in flight) in one history write, which also carries the entries of
+the batches already done, so the batches after the first find theirs written. The next
+history write after a batch returns replaces its intent with the moves it made, in the
+same value, so a stored history holds a batch either as its intent or as its moves.
 
 An intent found in the history at a leader's start is a batch whose outcome no log holds:
 ``settle`` sorts its moves by what the store shows. A move the record shows made (a newer
 revision than the plan saw, holding the new pool and not the old) becomes a history entry
 and an audit line marked ``reconciled`` by the new leader, with the time its batch was
-sent (when its intent was written) and the epoch and leader that made it; a move the
-record does not show (the batch was refused, deposed, or never sent) is dropped, and said
-so in the log. A move already in the history (its worker at that revision) is not written
-twice.
+sent (when its intent was written: before the batch left, by at most ``BATCHES - 1``
+batches' time) and the epoch and leader that made it; a move the record does not show
+(the batch was refused, deposed, or never sent) is dropped, and said so in the log. A move
+already in the history (its worker at that revision) is not written twice.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -30,8 +29,6 @@ from typing import Any, NamedTuple
 from dynamod.discovery.view import WorkerView
 from dynamod.pool_results import PoolMove
 from dynamod.records import WorkerRecord
-
-log = logging.getLogger(__name__)
 
 
 class Intended(NamedTuple):

@@ -16,6 +16,8 @@ write, a single one too, goes through the ``BatchWriter`` (``Control.update_tain
 guarded by the leader key (``Leadership.guard``): the store refuses it once the term
 ended. Elsewhere, and for a write the batch hands back (the view holds a newer record),
 the ``TaintWriter`` (``Control.update_taints``) writes it, fenced by time only.
+Before a batch is sent its intent is in the policy's history (``intents.py``), so a leader
+killed between the store's commit and its log leaves the next leader what to log.
 A move that fails is held back per worker (``move_failures``): the back-off, or, refused,
 until something changes. A move whose outcome is unknown forgets what was assigned to that
 worker, so the next round reads the truth from the store instead of taking its own write

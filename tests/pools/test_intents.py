@@ -65,6 +65,7 @@ async def test_a_dead_leaders_intent_is_settled_made_moves_logged_the_others_dro
         found = await eventually(
             history, lambda h: h is not None and not h.intents and len(h.moves) == 2, what="settled"
         )
+    assert found is not None
     moves = [m for _, m in found.moves]
     [settled] = [m for m in moves if m.reconciled]
     assert settled.worker == made.instance_id and settled.to_pool == "pool=fast", moves
