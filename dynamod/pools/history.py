@@ -204,6 +204,12 @@ class HistoryWriter:
         writes them in its place."""
         self.pending = [i for i in self.pending if i is not intent]
 
+    def take_pending(self) -> list[Intent]:
+        """This term's intents still pending, forgotten here: a round ended while their
+        batches were in flight (``reconciled.py`` settles them)."""
+        pending, self.pending = self.pending, []
+        return pending
+
     def settled(self) -> None:
         """The inherited intents are settled (``intents.settle``): not written again."""
         self.inherited = ()

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
+from dynamod.audit import AuditLog
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import DynamoError, NotLeaderError, RevisionMismatchError, WorkerNotFoundError
 from dynamod.pool_results import DriftSeen, PoolMove
@@ -51,6 +52,7 @@ from dynamod.pools.owners import Owners
 from dynamod.pools.plan import ElasticInput, OwnedWorker, Plan, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.pool_metrics import PoolMetrics
+from dynamod.pools.reconciled import Settling, settle_into
 from dynamod.pools.stored import StoredPolicy
 from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
@@ -236,8 +238,11 @@ class Leading:
         metrics: PoolMetrics,
         demand: Demand,
         batch: BatchWriter | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.store = store
+        self.audit = audit
+        """Where settled intents' moves are audited (``reconciled.py``; None: the log only)."""
         self.demand = demand
         self.workers = workers
         self.owners = Owners(workers)
@@ -256,6 +261,10 @@ class Leading:
         self.fenced = batch is not None and store.max_swaps > 0
         """Whether every move is a ``swap_all`` guarded by the leader key (a single move
         too): the store fences a deposed leader's late write (``leader.py``)."""
+
+    def settling(self, term: LeaderTerm, policy: PoolPolicy) -> Settling:
+        """How this leader settles intents of ``policy`` (``reconciled.settle_into``)."""
+        return Settling(self.workers, policy.name, self.identity, term.epoch, self.audit)
 
     def seen(self, key: str, revision: int) -> bool:
         """The view shows ``key`` at ``revision``: True when that is the leader's own write
@@ -363,6 +372,8 @@ class Leading:
         how many committed. Each batch's intent is in the history before it is sent
         (``intents.py``), written with the next ``BATCHES - 1`` batches' (one history write
         per ``BATCHES`` batches); a batch whose intent cannot be written is not sent."""
+        stale = memory.history.take_pending()  # a failed round's batches: outcome unknown
+        settle_into(memory.history, stale, self.settling(term, stored.policy))
         self.log_each = len(steps) <= LOG_EACH
         width = BATCHES if self.batch is not None and (len(steps) > 1 or self.fenced) else 1
         batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]

@@ -62,7 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from dynamod.audit import AuditLog, at
+from dynamod.audit import AuditLog
 from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
@@ -70,7 +70,6 @@ from dynamod.errors import NotLeaderError, StoreError
 from dynamod.pool_results import MoveFailure
 from dynamod.pools.demand import DEMAND_EVERY, Demand, DemandPublisher, DemandReport
 from dynamod.pools.history import NO_WINDOW, HistoryWriter
-from dynamod.pools.intents import Intended, Intent, Settled, settle
 from dynamod.pools.leader import DEFAULT_TTL, LeaderElection, Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.plan import Plan
@@ -89,6 +88,7 @@ from dynamod.pools.reconcile_step import (
     Write,
     nothing_observed,
 )
+from dynamod.pools.reconciled import settle_into
 from dynamod.pools.stored import StoredPolicy, in_force
 from dynamod.store import Store
 from dynamod.tasks import race, wait_any
@@ -99,8 +99,6 @@ log = logging.getLogger(__name__)
 
 FOLLOWER_PACE: Final = 0.25
 """Seconds between two plans of a follower (for its gauges), at least."""
-DROPPED_NAMED: Final = 8
-"""Workers a warning about an intent's dropped moves names (then a count)."""
 RETRY_FIRST: Final = 0.05
 RETRY_CAP: Final = 5.0
 """The back-off after a round's store error, and after the reconciler itself failed."""
@@ -125,8 +123,6 @@ class PoolReconciler:
         audit: AuditLog | None = None,
     ) -> None:
         self.store = store
-        self.audit = audit
-        """Where the moves settled at a term's start are audited (None: the log only)."""
         self.workers = workers
         self.identity = identity
         self.ttl = ttl
@@ -142,7 +138,7 @@ class PoolReconciler:
         self._publisher = DemandPublisher(store, own, self._elastic)
         self._leading = Leading(
             store, workers, writer, identity, observe, self.metrics,
-            Demand(own, lambda: self.view.demand), batch,
+            Demand(own, lambda: self.view.demand), batch, audit,
         )  # fmt: skip
         self.owners = self._leading.owners
         self._term: LeaderTerm | None = None
@@ -355,7 +351,8 @@ class PoolReconciler:
         if memory is None:
             history = HistoryWriter(policy.name, self.identity, term.epoch)
             await history.load(self.store)
-            self._settle(term, policy, history)
+            settle_into(history, history.inherited, self._leading.settling(term, policy))
+            history.settled()
             memory = term.policies[policy.name] = PolicyTerm(history, budget)
         elif (memory.budget.max_moves, memory.budget.interval) != (
             budget.max_moves,
@@ -363,46 +360,3 @@ class PoolReconciler:
         ):
             memory.budget = budget
         return memory
-
-    def _settle(self, term: LeaderTerm, policy: PoolPolicy, history: HistoryWriter) -> None:
-        """The intents another term left in ``history``: made moves appended and audited,
-        the others dropped (the module docstring); written at the round's flush."""
-        if not history.inherited:
-            return
-        made, dropped = settle(history.inherited, self.workers, (m for _, m in history.base.moves))
-        for settled in made:
-            history.add(settled.entry(self.identity))
-            self._audit_settled(term, policy, settled)
-        for intent, moves in _by_intent(dropped):
-            workers = ", ".join(m.worker for m in moves[:DROPPED_NAMED])
-            more = f" and {len(moves) - DROPPED_NAMED} more" if len(moves) > DROPPED_NAMED else ""
-            log.warning(
-                "pool policy %s: %d moves that %s intended (epoch %d) are not in the store, not "
-                "made or not sent: dropped from the history (workers %s%s)", policy.name,
-                len(moves), intent.leader, intent.epoch, workers, more,
-            )  # fmt: skip
-        log.info(
-            "pool policy %s: %d moves sent by an earlier leader and not logged are now in the "
-            "history (reconciled), %d not made are dropped", policy.name, len(made), len(dropped),
-        )  # fmt: skip
-        history.settled()
-
-    def _audit_settled(self, term: LeaderTerm, policy: PoolPolicy, settled: Settled) -> None:
-        if self.audit is None:
-            return
-        intent, move, record = settled.intent, settled.move, settled.record
-        self.audit.record(
-            source="dynamod", caller=f"pools@{self.identity}", peer="", action="replace",
-            worker=move.worker, key=move.key, after=list(record.taints),
-            revision=settled.revision, outcome="ok", pool_policy=policy.name,
-            epoch=intent.epoch, leader=intent.leader,
-            move={"from": move.from_pool or None, "to": move.to_pool, "why": move.why},
-            sent=at(intent.sent), reconciled={"by": self.identity, "epoch": term.epoch},
-        )  # fmt: skip
-
-
-def _by_intent(pairs: list[tuple[Intent, Intended]]) -> list[tuple[Intent, list[Intended]]]:
-    grouped: dict[int, tuple[Intent, list[Intended]]] = {}
-    for intent, move in pairs:
-        grouped.setdefault(id(intent), (intent, []))[1].append(move)
-    return list(grouped.values())

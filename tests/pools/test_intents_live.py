@@ -128,6 +128,9 @@ async def test_moves_committed_by_a_leader_killed_before_its_audit_lines_are_rec
                 entry = await store.get(history_key("split"))
                 assert entry is not None
                 history = decode(entry)
+                status = await asyncio.to_thread(
+                    ctl, other.socket, "pools", "status", "split", "-o", "json"
+                )
         finally:
             await asyncio.gather(
                 other.proc.kill(), leader_proc.kill(), *(w.kill() for w in workers)
@@ -144,4 +147,7 @@ async def test_moves_committed_by_a_leader_killed_before_its_audit_lines_are_rec
         assert line["reconciled"]["by"] == "b", line
         assert line["reconciled"]["epoch"] > line["epoch"], line
         assert line["sent"] < line["time"], line
+    assert status.returncode == 0, status.stderr
+    recent = json.loads(status.stdout)["recent"]
+    assert {m["worker"]: m.get("reconciled") for m in recent} == dict.fromkeys(held, "b"), recent
     assert "Traceback" not in other.proc.stderr, other.proc.stderr
