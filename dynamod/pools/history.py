@@ -114,7 +114,7 @@ def decode(entry: Entry) -> PoolHistory | None:
             drift=tuple((int(d["seq"]), _drift(d)) for d in body["drift"]),
             window=_window(entry.key, body.get("window")),
             failing=tuple(_failure(f) for f in body.get("failing", ())[:KEEP]),
-            intents=tuple(intent_of(i) for i in body.get("intents", ())),
+            intents=tuple(intent_of(i, KEEP) for i in body.get("intents", ())[:KEEP]),
             revision=entry.revision,
         )
     except (ValueError, TypeError, KeyError) as exc:

@@ -107,9 +107,10 @@ def intent_json(intent: Intent) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def intent_of(obj: dict[str, Any]) -> Intent:
+def intent_of(obj: dict[str, Any], most: int) -> Intent:
+    """An intent as stored, with at most ``most`` moves (a batch has fewer)."""
     moves = tuple(
         Intended(str(w), str(k), str(f), str(t), str(y), int(e))
-        for w, k, f, t, y, e in obj["moves"]
+        for w, k, f, t, y, e in obj["moves"][:most]
     )
     return Intent(float(obj["sent"]), int(obj["epoch"]), str(obj["leader"]), moves)
