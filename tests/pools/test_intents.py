@@ -55,15 +55,18 @@ async def test_a_dead_leaders_intent_is_settled_made_moves_logged_the_others_dro
     await apply_policy(etcd, policy)
 
     async with daemons(etcd) as (started, _):
-        leader = await leader_of(started)
-        await until_counts(leader.view, policy, {"pool=fast": 1, "pool=slow": 1})
+        leader = await leader_of(started, within=30)
+        await until_counts(leader.view, policy, {"pool=fast": 1, "pool=slow": 1}, within=30)
 
         async def history() -> PoolHistory | None:
             entry = await etcd.get(history_key("split"))
             return None if entry is None else decode(entry)
 
         found = await eventually(
-            history, lambda h: h is not None and not h.intents and len(h.moves) == 2, what="settled"
+            history,
+            lambda h: h is not None and not h.intents and len(h.moves) == 2,
+            within=30,
+            what="settled",
         )
     assert found is not None
     moves = [m for _, m in found.moves]
