@@ -127,6 +127,7 @@ def move_object(move: PoolMove) -> dict[str, Any]:
         "epoch": move.epoch if made else None,
         "revision": move.revision if made else None,
         "leader": move.leader if made else None,
+        **({"reconciled": move.reconciled} if move.reconciled else {}),
     }
 
 
@@ -144,7 +145,7 @@ def made_rows(moves: Sequence[PoolMove], id_prefix: int = SHORT_ID) -> list[list
             shorts[m.worker],
             m.from_pool or NONE,
             m.to_pool,
-            m.why,
+            f"{m.why}, reconciled" if m.reconciled else m.why,
             str(m.epoch),
             str(m.revision),
         ]

@@ -9,7 +9,9 @@ it: ``ipv4:10.0.0.7:51234`` on TCP, ``unix:`` on the socket),
 is when the line was written, after the outcome was known; ``sent``, where a write was
 sent, is when it left for the store (or a worker's route), after every check: a pool
 leader paused between the two writes lines whose ``time`` is late but whose ``sent``
-falls in its term. A dry
+falls in its term. A move a pool leader committed and did not live to log is written by
+the next leader at its start, with ``reconciled`` (``by``, ``epoch``) beside the dead
+leader's ``epoch``, ``leader`` and ``sent`` (``pools/intents.py``). A dry
 run is not a mutation and is not logged. A refused attempt (no or a wrong token, no
 right, invalid input) is one line too, with the caller as far as known, what was asked
 and why it was refused.
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 def now() -> str:
     """The time as an audit line writes it: RFC 3339, UTC, to the millisecond."""
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+def at(seconds: float) -> str:
+    """A unix time as an audit line writes it (``now``)."""
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat(timespec="milliseconds")
 
 
 class AuditLog:

@@ -439,6 +439,7 @@ class Daemon:
             identity=identity, ttl=self.settings.pool_lease_ttl,
             observe=observe, metrics=PoolMetrics(self.registry), demand=demand,
             batch=_pool_batches(control, identity, fenced=control.store is store),
+            audit=self.audit,
         )  # fmt: skip
 
 

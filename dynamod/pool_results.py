@@ -62,7 +62,9 @@ class PoolMove:
     its counts follow their demand), or retired (a replaced version's pool
     taint stripped). A pending move has no ``time``, ``epoch`` or ``revision`` (0); a move made
     carries when, the leader's fencing ``epoch`` and name, and the record's revision
-    after it."""
+    after it. ``reconciled``: the leader that wrote a made move into the history at its
+    start, because the leader that made it died between the store's write and the log
+    (``pools/intents.py``); its ``time`` is when the move was sent."""
 
     worker: str
     from_pool: str
@@ -72,6 +74,7 @@ class PoolMove:
     epoch: int = 0
     revision: int = 0
     leader: str = ""
+    reconciled: str = ""
 
 
 @dataclass(frozen=True)

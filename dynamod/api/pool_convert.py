@@ -41,7 +41,7 @@ def move_to_pb(move: PoolMove) -> pb.PoolMove:
 def move_from_pb(message: pb.PoolMove) -> PoolMove:
     return PoolMove(
         message.worker, message.from_pool, message.to_pool, message.why, message.time,
-        message.epoch, message.revision, message.leader,
+        message.epoch, message.revision, message.leader, message.reconciled,
     )  # fmt: skip
 
 

@@ -12,13 +12,17 @@ is written when its wants change, else at most every ``WINDOW_EVERY`` seconds, s
 window a new leader starts from is at most that old. The workers whose moves are failing
 (``MoveFailure``: the last error, the attempts, the next one) are kept too, at most
 ``KEEP``, written at the next flush after they change, so ``pools status`` on a follower
-shows why a move is pending, as the leader's does.
+shows why a move is pending, as the leader's does. A batch of moves being written is kept
+as its ``Intent`` (``intents.py``): written before the batch is sent, replaced by the batch's
+moves at the next write, and settled by the next leader at its start when its leader died
+in between.
 
 Writes are the leader's alone: ``HistoryWriter.flush`` calls the term's ``fence()`` right
 before a compare-and-swap at the revision it last read or wrote, so a deposed leader's
 late write fails at the store once the next leader has written (and is refused by the fence
-before that). A history is written after each round that moved a worker or saw drift, and
-every ``FLUSH_EVERY`` entries within a long round.
+before that). A history is written after each round that moved a worker or saw drift, before
+each batch of moves (its intent, with the entries so far), and every ``FLUSH_EVERY`` entries
+within a long round.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any, Final
 from dynamod.errors import KeyNotFoundError, RevisionMismatchError
 from dynamod.pool_results import DriftSeen, MoveFailure, PoolMove
 from dynamod.pools.elastic import Window
+from dynamod.pools.intents import Intent, intent_json, intent_of
 from dynamod.store import Entry, Store
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,8 @@ class PoolHistory:
     """An elastic policy's hysteresis window as the leader last wrote it."""
     failing: tuple[MoveFailure, ...] = ()
     """The workers whose moves were failing when the leader last wrote."""
+    intents: tuple[Intent, ...] = ()
+    """The batches of moves sent whose moves are not written here yet (``intents.py``)."""
     revision: int = 0
 
     def newer(self, seen: int) -> list[tuple[int, PoolMove | DriftSeen]]:
@@ -89,6 +96,8 @@ def encode(history: PoolHistory) -> bytes:
         body["window"] = history.window.to_json()
     if history.failing:
         body["failing"] = [_failure_json(f) for f in history.failing]
+    if history.intents:
+        body["intents"] = [intent_json(i) for i in history.intents]
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -105,6 +114,7 @@ def decode(entry: Entry) -> PoolHistory | None:
             drift=tuple((int(d["seq"]), _drift(d)) for d in body["drift"]),
             window=_window(entry.key, body.get("window")),
             failing=tuple(_failure(f) for f in body.get("failing", ())[:KEEP]),
+            intents=tuple(intent_of(i, KEEP) for i in body.get("intents", ())[:KEEP]),
             revision=entry.revision,
         )
     except (ValueError, TypeError, KeyError) as exc:
@@ -138,6 +148,10 @@ class HistoryWriter:
         """The elastic window to write (``keep``); the stored one is ``base.window``."""
         self.failing: tuple[MoveFailure, ...] = ()
         """The failing moves to write (``keep``); the stored ones are ``base.failing``."""
+        self.pending: list[Intent] = []
+        """This term's batches sent or about to be, whose moves are not appended yet."""
+        self.inherited: tuple[Intent, ...] = ()
+        """Another term's intents found in the store, carried until ``settled``."""
         self._window_written = 0.0
         self._lock = asyncio.Lock()
 
@@ -152,14 +166,56 @@ class HistoryWriter:
         found = decode(entry) if entry is not None else None
         if found is not None:
             self.base = replace(found, leader=self.leader, epoch=self.epoch)
+            mine = (self.leader, self.epoch)
+            self.inherited = tuple(i for i in found.intents if (i.leader, i.epoch) != mine)
             if self.window == NO_WINDOW:  # a first load, not a lost race's
                 self.window = found.window
         else:  # none (revision 0: a create), or unreadable: written over at its revision
             revision = 0 if entry is None else entry.revision
             self.base = PoolHistory(self.policy, self.leader, self.epoch, revision=revision)
+            self.inherited = ()
 
     def add(self, entry: PoolMove | DriftSeen) -> None:
         self.unwritten.append(entry)
+
+    def announce(self, intents: Iterable[Intent]) -> None:
+        """Batches to be sent soon: the next ``flush`` writes their intents too, so the
+        batches after the next one find theirs written (``intend``)."""
+        self.pending.extend(intents)
+
+    async def intend(self, store: Store, fence: Callable[[], int], intent: Intent) -> bool:
+        """Once ``intent`` (a batch about to be sent) is written, True: at once when another
+        flush wrote it (announced), else after a ``flush``. False when it could not be
+        written (logged): the batch is not sent."""
+        if not any(i is intent for i in self.pending):
+            self.pending.append(intent)
+        if not self._written(intent):
+            await self.flush(store, fence)
+        if self._written(intent):
+            return True
+        self.done(intent)
+        return False
+
+    def _written(self, intent: Intent) -> bool:
+        return any(i is intent for i in self.base.intents)
+
+    def done(self, intent: Intent) -> None:
+        """``intent``'s batch has returned and its moves are appended: the next ``flush``
+        writes them in its place."""
+        self.pending = [i for i in self.pending if i is not intent]
+
+    def take_pending(self) -> list[Intent]:
+        """This term's intents still pending, forgotten here: a round ended while their
+        batches were in flight (``reconciled.py`` settles them)."""
+        pending, self.pending = self.pending, []
+        return pending
+
+    def settled(self) -> None:
+        """The inherited intents are settled (``intents.settle``): not written again."""
+        self.inherited = ()
+
+    def _intents(self) -> tuple[Intent, ...]:
+        return (*self.inherited, *self.pending)
 
     def keep_window(self, window: Window) -> None:
         """The elastic window the next ``flush`` writes, when it is due (module docstring)."""
@@ -170,8 +226,9 @@ class HistoryWriter:
         self.failing = failing[:KEEP]
 
     def _due(self, now: float) -> bool:
-        """Whether the window or the failing moves need a write without new entries."""
-        if self.failing != self.base.failing:
+        """Whether the window, the failing moves or the intents need a write without new
+        entries."""
+        if self.failing != self.base.failing or self._intents() != self.base.intents:
             return True
         stored = self.base.window
         if self.window == stored:
@@ -189,7 +246,10 @@ class HistoryWriter:
                 if not count and not self._due(now):
                     return
                 history = replace(
-                    self._with(self.unwritten[:count]), window=self.window, failing=self.failing
+                    self._with(self.unwritten[:count]),
+                    window=self.window,
+                    failing=self.failing,
+                    intents=self._intents(),
                 )
                 fence()
                 try:
@@ -240,7 +300,7 @@ def _move_json(move: PoolMove) -> dict[str, Any]:
     return {
         "worker": move.worker, "from": move.from_pool, "to": move.to_pool, "why": move.why,
         "time": move.time, "epoch": move.epoch, "revision": move.revision,
-        "leader": move.leader,
+        "leader": move.leader, **({"reconciled": move.reconciled} if move.reconciled else {}),
     }  # fmt: skip
 
 
@@ -248,6 +308,7 @@ def _move(obj: dict[str, Any]) -> PoolMove:
     return PoolMove(
         str(obj["worker"]), str(obj["from"]), str(obj["to"]), str(obj["why"]),
         float(obj["time"]), int(obj["epoch"]), int(obj["revision"]), str(obj["leader"]),
+        str(obj.get("reconciled", "")),
     )  # fmt: skip
 
 

@@ -16,6 +16,8 @@ write, a single one too, goes through the ``BatchWriter`` (``Control.update_tain
 guarded by the leader key (``Leadership.guard``): the store refuses it once the term
 ended. Elsewhere, and for a write the batch hands back (the view holds a newer record),
 the ``TaintWriter`` (``Control.update_taints``) writes it, fenced by time only.
+Before a batch is sent its intent is in the policy's history (``intents.py``), so a leader
+killed between the store's commit and its log leaves the next leader what to log.
 A move that fails is held back per worker (``move_failures``): the back-off, or, refused,
 until something changes. A move whose outcome is unknown forgets what was assigned to that
 worker, so the next round reads the truth from the store instead of taking its own write
@@ -35,12 +37,14 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple, Protocol
 
+from dynamod.audit import AuditLog
 from dynamod.discovery.view import WorkerView
 from dynamod.errors import DynamoError, NotLeaderError, RevisionMismatchError, WorkerNotFoundError
 from dynamod.pool_results import DriftSeen, PoolMove
 from dynamod.pools.demand import DEMAND_EVERY, Demand
 from dynamod.pools.elastic import Window
 from dynamod.pools.history import FLUSH_EVERY, HistoryWriter
+from dynamod.pools.intents import Intended, Intent
 from dynamod.pools.leader import Leadership
 from dynamod.pools.move_budget import MoveBudget
 from dynamod.pools.move_failures import Basis, MoveFailures
@@ -48,6 +52,7 @@ from dynamod.pools.owners import Owners
 from dynamod.pools.plan import ElasticInput, OwnedWorker, Plan, held_pools, plan
 from dynamod.pools.policy import PoolPolicy
 from dynamod.pools.pool_metrics import PoolMetrics
+from dynamod.pools.reconciled import Settling, settle_into
 from dynamod.pools.stored import StoredPolicy
 from dynamod.records import WorkerRecord
 from dynamod.results import UpdateOutcome
@@ -233,8 +238,11 @@ class Leading:
         metrics: PoolMetrics,
         demand: Demand,
         batch: BatchWriter | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.store = store
+        self.audit = audit
+        """Where settled intents' moves are audited (``reconciled.py``; None: the log only)."""
         self.demand = demand
         self.workers = workers
         self.owners = Owners(workers)
@@ -253,6 +261,10 @@ class Leading:
         self.fenced = batch is not None and store.max_swaps > 0
         """Whether every move is a ``swap_all`` guarded by the leader key (a single move
         too): the store fences a deposed leader's late write (``leader.py``)."""
+
+    def settling(self, term: LeaderTerm, policy: PoolPolicy) -> Settling:
+        """How this leader settles intents of ``policy`` (``reconciled.settle_into``)."""
+        return Settling(self.workers, policy.name, self.identity, term.epoch, self.audit)
 
     def seen(self, key: str, revision: int) -> bool:
         """The view shows ``key`` at ``revision``: True when that is the leader's own write
@@ -356,21 +368,33 @@ class Leading:
         records: Mapping[str, Owned],
     ) -> int:
         """Write ``steps``: ``BATCH`` to a transaction, ``BATCHES`` at a time, where the
-        writer batches, else ``FAN_OUT`` one by one at a time; how many committed."""
+        writer batches, else ``BATCH`` at a time, ``FAN_OUT`` of them one by one at once;
+        how many committed. Each batch's intent is in the history before it is sent
+        (``intents.py``), written with the next ``BATCHES - 1`` batches' (one history write
+        per ``BATCHES`` batches); a batch whose intent cannot be written is not sent."""
+        stale = memory.history.take_pending()  # a failed round's batches: outcome unknown
+        settle_into(memory.history, stale, self.settling(term, stored.policy))
         self.log_each = len(steps) <= LOG_EACH
-        if self.batch is not None and (len(steps) > 1 or self.fenced):
-            batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
-            width = BATCHES
-        else:
-            batches, width = [[step] for step in steps], FAN_OUT
+        width = BATCHES if self.batch is not None and (len(steps) > 1 or self.fenced) else 1
+        batches = [steps[i : i + BATCH] for i in range(0, len(steps), BATCH)]
+        intents: list[Intent] = []
 
-        async def write(batch: list[Step]) -> int:
+        async def write(index: int) -> int:
+            batch = batches[index]
+            if index == len(intents):  # the slots take the batches in order
+                ahead = [self._intent(term, b, records) for b in batches[index : index + BATCHES]]
+                intents.extend(ahead)
+                memory.history.announce(ahead)
+            intent = intents[index]
+            if not await memory.history.intend(self.store, term.fence, intent):
+                return 0
             done = await self._write(term, stored, memory, batch, records)
+            memory.history.done(intent)  # not on a raise: the next leader settles it
             if len(memory.history.unwritten) >= FLUSH_EVERY:
                 await memory.history.flush(self.store, term.fence)
             return done
 
-        moved = sum(await each(batches, width, write))
+        moved = sum(await each(range(len(batches)), width, write))
         if moved and len(steps) > LOG_EACH:
             log.info(
                 "pool policy %s: %d of %d workers moved (epoch %d; each in the audit log), "
@@ -386,12 +410,15 @@ class Leading:
         batch: list[Step],
         records: Mapping[str, Owned],
     ) -> int:
-        """One batch of steps (one step: the ``TaintWriter``, unless the store fences it:
-        a batch of one); how many committed."""
+        """One batch of steps (the ``TaintWriter``, ``FAN_OUT`` at once, where the store has
+        no transactions, and for one step unless the store fences it: a batch of one); how
+        many committed."""
         if self.batch is None or (len(batch) == 1 and not self.fenced):
-            return sum(
-                [await self._move(term, stored, memory, s, records[s.worker]) for s in batch]
-            )
+
+            async def one(step: Step) -> bool:
+                return await self._move(term, stored, memory, step, records[step.worker])
+
+            return sum(await each(batch, FAN_OUT, one))
         writes = [self._write_of(term, stored, step, records[step.worker]) for step in batch]
         try:
             results = await self.batch(writes, check=term.check, guard=term.leadership.guard)
@@ -410,6 +437,14 @@ class Leading:
                 self._committed(term, stored.policy, memory, step, owned, result)
                 moved += 1
         return moved
+
+    def _intent(self, term: LeaderTerm, batch: list[Step], records: Mapping[str, Owned]) -> Intent:
+        moves = tuple(
+            Intended(s.worker, records[s.worker].record.key, s.from_pool or "", s.to_pool, s.why,
+                     records[s.worker].revision)
+            for s in batch
+        )  # fmt: skip
+        return Intent(time.time(), term.epoch, self.identity, moves)
 
     def _write_of(self, term: LeaderTerm, stored: StoredPolicy, move: Step, owned: Owned) -> Write:
         policy = stored.policy

@@ -45,6 +45,12 @@ the term (at the next ``fence()``, before any further write): a store error in a
 after the one back-off. Any other failure is logged and the reconciler starts again after
 the one back-off; the daemon carries on. Status and dry runs plan from the same observed
 state (``plan_of``) and never change the leader's memory.
+
+A leader's first read of a policy's history in its term settles the intents found there
+(``intents.py``): the batches a leader sent and did not live to log. Each move the store
+shows made is appended to the history and written to this daemon's audit log, marked
+``reconciled`` (by this leader, in this epoch) with the epoch, leader and time it was sent;
+each it does not show is dropped, with a warning line.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from dynamod.audit import AuditLog
 from dynamod.backoff import Backoff
 from dynamod.discovery.view import WorkerView
 from dynamod.discovery_events import DiscoveryEvent, WorkerModified, WorkerRemoved
@@ -81,6 +88,7 @@ from dynamod.pools.reconcile_step import (
     Write,
     nothing_observed,
 )
+from dynamod.pools.reconciled import settle_into
 from dynamod.pools.stored import StoredPolicy, in_force
 from dynamod.store import Store
 from dynamod.tasks import race, wait_any
@@ -112,6 +120,7 @@ class PoolReconciler:
         metrics: PoolMetrics | None = None,
         batch: BatchWriter | None = None,
         demand: Callable[[], DemandReport] | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.store = store
         self.workers = workers
@@ -129,7 +138,7 @@ class PoolReconciler:
         self._publisher = DemandPublisher(store, own, self._elastic)
         self._leading = Leading(
             store, workers, writer, identity, observe, self.metrics,
-            Demand(own, lambda: self.view.demand), batch,
+            Demand(own, lambda: self.view.demand), batch, audit,
         )  # fmt: skip
         self.owners = self._leading.owners
         self._term: LeaderTerm | None = None
@@ -342,6 +351,8 @@ class PoolReconciler:
         if memory is None:
             history = HistoryWriter(policy.name, self.identity, term.epoch)
             await history.load(self.store)
+            settle_into(history, history.inherited, self._leading.settling(term, policy))
+            history.settled()
             memory = term.policies[policy.name] = PolicyTerm(history, budget)
         elif (memory.budget.max_moves, memory.budget.interval) != (
             budget.max_moves,

@@ -29,6 +29,7 @@ from tests.pools.harness import (
     stop_daemon,
     until_counts,
 )
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -248,5 +249,9 @@ async def test_a_large_round_counts_every_move_its_concurrent_writers_made(
             await apply_policy(etcd, split(40, 60))
             await until_counts(daemon.view, split(40, 60), {"pool=fast": 16, "pool=slow": 24})
             assert len(writes.lines) == 40
-            lines = [r.getMessage() for r in caplog.records if "workers moved" in r.getMessage()]
-            assert lines and "40 of 40 workers moved" in lines[0], lines
+
+            async def moved() -> list[str]:  # logged once the writes return: after the view
+                return [r.getMessage() for r in caplog.records if "workers moved" in r.getMessage()]
+
+            lines = await eventually(moved, what="the round's line")
+            assert "40 of 40 workers moved" in lines[0], lines

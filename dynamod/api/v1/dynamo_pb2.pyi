@@ -1125,6 +1125,7 @@ class PoolMove(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     REVISION_FIELD_NUMBER: _builtins.int
     LEADER_FIELD_NUMBER: _builtins.int
+    RECONCILED_FIELD_NUMBER: _builtins.int
     worker: _builtins.str
     from_pool: _builtins.str
     """"" when it held none or several"""
@@ -1139,6 +1140,8 @@ class PoolMove(_message.Message):
     """made: the record's revision after it"""
     leader: _builtins.str
     """made: the leading daemon's identity"""
+    reconciled: _builtins.str
+    """the leader that wrote it in the history at its start"""
     def __init__(
         self,
         *,
@@ -1150,10 +1153,11 @@ class PoolMove(_message.Message):
         epoch: _builtins.int = ...,
         revision: _builtins.int = ...,
         leader: _builtins.str = ...,
+        reconciled: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_pool", b"from_pool", "leader", b"leader", "revision", b"revision", "time", b"time", "to_pool", b"to_pool", "why", b"why", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "from_pool", b"from_pool", "leader", b"leader", "reconciled", b"reconciled", "revision", b"revision", "time", b"time", "to_pool", b"to_pool", "why", b"why", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
