@@ -37,12 +37,15 @@ async def read_body(response: ClientResponse, limit: int, what: str) -> bytes:
     announced = response.content_length
     if announced is not None and announced > limit:
         raise OversizeError(f"{what} ({announced} bytes announced)", limit)
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     async for chunk in response.content.iter_any():
-        body += chunk
-        if len(body) > limit:
+        size += len(chunk)
+        if size > limit:
             raise OversizeError(what, limit)
-    return bytes(body)
+        chunks.append(chunk)
+    # A small answer comes in one chunk: passed on as it is, not copied twice.
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class LineReader:
