@@ -52,7 +52,7 @@ STREAM_BLOCK = 10
 STREAM_TOKENS = 32
 
 PARTS: tuple[tuple[str, str, str], ...] = (
-    ("read the head (parse, model, nvext)", "prompts/reader.py", "head"),
+    ("read the head (parse, model, nvext)", "prompts/reader.py", "read_head"),
     ("check and tokenize (tokenizer, prepare)", "frontend/front.py", "_read_prompt"),
     ("route (router acquire)", "router/router.py", "acquire"),
     ("release the worker", "router/router.py", "release"),

@@ -181,8 +181,13 @@ class Frontend(Drains):
         connector = aiohttp.TCPConnector(limit=0)
         # No decompression by aiohttp (a gzip bomb inflates on the loop): relay.py inflates
         # a whole answer in slices, and asks workers for identity.
+        # No cookie jar: a worker's Set-Cookie is never kept by the front and sent with
+        # other clients' requests, and there is nothing to look up per request.
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._departures.follow(self._view.records())
         self._unfollow = self._view.listen(self._departures.apply)
@@ -400,7 +405,7 @@ class Frontend(Drains):
 
     def _first_byte(self, call: _Call, worker: str) -> None:
         elapsed = time.perf_counter() - call.started
-        self._metrics.first_byte.labels(route=call.api.route).observe(elapsed)
+        self._metrics.first_byte_after(call.api.route, elapsed)
         self._traffic.answered(worker, elapsed)
 
 

@@ -53,6 +53,20 @@ class FrontendMetrics:
             "Inference requests the front is handling now.",
             registry=registry,
         )
+        # labels() takes a lock and builds a key at every call: once per series is enough
+        # (a few routes and statuses), as the router's decisions do.
+        self._answered: dict[tuple[str, int], Counter] = {}
+        self._first_bytes: dict[str, Histogram] = {}
 
     def answered(self, route: str, status: int) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
+        counter = self._answered.get((route, status))
+        if counter is None:
+            counter = self._answered[route, status] = self.requests.labels(route, str(status))
+        counter.inc()
+
+    def first_byte_after(self, route: str, seconds: float) -> None:
+        """A request of ``route`` got its answer's first byte ``seconds`` after it arrived."""
+        histogram = self._first_bytes.get(route)
+        if histogram is None:
+            histogram = self._first_bytes[route] = self.first_byte.labels(route)
+        histogram.observe(seconds)

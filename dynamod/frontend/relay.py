@@ -34,6 +34,7 @@ retry), a stream made to pay has its client aborted.
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
 
 from dynamod import jsoncodec
 from dynamod.errors import InvalidInputError, MemoryBudgetError, OversizeError
@@ -106,25 +108,36 @@ async def send(
     The caller owns a returned response and must release it (``async with``).
     """
     url = worker.address.rstrip("/") + path
-    name = f"worker {worker.instance_id} at {url}"
     try:
         upstream = await session.post(
-            url, data=_payload(body), headers={**headers, **_SENT_HEADERS}
+            _parsed(url), data=_payload(body), headers={**headers, **_SENT_HEADERS}
         )
     except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
-        said = f"{name} did not answer: {_timeout(session.timeout, exc)}"
+        said = f"{_at(worker, url)} did not answer: {_timeout(session.timeout, exc)}"
         return UpstreamFailure(worker, "timeout", 504, said)
     except aiohttp.ClientError as exc:
-        return UpstreamFailure(
-            worker, "unreachable", 502, f"{name} is unreachable: {described(exc)}"
-        )
+        said = f"{_at(worker, url)} is unreachable: {described(exc)}"
+        return UpstreamFailure(worker, "unreachable", 502, said)
     if upstream.status < 500:
         return upstream
     async with upstream:
         said = await _error_text(upstream)
-    return UpstreamFailure(
-        worker, "status", upstream.status, f"{name} answered {upstream.status}: {said}"
-    )
+    said = f"{_at(worker, url)} answered {upstream.status}: {said}"
+    return UpstreamFailure(worker, "status", upstream.status, said)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(url: str) -> URL:
+    """A worker's route parsed once per worker and route rather than at every request; one
+    that does not parse is aiohttp's ``InvalidURL``, as it would have raised."""
+    try:
+        return URL(url)
+    except (ValueError, TypeError) as exc:
+        raise aiohttp.InvalidURL(url) from exc
+
+
+def _at(worker: WorkerRecord, url: str) -> str:
+    return f"worker {worker.instance_id} at {url}"
 
 
 _AT_ONCE = 1024 * 1024

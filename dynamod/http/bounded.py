@@ -42,25 +42,29 @@ async def read_body(
     announced = response.content_length
     if announced is not None and announced > limit:
         raise OversizeError(f"{what} ({announced} bytes announced)", limit)
-    body = bytearray()
+    chunks: list[bytes] = []
+    size = 0
     if claim is not None:
         claim.stop = lambda _: response.close()
     try:
         async for chunk in response.content.iter_any():
-            body += chunk
+            size += len(chunk)
+            chunks.append(chunk)
             if claim is not None:
                 claim.add(len(chunk))
-            if len(body) > limit:
+            if size > limit:
                 raise OversizeError(what, limit)
     except Exception:
         if claim is not None and claim.refused is not None:
             raise claim.refused from None  # its read was woken by the close
         raise
-    if claim is None:
-        return bytes(body)
-    claim.add(len(body))  # the copy, while both live
-    whole = bytes(body)
-    claim.add(-len(body))
+    if len(chunks) == 1:
+        return chunks[0]  # a small answer comes in one chunk: passed on as it is
+    if claim is not None:
+        claim.add(size)  # the joined copy, while both live
+    whole = b"".join(chunks)
+    if claim is not None:
+        claim.add(-size)
     return whole
 
 

@@ -91,18 +91,29 @@ def url(host: str, port: int) -> str:
 def _body_in_time(timeout: float, refuse: Refuse) -> Callable[..., Awaitable[Any]]:
     @web.middleware
     async def read_body(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.can_read_body:
+        if request.can_read_body and request.content.is_eof():
+            # The whole body is in already (a small one comes with its head): reading it
+            # cannot wait, so no deadline is armed; the size bound is read()'s own.
+            try:
+                await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                return _too_large(request, refuse)
+        elif request.can_read_body:
             try:
                 async with asyncio.timeout(timeout):
                     await request.read()
             except TimeoutError:
                 return refuse(408, f"the request body did not arrive within {timeout:g} s")
             except web.HTTPRequestEntityTooLarge:
-                limit = request.client_max_size
-                return refuse(413, f"the request body is over the limit of {limit} bytes")
+                return _too_large(request, refuse)
         return await handler(request)
 
     return read_body
+
+
+def _too_large(request: web.Request, refuse: Refuse) -> web.StreamResponse:
+    limit = request.client_max_size
+    return refuse(413, f"the request body is over the limit of {limit} bytes")
 
 
 class _ServerLog(logging.LoggerAdapter[logging.Logger]):

@@ -84,12 +84,16 @@ class Tokenized:
     block_hashes: tuple[int, ...]
 
 
+_UNCONSTRAINED = RoutingConstraints()
+"""The constraints of a body without ``nvext``: one value for all of them (it is frozen)."""
+
+
 def read_head(body: Json) -> Head:
     """``model`` and ``nvext`` of a parsed body; raises ``FieldError``."""
     model = model_of(body)
     nvext = body.get("nvext")
     if nvext is None:
-        return Head(model, RoutingConstraints(), None)
+        return Head(model, _UNCONSTRAINED, None)
     if not isinstance(nvext, dict):
         raise FieldError("nvext", f"nvext must be a JSON object, got {brief(nvext)}")
     try:

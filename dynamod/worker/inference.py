@@ -86,6 +86,14 @@ class _Metrics:
         self.in_flight = Gauge(
             "dynamo_worker_inflight_requests", "Inference requests in flight.", registry=registry
         )
+        self._answered: dict[tuple[str, int], Counter] = {}
+
+    def answered(self, route: str, status: int) -> None:
+        # labels() takes a lock and builds a key at every call: once per series is enough.
+        counter = self._answered.get((route, status))
+        if counter is None:
+            counter = self._answered[route, status] = self.requests.labels(route, str(status))
+        counter.inc()
 
     def served(self, usage: Usage) -> None:
         self.prompt_tokens.inc(usage.prompt_tokens)
@@ -136,7 +144,7 @@ class InferenceRoutes(Drains):
         else:
             with self._requests.request():
                 response = await self._answer(request, api)
-        self._metrics.requests.labels(api.route, str(response.status)).inc()
+        self._metrics.answered(api.route, response.status)
         return response
 
     async def _answer(self, request: web.Request, api: OpenAIApi) -> web.StreamResponse:
