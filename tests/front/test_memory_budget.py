@@ -38,7 +38,7 @@ from dynamod.tokenizers.bundle import Fixed
 from tests.front.test_front import MODEL
 from tests.support.eventually import eventually
 from tests.support.factories import make_record
-from tests.support.web import served
+from tests.support.web import Gate, served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,10 +53,9 @@ def answer(size: int) -> bytes:
 @dataclass
 class Worker:
     """Whole answers by prompt: ``gated`` sends 3 MiB but its last byte, then the rest
-    once ``gate`` is set; ``big`` sends 8 MiB at once; anything else a small answer."""
+    once ``gate`` opens; ``big`` sends 8 MiB at once; anything else a small answer."""
 
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    waiting: int = 0
+    gate: Gate = field(default_factory=Gate)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         prompt = (await request.json())["prompt"]
@@ -64,15 +63,7 @@ class Worker:
             return web.Response(body=answer(8 * MIB), content_type="application/json")
         if prompt != "gated":
             return web.Response(body=answer(8), content_type="application/json")
-        body = answer(3 * MIB)
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.content_length = len(body)
-        await response.prepare(request)
-        await response.write(body[:-1])
-        self.waiting += 1
-        await self.gate.wait()
-        await response.write(body[-1:])
-        return response
+        return await self.gate.send(request, answer(3 * MIB))
 
 
 @contextlib.asynccontextmanager
@@ -125,13 +116,13 @@ async def test_whole_answers_read_together_past_the_budget_refuse_the_largest_wi
     async with front_of(worker, memory) as (base, worker_id), aiohttp.ClientSession() as http:
         asked = [asyncio.create_task(ask(http, base, "gated")) for _ in range(4)]
         await eventually(
-            lambda: asyncio.sleep(0.05, (worker.waiting, memory.refusals)),
+            lambda: asyncio.sleep(0.05, (worker.gate.waiting, memory.refusals)),
             lambda seen: seen[0] == 4 and seen[1] >= 1,
             within=60,
             what="four answers all but read, and one refused",
         )
         assert memory.held <= memory.limit
-        worker.gate.set()
+        worker.gate.opened.set()
         answers = await asyncio.gather(*asked)
     refused = [a for a in answers if a[0] == 503]
     whole = [a for a in answers if a[0] == 200]

@@ -25,7 +25,7 @@ from dynamod.tokenizers.limits import MIB, TokenizerLimits
 from tests.hostile_workers.template_fakes import FINE, tokenizer_json
 from tests.hostile_workers.test_templates import card_of, checksum_of, view_of
 from tests.support.eventually import eventually
-from tests.support.web import served
+from tests.support.web import Gate, served
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,23 +42,14 @@ def padded(name: str) -> bytes:
 
 @dataclass
 class SlowBundles:
-    """Serves each bundle but its last byte, then the rest once ``gate`` is set (the
+    """Serves each bundle but its last byte, then the rest once ``gate`` opens (the
     first time; later fetches at once)."""
 
     bodies: dict[str, bytes]
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    waiting: int = 0
+    gate: Gate = field(default_factory=Gate)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        body = self.bodies[request.path]
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        response.content_length = len(body)
-        await response.prepare(request)
-        await response.write(body[:-1])
-        self.waiting += 1
-        await self.gate.wait()
-        await response.write(body[-1:])
-        return response
+        return await self.gate.send(request, self.bodies[request.path])
 
 
 @pytest.fixture
@@ -91,7 +82,7 @@ async def test_tokenizer_fetches_past_the_budget_refuse_the_largest_and_fetch_it
             what="a fetch refused for the memory budget",
         )
         assert memory.held <= memory.limit
-        server.gate.set()
+        server.gate.opened.set()
         got = await asyncio.gather(*fetches)
         refused = [card for card, found in zip(cards, got, strict=True)
                    if isinstance(found, SimpleTokenizer)]  # fmt: skip
